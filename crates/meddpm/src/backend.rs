@@ -1,0 +1,295 @@
+//! The backend trait: the single list of what the Med-DDPM U-Net needs from hardware.
+//!
+//! Reading this file tells a newcomer every primitive in the system. Each primitive is a
+//! forward/backward pair; outputs come first, gradients carry a `d` prefix, and `Option` marks
+//! gradients a caller does not need (e.g. no input gradient for the first conv).
+//!
+//! Conventions shared by every backend (the CPU one in `cpu/` is the executable spec; the CUDA one
+//! lives in the `meddpm-cuda` crate and is checked against it by parity tests):
+//! - Buffers hold `f32` elements. Activations are addressed by a *logical* shape [`Dims`]
+//!   (N, C, D, H, W); how they are laid out in memory (NCDHW or NDHWC) is the backend's business.
+//!   Host data always crosses the boundary in NCDHW order through [`Backend::upload_act`] /
+//!   [`Backend::download_act`], and parameters in PyTorch's layout through
+//!   [`Backend::upload_param`] / [`Backend::download_param`].
+//! - **Gradient contract.** Parameter gradients (`dw`, `db`, `dgamma`, `dbeta`) always accumulate
+//!   (`+=`), which is what gradient accumulation needs. Input gradients take an explicit
+//!   [`Accum`]: `Overwrite` writes, `Add` accumulates (cuDNN/cuBLAS `beta` = 0 or 1). The U-Net's
+//!   skip connections are the places that use `Add`.
+//! - Shapes are checked by callers against the activation plan; backends may `assert!` lengths.
+//! - Nothing here allocates except `alloc`: all buffers are planned at start-up.
+
+use crate::rng::Philox;
+use crate::shape::{ConvShape, Dims};
+use crate::Result;
+
+/// Write or accumulate into an input-gradient buffer (maps to cuDNN/cuBLAS `beta` 0 or 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accum {
+    Overwrite,
+    Add,
+}
+
+/// Memory layout of 5-D activations on a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// (N, C, D, H, W): PyTorch's default; the CPU reference uses it.
+    Ncdhw,
+    /// (N, D, H, W, C): channels-last-3d, what tensor-core convolutions want.
+    Ndhwc,
+}
+
+/// Math precision of convolutions and GEMMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// True fp32 FMA math.
+    Fp32,
+    /// fp32 storage, TF32 tensor-core math in convolutions and GEMMs.
+    Tf32,
+}
+
+/// Loss of ε̂ against ε. Med-DDPM uses L1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossKind {
+    L1,
+    L2,
+}
+
+/// Adam hyper-parameters for one step (PyTorch `torch.optim.Adam` semantics, no weight decay).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// 1-based step count used for bias correction.
+    pub t: u64,
+}
+
+/// Per-sample coefficients of one ancestral DDPM step (see `diffusion::ddpm`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DdpmCoefs {
+    /// √(1/ᾱ_t)
+    pub recip: f32,
+    /// √(1/ᾱ_t − 1)
+    pub recipm1: f32,
+    /// posterior mean coefficient on x̂₀
+    pub coef1: f32,
+    /// posterior mean coefficient on x_t
+    pub coef2: f32,
+    /// exp(½·log β̃_t), 0 at t = 0
+    pub sigma: f32,
+}
+
+/// The hardware abstraction. Generic code stops at the model (`UNet<B>`, `Trainer<B>`).
+pub trait Backend {
+    /// A device buffer of `f32` elements.
+    type Buf;
+
+    /// Human-readable description (device, library versions, precision, layout).
+    fn describe(&self) -> String;
+    fn layout(&self) -> Layout;
+    fn precision(&self) -> Precision;
+
+    // ---- memory -------------------------------------------------------------------------------
+    /// A zero-filled buffer of `len` elements.
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    fn len(&self, b: &Self::Buf) -> usize;
+    /// Raw element copy host → device (no layout change). Lengths must match.
+    fn upload(&self, host: &[f32], dst: &mut Self::Buf);
+    /// Raw element copy device → host (no layout change). Lengths must match.
+    fn download(&self, src: &Self::Buf, host: &mut [f32]);
+    /// Host NCDHW activation → device in the backend's layout.
+    fn upload_act(&self, host_ncdhw: &[f32], x: Dims, dst: &mut Self::Buf);
+    /// Device activation in the backend's layout → host NCDHW.
+    fn download_act(&self, src: &Self::Buf, x: Dims, host_ncdhw: &mut [f32]);
+    /// Host parameter in PyTorch's layout (`torch_shape`) → device in the backend's layout
+    /// (a channels-last backend stores 5-D conv weights as (Cout, kD, kH, kW, Cin)).
+    fn upload_param(&self, host: &[f32], torch_shape: &[usize], dst: &mut Self::Buf);
+    /// Inverse of [`Backend::upload_param`].
+    fn download_param(&self, src: &Self::Buf, torch_shape: &[usize], host: &mut [f32]);
+    fn zero(&self, b: &mut Self::Buf);
+    /// dst ← src (same length, same layout).
+    fn copy(&self, dst: &mut Self::Buf, src: &Self::Buf);
+    /// Wait for all queued work (a no-op on the CPU).
+    fn sync(&self);
+
+    // ---- convolution (conv3d covers Conv3 k=3 pad 1, Downsample k=3 stride 2, Conv1 k=1) -------
+    /// out[N,Cout,Do,Ho,Wo] = conv(inp[N,Cin,D,H,W], w[Cout,Cin,k,k,k]) + b[Cout].
+    fn conv3d_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, cs: ConvShape);
+    /// dinp (per `Accum`), dw += , db += , from dout[N,Cout,Do,Ho,Wo].
+    #[allow(clippy::too_many_arguments)]
+    fn conv3d_backward(
+        &self,
+        dinp: Option<(&mut Self::Buf, Accum)>,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        cs: ConvShape,
+    );
+
+    // ---- normalisation and activation -----------------------------------------------------------
+    /// GroupNorm(groups, eps 1e-5, affine) over each (n, group): out, and mean/rstd [N·G] saved.
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_forward(
+        &self,
+        out: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    );
+    /// dinp (per `Accum`), dgamma += , dbeta += .
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_backward(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    );
+    /// out = x·σ(x), elementwise over the whole buffer.
+    fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf);
+    /// dinp (per `Accum`) = dout·σ(x)(1 + x(1−σ(x))).
+    fn silu_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, inp: &Self::Buf);
+
+    /// Fused GroupNorm + SiLU (the ResBlock prologue). `gn_out` keeps the GroupNorm output for
+    /// backward. The default chains the two primitives; a GPU backend overrides it with one kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_forward(
+        &self,
+        gn_out: &mut Self::Buf,
+        out: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        self.groupnorm_forward(gn_out, mean, rstd, inp, gamma, beta, x, groups);
+        self.silu_forward(out, gn_out);
+    }
+    /// Backward of [`Backend::groupnorm_silu_forward`]; `tmp` is scratch of the input's size.
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_backward(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        tmp: &mut Self::Buf,
+        dout: &Self::Buf,
+        gn_out: &Self::Buf,
+        inp: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        self.silu_backward((tmp, Accum::Overwrite), dout, gn_out);
+        self.groupnorm_backward(dinp, dgamma, dbeta, tmp, inp, mean, rstd, gamma, x, groups);
+    }
+
+    // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------
+    /// out[N,O] = inp[N,I]·wᵀ[I,O] + b[O], with w stored (O, I) as in PyTorch.
+    fn linear_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, n: usize, i: usize, o: usize);
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(
+        &self,
+        dinp: Option<(&mut Self::Buf, Accum)>,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        n: usize,
+        i: usize,
+        o: usize,
+    );
+
+    // ---- attention core (QKVAttentionLegacy) ------------------------------------------------------
+    /// qkv: activation of logical shape (N, 3C, D, H, W) from the qkv Conv1 — for head h its
+    /// channels [h·3c, h·3c+c) are q, then k, then v (c = C / heads, "legacy" order).
+    /// att[N, heads, T, T] = softmax_keys((q·s)ᵀ(k·s)) with s = c^(−1/4), in fp32;
+    /// out (N, C, D, H, W) with out[head h, channel j, query t] = Σ_s v[j, s]·att[t, s].
+    /// `x` is the logical shape of `out` (C channels, T = D·H·W tokens).
+    fn attention_forward(&self, out: &mut Self::Buf, att: &mut Self::Buf, qkv: &Self::Buf, x: Dims, heads: usize);
+    /// dqkv (overwritten) from dout; `datt` is scratch of att's size.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        dqkv: &mut Self::Buf,
+        datt: &mut Self::Buf,
+        dout: &Self::Buf,
+        qkv: &Self::Buf,
+        att: &Self::Buf,
+        x: Dims,
+        heads: usize,
+    );
+
+    // ---- resampling ---------------------------------------------------------------------------
+    /// Trilinear ×2 in D, H and W, `align_corners=False` (PyTorch `F.interpolate` semantics).
+    /// `x` is the input's shape; out has (N, C, 2D, 2H, 2W).
+    fn upsample_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, x: Dims);
+    fn upsample_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, x: Dims);
+
+    // ---- elementwise and channel plumbing ---------------------------------------------------------
+    /// dst += src (same length).
+    fn add_assign(&self, dst: &mut Self::Buf, src: &Self::Buf);
+    /// buf *= s.
+    fn scale(&self, buf: &mut Self::Buf, s: f32);
+    /// x[n, c, ...] += bias[n, c] (the time embedding, broadcast over D, H, W).
+    fn add_channel_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, xd: Dims);
+    /// dbias[n, c] (overwritten) = Σ over D, H, W of dx[n, c, ...].
+    fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims);
+    /// out = cat([a, b], channel axis); a has `ca` channels, b has `cb`; `x` gives N, D, H, W.
+    fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize);
+    /// Backward of concat: da and db (each per its `Accum`) from dout.
+    #[allow(clippy::too_many_arguments)]
+    fn split_channels(
+        &self,
+        da: (&mut Self::Buf, Accum),
+        db: (&mut Self::Buf, Accum),
+        dout: &Self::Buf,
+        x: Dims,
+        ca: usize,
+        cb: usize,
+    );
+
+    // ---- loss -------------------------------------------------------------------------------------
+    /// loss[0] (overwritten) = mean over all elements of |pred − target| (L1) or (pred − target)².
+    fn loss_forward(&self, loss: &mut Self::Buf, pred: &Self::Buf, target: &Self::Buf, kind: LossKind);
+    /// dpred (overwritten) = scale · ∂mean-loss/∂pred.
+    fn loss_backward(&self, dpred: &mut Self::Buf, pred: &Self::Buf, target: &Self::Buf, kind: LossKind, scale: f32);
+
+    // ---- diffusion --------------------------------------------------------------------------------
+    /// Standard normal draws from Philox (see `rng.rs`): element i (in the buffer's *logical NCDHW*
+    /// order, shape `x`) gets `rng.normal(offset + i)`. CPU and CUDA produce the same numbers.
+    fn randn(&self, out: &mut Self::Buf, rng: Philox, offset: u64, x: Dims);
+    /// x_t[n] = a[n]·x0[n] + b[n]·eps[n] per batch element (`q_sample`); `x` is x0's shape.
+    fn q_sample(&self, xt: &mut Self::Buf, x0: &Self::Buf, eps: &Self::Buf, a: &[f32], b: &[f32], x: Dims);
+    /// One ancestral DDPM update in place: x̂₀ = clamp(recip·x − recipm1·ε̂, −1, 1);
+    /// x ← coef1·x̂₀ + coef2·x + sigma·z, with per-sample coefficients.
+    fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims);
+
+    // ---- optimiser ------------------------------------------------------------------------------
+    /// One Adam update of p with gradient g and moments m, v (PyTorch semantics).
+    fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep);
+    /// ema ← decay·ema + (1 − decay)·p.
+    fn ema_update(&self, ema: &mut Self::Buf, p: &Self::Buf, decay: f32);
+}

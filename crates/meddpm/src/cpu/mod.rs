@@ -1,0 +1,2 @@
+//! CpuBackend: the executable specification (placeholder until the CPU primitives land).
+pub struct CpuBackend;

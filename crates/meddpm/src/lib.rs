@@ -1,0 +1,29 @@
+//! meddpm: the Med-DDPM engine — model, diffusion, training, sampling, data and checkpoints —
+//! over a [`backend::Backend`] trait. This crate knows nothing about CUDA and builds anywhere;
+//! [`cpu::CpuBackend`] is the executable specification every GPU op is tested against.
+//!
+//! Modules:
+//! - `shape`      Dims (N,C,D,H,W) and conv geometry
+//! - `backend`    the Backend trait: every primitive the U-Net needs, forward and backward
+//! - `cpu`        CpuBackend: plain loops + im2col/GEMM, rayon over the outer loop
+//! - `rng`        Philox4x32-10 counter RNG (bit-identical CUDA twin)
+//! - `model`      UNetConfig, parameter specs (PyTorch state-dict keys), UNet forward/backward
+//! - `diffusion`  cosine schedule and buffers, training step, ancestral DDPM sampler
+//! - `checkpoint` safetensors checkpoints (atomic writes)
+//! - `data`       NIfTI I/O, Med-DDPM data conventions, demo data
+//! - `testing`    tolerance comparisons and finite-difference helpers shared by tests
+
+pub mod backend;
+pub mod checkpoint;
+pub mod cpu;
+pub mod data;
+pub mod diffusion;
+pub mod error;
+pub mod model;
+pub mod rng;
+pub mod shape;
+pub mod testing;
+
+pub use backend::{Accum, Backend, Layout, LossKind, Precision};
+pub use error::{Error, Result};
+pub use shape::{ConvShape, Dims};

@@ -1,0 +1,1 @@
+//! UNet (being written).
