@@ -207,7 +207,16 @@ pub trait Backend {
 
     // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------
     /// out[N,O] = inp[N,I]·wᵀ[I,O] + b[O], with w stored (O, I) as in PyTorch.
-    fn linear_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, n: usize, i: usize, o: usize);
+    fn linear_forward(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        n: usize,
+        i: usize,
+        o: usize,
+    );
     #[allow(clippy::too_many_arguments)]
     fn linear_backward(
         &self,

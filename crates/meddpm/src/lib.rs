@@ -13,12 +13,14 @@
 //! - `data`       NIfTI I/O, Med-DDPM data conventions, demo data
 //! - `testing`    tolerance comparisons and finite-difference helpers shared by tests
 
+pub mod analysis;
 pub mod backend;
 pub mod checkpoint;
 pub mod cpu;
 pub mod data;
 pub mod diffusion;
 pub mod error;
+pub mod eval;
 pub mod model;
 pub mod rng;
 pub mod shape;

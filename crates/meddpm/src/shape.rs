@@ -65,7 +65,13 @@ impl ConvShape {
     }
     /// Output shape (N, Cout, Do, Ho, Wo).
     pub const fn out(&self) -> Dims {
-        Dims { n: self.x.n, c: self.cout, d: self.out_len(self.x.d), h: self.out_len(self.x.h), w: self.out_len(self.x.w) }
+        Dims {
+            n: self.x.n,
+            c: self.cout,
+            d: self.out_len(self.x.d),
+            h: self.out_len(self.x.h),
+            w: self.out_len(self.x.w),
+        }
     }
     /// Weight elements Cout·Cin·k³.
     pub const fn w_len(&self) -> usize {

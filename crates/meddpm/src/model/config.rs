@@ -132,7 +132,10 @@ impl UNetConfig {
                 return bad(format!("groups = {} must divide every level width; {c} is not divisible", self.groups));
             }
             if c % self.num_heads != 0 {
-                return bad(format!("num_heads = {} must divide every attention width; {c} is not divisible", self.num_heads));
+                return bad(format!(
+                    "num_heads = {} must divide every attention width; {c} is not divisible",
+                    self.num_heads
+                ));
             }
         }
         if self.model_channels % self.groups != 0 {
@@ -143,9 +146,7 @@ impl UNetConfig {
         }
         for ds in &self.attention_ds {
             if !ds.is_power_of_two() || *ds >= (1 << self.levels()) {
-                return bad(format!(
-                    "attention_ds entry {ds} is not a downsample rate of this network (1, 2, .. {f})"
-                ));
+                return bad(format!("attention_ds entry {ds} is not a downsample rate of this network (1, 2, .. {f})"));
             }
         }
         Ok(())

@@ -7,4 +7,3 @@ pub mod unet;
 
 pub use config::UNetConfig;
 pub use params::{param_count, param_specs, ParamSpec};
-

@@ -36,7 +36,9 @@ pub enum Node {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Init {
     /// U(−1/√fan_in, 1/√fan_in): kaiming_uniform(a=√5) weights and default biases.
-    Uniform { fan_in: usize },
+    Uniform {
+        fan_in: usize,
+    },
     Ones,
     Zeros,
 }
@@ -223,7 +225,9 @@ mod tests {
             assert!(has(&format!("{k}.qkv.weight")), "attn {k}");
         }
         assert_eq!(shape("middle_block.1.qkv.weight"), vec![768, 256, 1]);
-        for k in ["output_blocks.1.1.conv", "output_blocks.3.2.conv", "output_blocks.5.1.conv", "output_blocks.7.1.conv"] {
+        for k in
+            ["output_blocks.1.1.conv", "output_blocks.3.2.conv", "output_blocks.5.1.conv", "output_blocks.7.1.conv"]
+        {
             assert!(has(&format!("{k}.weight")), "up {k}");
         }
         for i in [5, 7, 9] {
@@ -262,7 +266,12 @@ mod tests {
         let specs = param_specs(&UNetConfig::tiny());
         for s in &specs {
             let zero = s.key.contains("out_layers.3") || s.key.contains("proj_out") || s.key.starts_with("out.2");
-            assert_eq!(matches!(s.init, Init::Zeros), zero || (s.key.ends_with(".bias") && matches!(s.init, Init::Zeros)), "{}", s.key);
+            assert_eq!(
+                matches!(s.init, Init::Zeros),
+                zero || (s.key.ends_with(".bias") && matches!(s.init, Init::Zeros)),
+                "{}",
+                s.key
+            );
         }
         let v = init_param(&specs[0], 1, 0);
         let bound = 1.0 / (specs[0].shape[1] as f32).sqrt();

@@ -1,0 +1,1 @@
+//! Performance analysis: ncu CSV parsing, GPU table, roofline (being written).

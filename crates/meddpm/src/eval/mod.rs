@@ -1,0 +1,1 @@
+//! Synthesis-quality metrics (being written).
