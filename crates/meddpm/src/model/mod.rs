@@ -7,3 +7,4 @@ pub mod unet;
 
 pub use config::UNetConfig;
 pub use params::{param_count, param_specs, ParamSpec};
+pub use unet::UNet;
