@@ -110,10 +110,11 @@ fn conv_case(name: &str, cs: ConvShape, seed: u64) {
 
     // One output plane per im2col slab must give the same results as one slab.
     let mut out1 = vec![0.0; o.numel()];
-    conv3d::conv3d_forward_budget(&mut out1, &x, &w, &b, cs, 1);
+    conv3d::conv3d_forward_with(&mut out1, &x, &w, &b, cs, &mut conv3d::ConvScratch::new(1));
     compare(&format!("{name} forward, 1-plane slabs"), &out1, &fwd(&x, &w, &b), EXACT).unwrap();
     let (mut dx4, mut dw4, mut db4) = (px.clone(), vec![0.0; w.len()], vec![0.0; b.len()]);
-    conv3d::conv3d_backward_budget(Some((&mut dx4, Accum::Overwrite)), &mut dw4, &mut db4, &r, &x, &w, cs, 1);
+    let mut scratch = conv3d::ConvScratch::new(1);
+    conv3d::conv3d_backward_with(Some((&mut dx4, Accum::Overwrite)), &mut dw4, &mut db4, &r, &x, &w, cs, &mut scratch);
     compare(&format!("{name} dinp, 1-plane slabs"), &dx4, &dx, EXACT).unwrap();
     compare(&format!("{name} dw, 1-plane slabs"), &dw4, &dw, EXACT).unwrap();
 }
@@ -127,6 +128,9 @@ fn conv3d_k3_s1() {
 fn conv3d_k3_s2_odd() {
     conv_case("conv k3 s2", ConvShape::new(Dims::new(2, 3, 5, 6, 7), 4, 3, 2), 2);
     conv_case("conv k3 s2 even", ConvShape::new(Dims::new(1, 2, 4, 6, 2), 3, 3, 2), 3);
+    // Axes of length 1 and 2: some kernel taps fall entirely into the padding.
+    conv_case("conv k3 s2 tiny", ConvShape::new(Dims::new(1, 2, 1, 2, 3), 3, 3, 2), 6);
+    conv_case("conv k3 s1 tiny", ConvShape::new(Dims::new(2, 2, 1, 2, 1), 2, 3, 1), 7);
 }
 
 #[test]
@@ -638,6 +642,13 @@ fn backend_dispatch_matches_f64() {
     conv3d::conv3d_forward(&mut out, &x, &w, &b, cs);
     let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; 8]);
     conv3d::conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &r, &x, &w, cs);
+    // Dirty this thread's cached im2col scratch with a larger conv first: stale contents must not leak.
+    let big = ConvShape::new(Dims::new(1, 5, 7, 7, 7), 3, 3, 1);
+    let (bx, bw) = (randn_f32(25, 4, big.x.numel(), 1.0), randn_f32(25, 5, big.w_len(), 1.0));
+    let (mut bo, mut bdx, mut bdw, mut bdb) =
+        (vec![0f32; big.out().numel()], vec![0f32; bx.len()], vec![0f32; bw.len()], vec![0f32; 3]);
+    be.conv3d_forward(&mut bo, &bx, &bw, &[1.0; 3].to_vec(), big);
+    be.conv3d_backward(Some((&mut bdx, Accum::Add)), &mut bdw, &mut bdb, &bo, &bx, &bw, big);
     let (x32, w32, b32, r32) = (to_f32(&x), to_f32(&w), to_f32(&b), to_f32(&r));
     let mut out32 = vec![0f32; r.len()];
     be.conv3d_forward(&mut out32, &x32, &w32, &b32, cs);
