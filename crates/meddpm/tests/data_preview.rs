@@ -2,7 +2,7 @@
 //! slice orientation, colours, and a PNG that decodes back to the same pixels.
 
 use meddpm::data::nifti::Volume;
-use meddpm::data::preview::{guess_kind, render, write_png, Kind, PALETTE};
+use meddpm::data::preview::{guess_kind, label_position, render, render_at, write_png, Kind, PALETTE};
 
 fn vol(f: impl Fn(usize, usize, usize) -> f32) -> Volume {
     let (nx, ny, nz) = (10, 12, 14);
@@ -56,4 +56,14 @@ fn layout_orientation_and_colours() {
     let back = image::open(&path).unwrap().to_rgb8();
     assert_eq!(back, img);
     std::fs::remove_file(&path).ok();
+
+    // cutting through the centroid of label 2 shows it in all three planes
+    let pos = label_position(&mask, 2.0).unwrap();
+    assert_eq!(pos, [3.5 / 10.0, 4.5 / 12.0, 7.5 / 14.0]);
+    let at = render_at(&[(&mask, Kind::Labels)], pos);
+    let px = |row0: u32, u: u32, w: u32| at.get_pixel(4 + u * 10 + 5, row0 + w * 10 + 5).0;
+    assert_eq!(px(r0, 3, 11 - 4), PALETTE[2], "axial z = 7");
+    assert_eq!(px(r1, 3, 13 - 7), PALETTE[2], "coronal y = 4");
+    assert_eq!(px(r2, 4, 13 - 7), PALETTE[2], "sagittal x = 3");
+    assert!(label_position(&mask, 5.0).is_none());
 }
