@@ -140,7 +140,12 @@ fn pairing_problems_name_the_file() {
     std::fs::write(empty.join("README.txt"), "not a volume").unwrap();
     let e = err_of(Dataset::from_folders(&empty, std::slice::from_ref(&i), Convention::whole_head(), [4, 6, 8]));
     assert!(e.contains("empty") && e.contains("no .nii"), "{e}");
-    let e = err_of(Dataset::from_folders(&root.join("nope"), &[i.clone()], Convention::whole_head(), [4, 6, 8]));
+    let e = err_of(Dataset::from_folders(
+        &root.join("nope"),
+        std::slice::from_ref(&i),
+        Convention::whole_head(),
+        [4, 6, 8],
+    ));
     assert!(e.contains("nope"), "{e}");
     // wrong number of image folders for the convention
     let e = err_of(Dataset::from_folders(&m, std::slice::from_ref(&i), Convention::brats(), [4, 6, 8]));
