@@ -180,7 +180,9 @@ fn mni_t1_image_scaling_global_and_per_slice() {
 #[test]
 fn outputs_go_back_to_the_mask_grid_with_its_affine() {
     let Some(path) = shared("medddpm/whole_head_mask_sample_0.nii.gz") else { return };
-    let mask = read_volume(&path).unwrap();
+    let (cond, mask) = meddpm::data::load_condition(&path, &Convention::whole_head(), [64, 64, 64]).unwrap();
+    assert_eq!(cond.len(), 2 * 64 * 64 * 64);
+    assert_eq!(mask.dims, [128, 128, 128]);
     // a generated 64³ tensor: a ramp along W (= NIfTI x)
     let tensor: Vec<f32> = (0..64 * 64 * 64).map(|i| (i % 64) as f32).collect();
     let out = Convention::whole_head().output_volumes(&tensor, 1, [64, 64, 64], &mask);

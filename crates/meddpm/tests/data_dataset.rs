@@ -211,3 +211,53 @@ fn validate_refuses_bad_pairs_up_front() {
     assert_invalid(&m, &i, "img_1.nii.gz", "and 1 more");
     std::fs::remove_dir_all(&root).ok();
 }
+
+#[test]
+fn brats_folders_stack_modalities_and_one_hot_four_labels() {
+    let root = tempdir("brats");
+    let mods = ["t1", "t1ce", "t2", "flair"];
+    let mut folders = Vec::new();
+    for (k, m) in mods.iter().enumerate() {
+        let d = root.join(m);
+        std::fs::create_dir_all(&d).unwrap();
+        for case in ["00529", "01306"] {
+            // modality k has value k·0.25 − 0.5 everywhere but voxel 0 (−1) and voxel 1 (+1)
+            let mut v = vec![k as f32 * 0.25 - 0.5; 8 * 6 * 4];
+            v[0] = -1.0;
+            v[1] = 1.0;
+            write_volume(d.join(format!("BraTS2021_{case}_{m}.nii.gz")), &Volume::new([8, 6, 4], [1.0; 3], v)).unwrap();
+        }
+        folders.push(d);
+    }
+    let seg_dir = root.join("seg");
+    std::fs::create_dir_all(&seg_dir).unwrap();
+    for case in ["00529", "01306"] {
+        // labels 0..4 by x: x = 0,1 → 0; 2 → 1; 3 → 2; 4 → 3; 5..7 → 4
+        let mut v = Vec::new();
+        for _z in 0..4 {
+            for _y in 0..6 {
+                for x in 0..8 {
+                    v.push([0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 4.0, 4.0][x]);
+                }
+            }
+        }
+        write_labels(seg_dir.join(format!("BraTS2021_{case}_seg.nii.gz")), &Volume::new([8, 6, 4], [1.0; 3], v))
+            .unwrap();
+    }
+    let ds = Dataset::from_folders(&seg_dir, &folders, Convention::brats(), [4, 6, 8]).unwrap();
+    assert_eq!(ds.len(), 2);
+    ds.validate().unwrap();
+    let s = ds.get(1).unwrap();
+    assert_eq!((s.image_channels, s.cond_channels), (4, 4));
+    let n = 4 * 6 * 8;
+    for k in 0..4 {
+        // used as stored (already in [−1, 1]): channel k is modality k
+        assert_eq!(s.image[k * n + 2], k as f32 * 0.25 - 0.5, "modality {}", mods[k]);
+        assert_eq!(s.image[k * n], -1.0);
+        // condition channel k = label k+1, values {0, 1}
+        let ones: Vec<usize> = (0..8).filter(|&x| s.cond[k * n + x] == 1.0).collect();
+        assert_eq!(ones, if k < 3 { vec![k + 2] } else { vec![5, 6, 7] }, "label {}", k + 1);
+        assert!(s.cond[k * n..(k + 1) * n].iter().all(|&v| v == 0.0 || v == 1.0));
+    }
+    std::fs::remove_dir_all(&root).ok();
+}

@@ -108,7 +108,7 @@ fn a_broken_file_surfaces_as_that_samples_error() {
 
 #[test]
 fn demo_loader_runs_without_files() {
-    let mut l = Loader::new(demo::dataset([32, 32, 32]).unwrap(), 1, 1);
+    let mut l = Loader::new(demo::dataset(), 1, 1);
     let a = l.next().unwrap();
     let b = l.next().unwrap();
     assert_ne!(a.index, b.index, "two demo pairs per pass");
