@@ -250,9 +250,9 @@ fn brats_folders_stack_modalities_and_one_hot_four_labels() {
     let s = ds.get(1).unwrap();
     assert_eq!((s.image_channels, s.cond_channels), (4, 4));
     let n = 4 * 6 * 8;
-    for k in 0..4 {
+    for (k, modality) in mods.iter().enumerate() {
         // used as stored (already in [−1, 1]): channel k is modality k
-        assert_eq!(s.image[k * n + 2], k as f32 * 0.25 - 0.5, "modality {}", mods[k]);
+        assert_eq!(s.image[k * n + 2], k as f32 * 0.25 - 0.5, "modality {modality}");
         assert_eq!(s.image[k * n], -1.0);
         // condition channel k = label k+1, values {0, 1}
         let ones: Vec<usize> = (0..8).filter(|&x| s.cond[k * n + x] == 1.0).collect();
