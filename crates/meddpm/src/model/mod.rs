@@ -2,6 +2,7 @@
 //! call lists over a [`crate::Backend`].
 
 pub mod config;
+pub mod cost;
 pub mod params;
 pub mod unet;
 

@@ -65,6 +65,12 @@ pub struct AttnBlock<B: Backend> {
     a: B::Buf,
 }
 
+impl<B: Backend> AttnBlock<B> {
+    fn att_len(&self) -> usize {
+        self.x.n * self.heads * self.x.s() * self.x.s()
+    }
+}
+
 /// The output head GN → SiLU → Conv3. `p` indexes out.0.weight.
 pub struct OutHead<B: Backend> {
     p: usize,
@@ -129,14 +135,20 @@ struct TimeEmbed<B: Backend> {
     d2: B::Buf,
 }
 
-/// Backward scratch: three activation-sized buffers, one attention-matrix-sized buffer, and one
-/// (N, Cmax) buffer for the time-embedding bias gradient.
+/// Backward scratch: three buffers for every distinct tensor size the backward pass needs
+/// (backends check exact lengths, so scratch comes in exact sizes; there are few sizes).
 struct Scratch<B: Backend> {
-    a: B::Buf,
-    b: B::Buf,
-    c: B::Buf,
-    att: B::Buf,
-    e: B::Buf,
+    bufs: Vec<B::Buf>,
+    base: std::collections::HashMap<usize, usize>,
+}
+
+impl<B: Backend> Scratch<B> {
+    /// Distinct scratch buffers, each named by (element count, slot 0..3). Data stays in a
+    /// slot between calls, so a phase of backward can hand a result to the next by slot.
+    fn get<const K: usize>(&mut self, req: [(usize, usize); K]) -> [&mut B::Buf; K] {
+        let idx = req.map(|(len, slot)| self.base[&len] + slot);
+        self.bufs.get_disjoint_mut(idx).expect("distinct scratch slots")
+    }
 }
 
 pub struct UNet<B: Backend> {
@@ -182,7 +194,7 @@ impl<B: Backend> UNet<B> {
             dout: alloc(0)?,
         });
         let mut skips: Vec<usize> = Vec::new();
-        let (mut max_act, mut max_att, mut max_c) = (input_dims.numel(), 0usize, 0usize);
+        let mut sizes = std::collections::BTreeSet::new();
         let mut concats = 0usize;
         for node in topology(cfg) {
             let p = specs.len();
@@ -219,7 +231,7 @@ impl<B: Backend> UNet<B> {
                 Node::Res { cin, cout, sp, .. } => {
                     let x = sp_dims(cin, sp);
                     let y = x.with_c(cout);
-                    max_c = max_c.max(cout);
+                    sizes.insert(n * cout);
                     let r = ResBlock {
                         p,
                         x,
@@ -241,8 +253,7 @@ impl<B: Backend> UNet<B> {
                     let x = sp_dims(c, sp);
                     let t = x.s();
                     let att_len = n * cfg.num_heads * t * t;
-                    max_att = max_att.max(att_len);
-                    max_act = max_act.max(x.with_c(3 * c).numel());
+                    sizes.extend([att_len, x.with_c(3 * c).numel()]);
                     let a = AttnBlock {
                         p,
                         x,
@@ -280,7 +291,7 @@ impl<B: Backend> UNet<B> {
                     (Op::Out(o), x.with_c(cout), prev)
                 }
             };
-            max_act = max_act.max(y.numel()).max(layers[input].y.numel());
+            sizes.extend([y.numel(), layers[input].y.numel()]);
             layers.push(Layer {
                 name,
                 op,
@@ -311,13 +322,13 @@ impl<B: Backend> UNet<B> {
             d1: alloc(n * emb)?,
             d2: alloc(n * emb)?,
         };
-        let scr = Scratch {
-            a: alloc(max_act)?,
-            b: alloc(max_act)?,
-            c: alloc(max_act)?,
-            att: alloc(max_att)?,
-            e: alloc(n * max_c)?,
-        };
+        let mut scr = Scratch { bufs: Vec::new(), base: Default::default() };
+        for len in sizes {
+            scr.base.insert(len, scr.bufs.len());
+            for _ in 0..3 {
+                scr.bufs.push(alloc(len)?);
+            }
+        }
         let params = specs.iter().map(|s| be.alloc(s.numel())).collect::<Result<Vec<_>>>()?;
         let grads = specs.iter().map(|s| be.alloc(s.numel())).collect::<Result<Vec<_>>>()?;
         Ok(UNet { cfg: cfg.clone(), batch, specs, params, grads, layers, temb, scr, act_bytes: bytes })
@@ -509,91 +520,59 @@ impl<B: Backend> UNet<B> {
                 }
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
+                    let (xn, yn, en) = (xd.numel(), yd.numel(), n * r.cout);
                     let src = &mut prev[l.input];
                     let (x, dx) = (&src.out, &mut src.dout);
                     // skip branch first: it sets dx per `mode`, the main branch then adds.
                     if xd.c != r.cout {
                         let [gw, gb] = dw.get_disjoint_mut([p + 10, p + 11]).expect("distinct");
-                        be.conv3d_backward(
-                            Some((dx, mode)),
-                            gw,
-                            gb,
-                            &l.dout,
-                            x,
-                            &w[p + 10],
-                            ConvShape::new(xd, r.cout, 1, 1),
-                        );
+                        let cs = ConvShape::new(xd, r.cout, 1, 1);
+                        be.conv3d_backward(Some((dx, mode)), gw, gb, &l.dout, x, &w[p + 10], cs);
                     } else if mode == Accum::Add {
                         be.add_assign(dx, &l.dout);
                     } else {
                         be.copy(dx, &l.dout);
                     }
+                    // out_layers: Conv3, then GroupNorm+SiLU → dh (slot 1 of size yn)
+                    let [da2, dh, tmp] = scr.get([(yn, 0), (yn, 1), (yn, 2)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 8, p + 9]).expect("distinct");
-                    be.conv3d_backward(
-                        Some((&mut scr.a, Accum::Overwrite)),
-                        gw,
-                        gb,
-                        &l.dout,
-                        &r.a2,
-                        &w[p + 8],
-                        ConvShape::new(yd, r.cout, 3, 1),
-                    );
+                    let cs = ConvShape::new(yd, r.cout, 3, 1);
+                    be.conv3d_backward(Some((da2, Accum::Overwrite)), gw, gb, &l.dout, &r.a2, &w[p + 8], cs);
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
+                    let (m, rs) = (&r.mean2, &r.rstd2);
                     be.groupnorm_silu_backward(
-                        (&mut scr.b, Accum::Overwrite),
+                        (dh, Accum::Overwrite),
                         gg,
                         gb,
-                        &mut scr.c,
-                        &scr.a,
+                        tmp,
+                        da2,
                         &r.gn2,
                         &r.h,
-                        &r.mean2,
-                        &r.rstd2,
+                        m,
+                        rs,
                         &w[p + 6],
                         yd,
                         g,
                     );
-                    be.channel_sum(&mut scr.e, &scr.b, yd);
+                    // emb_layers: h += Linear(SiLU(emb)), broadcast over voxels
+                    let [dh, de] = scr.get([(yn, 1), (en, 0)]);
+                    be.channel_sum(de, dh, yd);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
-                    be.linear_backward(
-                        Some((&mut te.d_emb_silu, Accum::Add)),
-                        gw,
-                        gb,
-                        &scr.e,
-                        &te.emb_silu,
-                        &w[p + 4],
-                        n,
-                        emb,
-                        r.cout,
-                    );
+                    let de_silu = Some((&mut te.d_emb_silu, Accum::Add));
+                    be.linear_backward(de_silu, gw, gb, de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
+                    // in_layers: Conv3 → da1 (slot 0 of size xn), then GroupNorm+SiLU into dx
+                    let [dh, da1] = scr.get([(yn, 1), (xn, 0)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
-                    be.conv3d_backward(
-                        Some((&mut scr.a, Accum::Overwrite)),
-                        gw,
-                        gb,
-                        &scr.b,
-                        &r.a1,
-                        &w[p + 2],
-                        ConvShape::new(xd, r.cout, 3, 1),
-                    );
+                    let cs = ConvShape::new(xd, r.cout, 3, 1);
+                    be.conv3d_backward(Some((da1, Accum::Overwrite)), gw, gb, dh, &r.a1, &w[p + 2], cs);
+                    let [da1, tmp] = scr.get([(xn, 0), (xn, 2)]);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    be.groupnorm_silu_backward(
-                        (dx, Accum::Add),
-                        gg,
-                        gb,
-                        &mut scr.c,
-                        &scr.a,
-                        &r.gn1,
-                        x,
-                        &r.mean1,
-                        &r.rstd1,
-                        &w[p],
-                        xd,
-                        g,
-                    );
+                    let (m, rs) = (&r.mean1, &r.rstd1);
+                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, tmp, da1, &r.gn1, x, m, rs, &w[p], xd, g);
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
+                    let (xn, qn, an) = (xd.numel(), 3 * xd.numel(), a.att_len());
                     let src = &mut prev[l.input];
                     let (x, dx) = (&src.out, &mut src.dout);
                     if mode == Accum::Add {
@@ -601,42 +580,24 @@ impl<B: Backend> UNet<B> {
                     } else {
                         be.copy(dx, &l.dout);
                     }
+                    let [da, dqkv, datt] = scr.get([(xn, 0), (qn, 1), (an, 2)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
-                    be.conv3d_backward(
-                        Some((&mut scr.a, Accum::Overwrite)),
-                        gw,
-                        gb,
-                        &l.dout,
-                        &a.a,
-                        &w[p + 4],
-                        ConvShape::new(xd, xd.c, 1, 1),
-                    );
-                    be.attention_backward(&mut scr.b, &mut scr.att, &scr.a, &a.qkv, &a.att, xd, a.heads);
+                    let cs = ConvShape::new(xd, xd.c, 1, 1);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, &a.a, &w[p + 4], cs);
+                    be.attention_backward(dqkv, datt, da, &a.qkv, &a.att, xd, a.heads);
+                    let [dqkv, dgn] = scr.get([(qn, 1), (xn, 2)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
-                    be.conv3d_backward(
-                        Some((&mut scr.c, Accum::Overwrite)),
-                        gw,
-                        gb,
-                        &scr.b,
-                        &a.gn,
-                        &w[p + 2],
-                        ConvShape::new(xd, 3 * xd.c, 1, 1),
-                    );
+                    let cs = ConvShape::new(xd, 3 * xd.c, 1, 1);
+                    be.conv3d_backward(Some((dgn, Accum::Overwrite)), gw, gb, dqkv, &a.gn, &w[p + 2], cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    be.groupnorm_backward((dx, Accum::Add), gg, gb, &scr.c, x, &a.mean, &a.rstd, &w[p], xd, g);
+                    be.groupnorm_backward((dx, Accum::Add), gg, gb, dgn, x, &a.mean, &a.rstd, &w[p], xd, g);
                 }
                 Op::Up { p, x: xd, u } => {
+                    let [du] = scr.get([(xd.up2().numel(), 0)]);
                     let [gw, gb] = dw.get_disjoint_mut([*p, *p + 1]).expect("distinct");
-                    be.conv3d_backward(
-                        Some((&mut scr.a, Accum::Overwrite)),
-                        gw,
-                        gb,
-                        &l.dout,
-                        u,
-                        &w[*p],
-                        ConvShape::new(xd.up2(), xd.c, 3, 1),
-                    );
-                    be.upsample_backward((&mut prev[l.input].dout, mode), &scr.a, *xd);
+                    let cs = ConvShape::new(xd.up2(), xd.c, 3, 1);
+                    be.conv3d_backward(Some((du, Accum::Overwrite)), gw, gb, &l.dout, u, &w[*p], cs);
+                    be.upsample_backward((&mut prev[l.input].dout, mode), du, *xd);
                 }
                 Op::Concat { skip, skip_mode, x: xd, ca, cb } => {
                     let [h, s] = prev.get_disjoint_mut([l.input, *skip]).expect("h and skip are distinct layers");
@@ -645,31 +606,13 @@ impl<B: Backend> UNet<B> {
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
                     let src = &mut prev[l.input];
+                    let [da, tmp] = scr.get([(xd.numel(), 0), (xd.numel(), 2)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
-                    be.conv3d_backward(
-                        Some((&mut scr.a, Accum::Overwrite)),
-                        gw,
-                        gb,
-                        &l.dout,
-                        &o.a,
-                        &w[p + 2],
-                        ConvShape::new(xd, o.cout, 3, 1),
-                    );
+                    let cs = ConvShape::new(xd, o.cout, 3, 1);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, &o.a, &w[p + 2], cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    be.groupnorm_silu_backward(
-                        (&mut src.dout, mode),
-                        gg,
-                        gb,
-                        &mut scr.c,
-                        &scr.a,
-                        &o.gn,
-                        &src.out,
-                        &o.mean,
-                        &o.rstd,
-                        &w[p],
-                        xd,
-                        g,
-                    );
+                    let (dx, xo) = (&mut src.dout, &src.out);
+                    be.groupnorm_silu_backward((dx, mode), gg, gb, tmp, da, &o.gn, xo, &o.mean, &o.rstd, &w[p], xd, g);
                 }
             }
             be.pop_range();
