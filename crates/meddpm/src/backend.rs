@@ -207,6 +207,7 @@ pub trait Backend {
 
     // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------
     /// out[N,O] = inp[N,I]·wᵀ[I,O] + b[O], with w stored (O, I) as in PyTorch.
+    #[allow(clippy::too_many_arguments)]
     fn linear_forward(
         &self,
         out: &mut Self::Buf,
