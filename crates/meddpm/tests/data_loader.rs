@@ -115,6 +115,15 @@ fn demo_loader_runs_without_files() {
     assert_eq!(a.image.len(), 32 * 32 * 32);
 }
 
+/// CPU seconds (user + system) used by this process so far, from /proc (Linux; 0 elsewhere).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // after the command name: state is field 0, utime 11, stime 12 (clock ticks, 100 Hz)
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// Loader throughput at 128³ from .nii.gz (float32 images, uint8 masks, written by us with
 /// the nifti crate's fast gzip level) on this machine. Prints volumes (pairs) per second.
 #[test]
@@ -163,15 +172,17 @@ fn throughput_128() {
     for (workers, per) in [(0usize, 16usize), (1, 24), (2, 32), (4, 32)] {
         let mut l = Loader::new(ds.clone(), 3, workers);
         let _ = l.next().unwrap(); // warm-up
-        let t = std::time::Instant::now();
+        let (t, cpu0) = (std::time::Instant::now(), cpu_seconds());
         for _ in 0..per {
             let _ = l.next().unwrap();
         }
         let dt = t.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu0;
         println!(
-            "workers {workers}: {per} samples in {dt:.2} s = {:.1} volumes/s ({:.0} ms each)",
+            "workers {workers}: {per} samples in {dt:.2} s = {:.1} volumes/s ({:.0} ms each); CPU {:.0} ms per sample",
             per as f64 / dt,
-            dt / per as f64 * 1e3
+            dt / per as f64 * 1e3,
+            cpu / per as f64 * 1e3
         );
     }
     std::fs::remove_dir_all(&root).ok();

@@ -11,7 +11,8 @@
 //! `(seq, result)` over a channel; [`Loader::next`] reorders them. At most `prefetch` samples are
 //! decoded ahead of the consumer. `workers = 0` decodes synchronously inside `next`.
 //!
-//! Measured throughput: see `docs/perf/loader.md`.
+//! Measured throughput (docs/perf/loader.md): ≈ 80 ms of CPU per 128³ pair from .nii.gz
+//! (≈ 12 pairs/s per free core) on the 2-core development machine.
 
 use super::dataset::Dataset;
 use super::Sample;
