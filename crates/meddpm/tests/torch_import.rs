@@ -39,9 +39,12 @@ impl Expected {
     fn st(&self) -> SafeTensors<'_> {
         SafeTensors::deserialize(&self.bytes).unwrap()
     }
-    fn meta(&self, key: &str) -> serde_json::Value {
+    fn raw_meta(&self, key: &str) -> String {
         let (_, m) = SafeTensors::read_metadata(&self.bytes).unwrap();
-        serde_json::from_str(&m.metadata().as_ref().unwrap()[key]).unwrap()
+        m.metadata().as_ref().unwrap()[key].clone()
+    }
+    fn meta(&self, key: &str) -> serde_json::Value {
+        serde_json::from_str(&self.raw_meta(key)).unwrap()
     }
     fn config(&self, key: &str) -> UNetConfig {
         serde_json::from_value(self.meta(key)).unwrap()
@@ -99,6 +102,8 @@ fn training_checkpoint_model_and_ema() {
     let exp = Expected::load();
     let ck = read_state_dicts(td("torch/micro_ckpt.pt")).unwrap();
     assert_eq!(ck.step, Some(123));
+    // written on the GPU machine: CUDA-tagged storages, like the released checkpoints
+    assert_eq!(ck.storage_locations, vec![exp.raw_meta("device")]);
     assert_eq!(ck.dicts.keys().collect::<Vec<_>>(), vec!["ema", "model"]);
     let order = exp.order("micro_ckpt", "model");
     for name in ["model", "ema"] {
@@ -133,6 +138,7 @@ fn bare_state_dict_maps_to_the_unet() {
     let exp = Expected::load();
     let ck = read_state_dicts(td("torch/micro_bare.pt")).unwrap();
     assert_eq!((ck.step, ck.dicts.len()), (None, 1));
+    assert_eq!(ck.storage_locations, vec!["cpu"]);
     let (name, d) = ck.dict(None).unwrap();
     assert_eq!(name, "");
     assert_dict_equals(&exp, d, "micro_bare", "", &|k| k.to_string());
@@ -210,7 +216,7 @@ fn schedule_buffer_mismatch_is_a_named_warning() {
     let mut d1000: StateDict =
         ck.dicts["ema"].iter().filter(|e| !SCHEDULE_BUFFERS.contains(&e.0.as_str())).cloned().collect();
     for (name, v) in schedule_buffers(1000) {
-        d1000.push((name.to_string(), vec![1000], v.iter().map(|&x| x as f32).collect()));
+        d1000.push((name.to_string(), vec![1000], v));
     }
     let m = map_to_unet(&d1000, &cfg).unwrap();
     assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
@@ -279,8 +285,7 @@ fn golden_files_match_param_specs_and_schedule() {
             let v = st.tensor(&format!("sched.{buf}")).unwrap();
             let got: Vec<f32> =
                 v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                let w32 = *w as f32;
+            for (i, (g, &w32)) in got.iter().zip(&want).enumerate() {
                 // numpy and Rust libm may differ by an ulp in f64; after rounding to f32 ≤ 1 ulp
                 let ulp = (w32.abs() * f32::EPSILON).max(f32::MIN_POSITIVE);
                 assert!((g - w32).abs() <= ulp, "{name}: sched.{buf}[{i}] {g} vs {w32}");
@@ -407,7 +412,8 @@ fn export_round_trip_and_no_clobber_on_failure() {
         }
         let (_, md) = SafeTensors::read_metadata(&bytes).unwrap();
         let md = md.metadata().clone().unwrap();
-        assert_eq!(serde_json::from_str::<UNetConfig>(&md["config"]).unwrap(), cfg);
+        assert_eq!(serde_json::from_str::<UNetConfig>(&md["unet"]).unwrap(), cfg);
+        assert_eq!(md["format"], "meddpm-state-dict");
         assert_eq!(md["source"], "micro_ckpt.pt");
         if diffusion_keys {
             // the buffers written equal the ones PyTorch saved

@@ -23,6 +23,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+use crate::checkpoint::native::{serialize, write_atomic};
+use crate::diffusion::schedule::Schedule;
 use crate::error::{Error, Result};
 use crate::model::config::UNetConfig;
 use crate::model::params::param_specs;
@@ -39,27 +41,16 @@ pub struct TorchCheckpoint {
     pub step: Option<i64>,
     /// State dicts by top-level key (`"model"`, `"ema"`, ...), or `""` for a bare state dict.
     pub dicts: BTreeMap<String, StateDict>,
+    /// The distinct storage location tags read (`"cpu"`, `"cuda:0"`, ...): informational only,
+    /// every tensor is read to host memory.
+    pub storage_locations: Vec<String>,
 }
 
 /// The prefix Med-DDPM's GaussianDiffusion puts before every U-Net key.
 pub const DENOISE_PREFIX: &str = "denoise_fn.";
 
 /// The 13 GaussianDiffusion buffers (spec §3.1), in registration order.
-pub const SCHEDULE_BUFFERS: [&str; 13] = [
-    "betas",
-    "alphas_cumprod",
-    "alphas_cumprod_prev",
-    "sqrt_alphas_cumprod",
-    "sqrt_one_minus_alphas_cumprod",
-    "log_one_minus_alphas_cumprod",
-    "sqrt_recip_alphas_cumprod",
-    "sqrt_recipm1_alphas_cumprod",
-    "posterior_variance",
-    "posterior_log_variance_clipped",
-    "posterior_mean_coef1",
-    "posterior_mean_coef2",
-    "posterior_mean_coef3",
-];
+pub use crate::diffusion::schedule::BUFFER_NAMES as SCHEDULE_BUFFERS;
 
 impl TorchCheckpoint {
     /// The dict named `which` (`"ema"`, `"model"`, `""` for bare); `None` picks `ema`, then
@@ -861,12 +852,21 @@ pub fn read_state_dicts(path: impl AsRef<Path>) -> Result<TorchCheckpoint> {
             })
             .collect()
     };
-    let mut out = TorchCheckpoint { path: path.to_path_buf(), step: None, dicts: BTreeMap::new() };
+    let mut out =
+        TorchCheckpoint { path: path.to_path_buf(), step: None, dicts: BTreeMap::new(), storage_locations: Vec::new() };
+    let mut locations = std::collections::BTreeSet::new();
     let mut convert = |entries: Vec<(String, Rc<TensorRef>)>| -> Result<StateDict> {
-        entries.into_iter().map(|(k, t)| Ok((k.clone(), t.size.clone(), load(&t, &k)?))).collect()
+        entries
+            .into_iter()
+            .map(|(k, t)| {
+                locations.insert(t.storage.location.clone());
+                Ok((k.clone(), t.size.clone(), load(&t, &k)?))
+            })
+            .collect()
     };
     if let Some(entries) = tensor_entries(&top) {
         out.dicts.insert(String::new(), convert(entries)?);
+        out.storage_locations = locations.into_iter().collect();
         return Ok(out);
     }
     let mut top_keys = Vec::new();
@@ -901,6 +901,7 @@ pub fn read_state_dicts(path: impl AsRef<Path>) -> Result<TorchCheckpoint> {
     if out.dicts.is_empty() {
         return Err(not_torch(format!("no state dict (a dict of tensors) in it; top-level keys: {top_keys:?}")));
     }
+    out.storage_locations = locations.into_iter().collect();
     Ok(out)
 }
 
@@ -970,46 +971,11 @@ fn materialise(t: &TensorRef, buf: &[u8], big_endian: bool) -> Vec<f32> {
 // Schedule buffers
 // ------------------------------------------------------------------------------------------------
 
-/// The 13 buffers of Med-DDPM's GaussianDiffusion for `t` steps, in f64, computed as the reference
-/// does (spec §3.1: cosine ᾱ with s = 0.008 on the grid linspace(0, T+1, T+1)/(T+1), betas clipped
-/// to [0, 0.999], posterior_log_variance_clipped = log(max(var, 1e-20))).
-pub fn schedule_buffers(t: usize) -> Vec<(&'static str, Vec<f64>)> {
-    let steps = t + 1;
-    let s = 0.008f64;
-    let step = steps as f64 / (steps - 1) as f64; // numpy linspace(0, steps, steps)
-    let f = |i: usize| {
-        let x = if i == steps - 1 { steps as f64 } else { i as f64 * step };
-        (((x / steps as f64) + s) / (1.0 + s) * std::f64::consts::PI * 0.5).cos().powi(2)
-    };
-    let f0 = f(0);
-    let ac_full: Vec<f64> = (0..steps).map(|i| f(i) / f0).collect();
-    let betas: Vec<f64> = (0..t).map(|i| (1.0 - ac_full[i + 1] / ac_full[i]).clamp(0.0, 0.999)).collect();
-    let alphas: Vec<f64> = betas.iter().map(|b| 1.0 - b).collect();
-    let mut ac = Vec::with_capacity(t);
-    let mut p = 1.0;
-    for a in &alphas {
-        p *= a;
-        ac.push(p);
-    }
-    let ac_prev: Vec<f64> = std::iter::once(1.0).chain(ac[..t - 1].iter().copied()).collect();
-    let map = |f: &dyn Fn(usize) -> f64| (0..t).map(f).collect::<Vec<f64>>();
-    let pv = map(&|i| betas[i] * (1.0 - ac_prev[i]) / (1.0 - ac[i]));
-    let coef2 = map(&|i| (1.0 - ac_prev[i]) * alphas[i].sqrt() / (1.0 - ac[i]));
-    vec![
-        ("betas", betas.clone()),
-        ("alphas_cumprod", ac.clone()),
-        ("alphas_cumprod_prev", ac_prev.clone()),
-        ("sqrt_alphas_cumprod", map(&|i| ac[i].sqrt())),
-        ("sqrt_one_minus_alphas_cumprod", map(&|i| (1.0 - ac[i]).sqrt())),
-        ("log_one_minus_alphas_cumprod", map(&|i| (1.0 - ac[i]).ln())),
-        ("sqrt_recip_alphas_cumprod", map(&|i| (1.0 / ac[i]).sqrt())),
-        ("sqrt_recipm1_alphas_cumprod", map(&|i| (1.0 / ac[i] - 1.0).sqrt())),
-        ("posterior_variance", pv.clone()),
-        ("posterior_log_variance_clipped", map(&|i| pv[i].max(1e-20).ln())),
-        ("posterior_mean_coef1", map(&|i| betas[i] * ac_prev[i].sqrt() / (1.0 - ac[i]))),
-        ("posterior_mean_coef2", coef2.clone()),
-        ("posterior_mean_coef3", map(&|i| 1.0 - coef2[i])),
-    ]
+/// The 13 buffers of the cosine schedule for `t` steps as the reference stores them (float32),
+/// from [`Schedule`] (spec §3.1), in [`SCHEDULE_BUFFERS`] order.
+pub fn schedule_buffers(t: usize) -> Vec<(&'static str, Vec<f32>)> {
+    let sched = Schedule::cosine(t);
+    SCHEDULE_BUFFERS.iter().map(|&n| (n, sched.buffer(n).expect("every buffer name is known"))).collect()
 }
 
 /// Schedule buffers found in a dict: name → (shape, values).
@@ -1039,7 +1005,7 @@ fn check_schedule(found: &Buffers) -> Vec<String> {
                     continue;
                 }
                 let bad = got.iter().zip(&want).enumerate().find(|(_, (&g, &w))| {
-                    let g = g as f64;
+                    let (g, w) = (g as f64, w as f64);
                     !((g - w).abs() <= 1e-5 * w.abs() + 1e-12 || (g.is_infinite() && g == w))
                 });
                 if let Some((i, (g, w))) = bad {
@@ -1228,8 +1194,9 @@ pub fn infer_config_from_shapes(dict: &[(String, Vec<usize>)], depth: usize, siz
 /// Write U-Net parameters to a safetensors file under PyTorch's keys and shapes (Conv1d weights
 /// keep their trailing 1), so `UNetModel.load_state_dict` accepts it as it is; with
 /// `diffusion_keys` the keys get `denoise_fn.` and the 13 schedule buffers (T = 250) are added,
-/// as `GaussianDiffusion.load_state_dict` expects. Written to a temporary file in the same
-/// folder and renamed, so an existing `out` is replaced only by a complete file.
+/// as `GaussianDiffusion.load_state_dict` expects. Metadata: `format` = `meddpm-state-dict` and
+/// `unet` = the config (as [`crate::checkpoint::export_state_dict`] writes), plus `metadata`.
+/// The write is atomic ([`write_atomic`]): an existing `out` is replaced only by a complete file.
 pub fn export_safetensors(
     out: &Path,
     cfg: &UNetConfig,
@@ -1241,12 +1208,10 @@ pub fn export_safetensors(
     if specs.len() != params.len() {
         return Err(Error::Config(format!("{} parameter tensors given, the config has {}", params.len(), specs.len())));
     }
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
     if diffusion_keys {
         for (name, v) in schedule_buffers(250) {
-            let v32: Vec<f32> = v.iter().map(|&x| x as f32).collect();
-            tensors.push((name.to_string(), vec![v32.len()], bytes(&v32)));
+            tensors.push((name.to_string(), vec![v.len()], v));
         }
     }
     for (s, p) in specs.iter().zip(params) {
@@ -1254,28 +1219,12 @@ pub fn export_safetensors(
             return Err(Error::Config(format!("{}: {} values for shape {:?}", s.key, p.len(), s.shape)));
         }
         let key = if diffusion_keys { format!("{DENOISE_PREFIX}{}", s.key) } else { s.key.clone() };
-        tensors.push((key, s.shape.clone(), bytes(p)));
+        tensors.push((key, s.shape.clone(), p.clone()));
     }
     let mut meta: HashMap<String, String> = metadata.into_iter().collect();
-    meta.entry("config".into()).or_insert_with(|| serde_json::to_string(cfg).expect("config serialises"));
-    meta.entry("format".into()).or_insert_with(|| "pt".into());
-    let views = tensors
-        .iter()
-        .map(|(k, s, b)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                .map(|v| (k.clone(), v))
-                .map_err(|e| Error::format(out, format!("{k}: {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
-    let tmp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let result = safetensors::tensor::serialize_to_file(views, Some(meta), &tmp)
-        .map_err(|e| Error::format(&tmp, format!("writing safetensors: {e}")))
-        .and_then(|_| std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e)));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    meta.insert("format".into(), "meddpm-state-dict".into());
+    meta.insert("unet".into(), serde_json::to_string(cfg).expect("config serialises"));
+    write_atomic(out, &serialize(&tensors, meta)?)
 }
 
 #[cfg(test)]
@@ -1304,11 +1253,11 @@ mod tests {
     fn schedule_matches_spec_values() {
         // spec §3.1: β₀ = 1.94269e-4, β₁₂₄ = 0.012466, β₂₄₉ = 0.999, ᾱ₁₂₄ = 0.4938, ᾱ₂₄₉ = 3.886e-8
         let b = schedule_buffers(250);
-        let get = |n: &str| &b.iter().find(|(k, _)| *k == n).unwrap().1;
+        let get = |n: &str| b.iter().find(|(k, _)| *k == n).unwrap().1.iter().map(|&x| x as f64).collect::<Vec<_>>();
         let close = |a: f64, e: f64, tol: f64| assert!((a - e).abs() <= tol * e.abs(), "{a} vs {e}");
         close(get("betas")[0], 1.94269e-4, 1e-5);
         close(get("betas")[124], 0.012466, 1e-4);
-        assert_eq!(get("betas")[249], 0.999);
+        assert_eq!(get("betas")[249], 0.999f32 as f64);
         close(get("alphas_cumprod")[124], 0.4938, 1e-3);
         close(get("alphas_cumprod")[249], 3.886e-8, 1e-3);
         assert_eq!(get("posterior_mean_coef1")[0], 1.0);
