@@ -11,6 +11,7 @@
 //! - `diffusion`  cosine schedule and buffers, training step, ancestral DDPM sampler
 //! - `checkpoint` safetensors checkpoints (atomic writes)
 //! - `data`       NIfTI I/O, Med-DDPM data conventions, demo data
+//! - `phantom`    a synthetic head phantom pair for tests
 //! - `testing`    tolerance comparisons and finite-difference helpers shared by tests
 
 pub mod analysis;
@@ -22,6 +23,7 @@ pub mod diffusion;
 pub mod error;
 pub mod eval;
 pub mod model;
+pub mod phantom;
 pub mod rng;
 pub mod shape;
 pub mod testing;

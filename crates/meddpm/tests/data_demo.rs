@@ -107,7 +107,7 @@ fn demo_labels_and_lesion() {
 
 #[test]
 fn demo_dataset_gives_model_tensors() {
-    let ds = demo::dataset([32, 32, 32]).unwrap();
+    let ds = demo::dataset();
     assert_eq!(ds.len(), 2);
     ds.validate().unwrap();
     let s = ds.get(1).unwrap();
@@ -117,7 +117,7 @@ fn demo_dataset_gives_model_tensors() {
     let (lo, hi) = s.image.iter().fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
     assert_eq!((lo, hi), (-1.0, 1.0));
     // resized demo for a 16³ model
-    let small = demo::dataset([16, 16, 16]).unwrap().get(0).unwrap();
+    let small = demo::dataset_at([16, 16, 16]).unwrap().get(0).unwrap();
     assert_eq!(small.image.len(), 16 * 16 * 16);
     assert_eq!(small.cond.len(), 2 * 16 * 16 * 16);
 }

@@ -161,9 +161,19 @@ impl Convention {
         let s = dst[0] * dst[1] * dst[2];
         let mut out = Vec::with_capacity(c * s);
         match self.mask_resize {
+            MaskResize::Linear if mask.dims == dst => {
+                // labels were checked: one pass writes every channel
+                out.resize(c * s, lo);
+                for (i, &v) in mask.data.iter().enumerate() {
+                    if v >= 1.0 {
+                        out[(v as usize - 1) * s + i] = hi;
+                    }
+                }
+            }
             MaskResize::Linear => {
                 for label in 1..=c {
-                    let onehot: Vec<f32> = mask.data.iter().map(|&v| if v == label as f32 { hi } else { lo }).collect();
+                    let l = label as f32;
+                    let onehot: Vec<f32> = mask.data.iter().map(|&v| if v == l { hi } else { lo }).collect();
                     out.extend(resize::trilinear(&onehot, mask.dims, dst));
                 }
             }
@@ -193,7 +203,8 @@ impl Convention {
                 ImageScaling::PerSlice => per_slice_minmax_pm1(&img.data, img.dims),
                 ImageScaling::AsIs => img.data.clone(),
             };
-            out.extend(resize::trilinear(&scaled, img.dims, dst));
+            let mut resized = if img.dims == dst { scaled } else { resize::trilinear(&scaled, img.dims, dst) };
+            out.append(&mut resized);
         }
         Ok(out)
     }
@@ -220,17 +231,16 @@ pub fn xyz_to_dhw(x: [usize; 3]) -> [usize; 3] {
 
 /// Every voxel must be an integer in 0..num_labels.
 pub fn check_labels(mask: &Volume, num_labels: usize, name: &Path) -> Result<()> {
-    let mut counts = vec![0usize; num_labels];
-    let mut bad: Option<(usize, f32)> = None;
-    let mut nbad = 0usize;
-    for (i, &v) in mask.data.iter().enumerate() {
-        if v >= 0.0 && v < num_labels as f32 && v.fract() == 0.0 {
-            counts[v as usize] += 1;
-        } else {
-            nbad += 1;
-            bad.get_or_insert((i, v));
-        }
+    // `v as usize` saturates (negatives, NaN → 0) so the round trip only holds for labels.
+    let is_label = |v: f32| {
+        let l = v as usize;
+        l as f32 == v && l < num_labels
+    };
+    if mask.data.iter().all(|&v| is_label(v)) {
+        return Ok(());
     }
+    let nbad = mask.data.iter().filter(|&&v| !is_label(v)).count();
+    let bad = mask.data.iter().position(|&v| !is_label(v)).map(|i| (i, mask.data[i]));
     if let Some((i, v)) = bad {
         let d = mask.dims;
         let (x, y, z) = (i % d[0], (i / d[0]) % d[1], i / (d[0] * d[1]));

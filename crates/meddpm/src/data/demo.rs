@@ -74,9 +74,14 @@ pub fn pairs() -> Vec<Pair> {
         .collect()
 }
 
-/// The demo as a dataset with the whole-head convention at model size `size_dhw`
-/// (32³ is the native size; others are resized like any dataset).
-pub fn dataset(size_dhw: [usize; 3]) -> Result<Dataset> {
+/// The demo as a dataset with the whole-head convention at its native size, 32³.
+pub fn dataset() -> Dataset {
+    dataset_at([SIDE; 3]).expect("the embedded demo pairs form a valid dataset")
+}
+
+/// The demo at model size `size_dhw` (resized like any dataset whose volumes differ from the
+/// model size).
+pub fn dataset_at(size_dhw: [usize; 3]) -> Result<Dataset> {
     Dataset::from_pairs(pairs(), Convention::whole_head(), size_dhw)
 }
 

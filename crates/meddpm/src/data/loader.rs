@@ -15,7 +15,7 @@
 
 use super::dataset::Dataset;
 use super::Sample;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::rng::Philox;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{channel, Receiver};
@@ -118,7 +118,19 @@ impl Loader {
                             st.next_seq += 1;
                             (seq, shared.index_of(&mut st, seq))
                         };
-                        let sample = shared.dataset.get(idx);
+                        // a panic must not leave `next` waiting forever for this sequence number
+                        let sample = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shared.dataset.get(idx)))
+                            .unwrap_or_else(|p| {
+                                let what = p
+                                    .downcast_ref::<String>()
+                                    .cloned()
+                                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                    .unwrap_or_default();
+                                Err(Error::data(
+                                    shared.dataset.pairs()[idx].mask.name(),
+                                    format!("internal error while decoding this pair: {what}"),
+                                ))
+                            });
                         if tx.send((seq, sample)).is_err() {
                             return;
                         }

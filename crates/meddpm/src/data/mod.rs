@@ -43,6 +43,21 @@ pub struct Sample {
     pub index: usize,
 }
 
+/// Read a mask file and build its condition tensor at `size_dhw` (for sampling); returns the
+/// mask too, whose grid and header the generated volumes are written back on
+/// ([`Convention::output_volumes`], then [`write_volume`]). BraTS masks must already be
+/// preprocessed (labels 0..4 including the brain label).
+pub fn load_condition(
+    path: &std::path::Path,
+    convention: &Convention,
+    size_dhw: [usize; 3],
+) -> crate::Result<(Vec<f32>, Volume)> {
+    convention.validate()?;
+    let mask = read_volume(path)?;
+    let cond = convention.cond_tensor(&mask, size_dhw, path)?;
+    Ok((cond, mask))
+}
+
 impl Sample {
     /// Voxels per channel D·H·W.
     pub fn voxels(&self) -> usize {

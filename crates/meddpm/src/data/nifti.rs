@@ -148,7 +148,11 @@ pub fn read_volume_bytes(bytes: &[u8], name: &Path) -> Result<Volume> {
     macro_rules! typed {
         ($t:ty) => {{
             let v: Vec<$t> = volume.into_nifti_typed_data::<$t>().map_err(|e| fmt_err(name, format!("{e}")))?;
-            v.into_iter().map(|x| (x as f64 * slope + inter) as f32).collect::<Vec<f32>>()
+            if slope == 1.0 && inter == 0.0 {
+                v.into_iter().map(|x| x as f32).collect::<Vec<f32>>()
+            } else {
+                v.into_iter().map(|x| (x as f64 * slope + inter) as f32).collect::<Vec<f32>>()
+            }
         }};
     }
     let data: Vec<f32> = match datatype {

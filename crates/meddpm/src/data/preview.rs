@@ -1,5 +1,6 @@
 //! PNG previews: the middle slice of each volume in three planes, volumes side by side
-//! (columns: e.g. mask, image, samples; rows: axial, coronal, sagittal).
+//! (columns: e.g. mask, image, samples; rows: axial, coronal, sagittal), or the planes through
+//! a chosen point such as a lesion's centroid ([`label_position`], [`render_at`]).
 //!
 //! Slices are taken in voxel axes, not reoriented: axial = z-middle shown x → right, y → up;
 //! coronal = y-middle, x → right, z → up; sagittal = x-middle, y → right, z → up (for RAS-ish
@@ -59,18 +60,36 @@ fn plane_size(d: [usize; 3], p: usize) -> (usize, usize) {
     }
 }
 
-/// Voxel shown at (u, v) (v = 0 at the top) of plane `p`.
-fn plane_voxel(v: &Volume, p: usize, u: usize, w: usize) -> f32 {
+/// Slice index at fractional position `f` (0.5 = the middle, n/2) of an axis of `n` voxels.
+fn slice_at(f: f64, n: usize) -> usize {
+    ((f * n as f64).floor().max(0.0) as usize).min(n - 1)
+}
+
+/// Voxel shown at (u, v) (v = 0 at the top) of plane `p`, the planes cutting at `pos`.
+fn plane_voxel(v: &Volume, p: usize, u: usize, w: usize, pos: [f64; 3]) -> f32 {
     let [nx, ny, nz] = v.dims;
     match p {
-        0 => v.at(u, ny - 1 - w, nz / 2),
-        1 => v.at(u, ny / 2, nz - 1 - w),
-        _ => v.at(nx / 2, u, nz - 1 - w),
+        0 => v.at(u, ny - 1 - w, slice_at(pos[2], nz)),
+        1 => v.at(u, slice_at(pos[1], ny), nz - 1 - w),
+        _ => v.at(slice_at(pos[0], nx), u, nz - 1 - w),
     }
+}
+
+/// Fractional position (x, y, z) ∈ [0, 1)³ of the centroid of `label` in `mask` (voxel
+/// centre i ↦ (i + 0.5)/n), to cut every column through a lesion; None if absent.
+pub fn label_position(mask: &Volume, label: f32) -> Option<[f64; 3]> {
+    let c = super::masks::centroid(mask, label)?;
+    Some([0, 1, 2].map(|a| (c[a].round() + 0.5) / mask.dims[a] as f64))
 }
 
 /// Render the three mid-planes of each volume, one column per volume.
 pub fn render(volumes: &[(&Volume, Kind)]) -> RgbImage {
+    render_at(volumes, [0.5; 3])
+}
+
+/// Render the planes through fractional position `pos` (x, y, z) of each volume (volumes of
+/// different sizes are cut at the same relative position).
+pub fn render_at(volumes: &[(&Volume, Kind)], pos: [f64; 3]) -> RgbImage {
     assert!(!volumes.is_empty(), "preview::render: no volumes");
     let max_side = volumes.iter().flat_map(|(v, _)| v.dims).max().unwrap_or(1).max(1);
     let scale = 128usize.div_ceil(max_side).max(1);
@@ -91,7 +110,7 @@ pub fn render(volumes: &[(&Volume, Kind)]) -> RgbImage {
             let (pw, ph) = plane_size(v.dims, p);
             for w in 0..ph {
                 for u in 0..pw {
-                    let val = plane_voxel(v, p, u, w);
+                    let val = plane_voxel(v, p, u, w, pos);
                     let rgb = match kind {
                         Kind::Labels => PALETTE[(val.round().max(0.0) as usize) % PALETTE.len()],
                         Kind::Intensity => {
@@ -113,13 +132,18 @@ pub fn render(volumes: &[(&Volume, Kind)]) -> RgbImage {
     img
 }
 
-/// Render and save as PNG, atomically (temporary file + rename).
+/// Render the mid-planes and save as PNG, atomically (temporary file + rename).
 pub fn write_png(path: impl AsRef<Path>, volumes: &[(&Volume, Kind)]) -> Result<()> {
+    write_png_at(path, volumes, [0.5; 3])
+}
+
+/// Render the planes through `pos` (see [`render_at`]) and save as PNG, atomically.
+pub fn write_png_at(path: impl AsRef<Path>, volumes: &[(&Volume, Kind)], pos: [f64; 3]) -> Result<()> {
     let path = path.as_ref();
     if volumes.is_empty() {
         return Err(Error::Config("preview: no volumes to draw".into()));
     }
-    let img = render(volumes);
+    let img = render_at(volumes, pos);
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp.png", std::process::id()));
     let result = img
