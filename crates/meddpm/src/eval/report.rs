@@ -25,7 +25,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::ssim::{ms_ssim, ms_ssim_kernel_for, ssim, MsSsimParams, SsimParams, MS_SSIM_WEIGHTS};
-use super::stats::{mae, mmd_linear, psnr, wasserstein1};
+use super::stats::{mae, mmd_linear, psnr, sorted_f64, wasserstein1_sorted};
 use super::{check_same_dims, Vol};
 use crate::{Error, Result};
 
@@ -398,12 +398,13 @@ pub fn evaluate(
         };
         let pooled: Vec<f32> = rn.iter().flat_map(|v| sel(v)).collect();
         let real_mean = pooled.iter().map(|&v| v as f64).sum::<f64>() / pooled.len() as f64;
+        let pooled_sorted = sorted_f64(&pooled);
         let mut means = Vec::new();
         let mut w1s = Vec::new();
         for g in &gn {
             let s = sel(g);
             means.push(s.iter().map(|&v| v as f64).sum::<f64>() / s.len() as f64);
-            w1s.push(wasserstein1(&s, &pooled)?);
+            w1s.push(wasserstein1_sorted(&sorted_f64(&s), &pooled_sorted));
         }
         labels.push(LabelReport {
             label: l,
