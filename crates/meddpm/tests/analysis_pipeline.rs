@@ -69,6 +69,10 @@ fn cpu_profile_of_the_tiny_model() {
         let sum: u64 = p.records.iter().map(|r| r.duration_ns).sum();
         assert!(p.measured && sum > 0 && sum <= p.step_ns.unwrap(), "{}: Σ {sum} vs step {:?}", p.name, p.step_ns);
         assert!(p.records.iter().all(|r| r.range.is_some()), "every call of {} is inside its pass range", p.name);
+        // the kept repetition is the median of the three recorded ones
+        let mut reps = p.repeats.clone();
+        reps.sort();
+        assert_eq!((reps.len(), Some(reps[1])), (3, p.step_ns));
     }
     // phases and blocks
     let phases: BTreeSet<String> = tr.records.iter().filter_map(|r| r.phase()).collect();
@@ -131,7 +135,7 @@ fn cpu_profile_of_the_tiny_model() {
 fn null_backend_counts_the_whole_head_model() {
     let cfg = UNetConfig::whole_head();
     let be = Timed::new(NullBackend::default());
-    let o = Options { warmup: 0, measured: false, ..Options::default() };
+    let o = Options { warmup: 0, repeats: 1, measured: false, ..Options::default() };
     let passes = profile_unet(&be, &cfg, &o).unwrap();
     let f = cost::forward_flops(&cfg);
     assert!((flops_in(&passes[1], "sample/forward") / f.total() - 1.0).abs() < 1e-12);
@@ -156,7 +160,13 @@ fn report_folder_with_every_section() {
     let be = Timed::new(CpuBackend::new());
     let mut passes = profile_unet(&be, &cfg, &Options::default()).unwrap();
     let nb = Timed::new(NullBackend::default());
-    let o = Options { warmup: 0, measured: false, label: " (whole-head, counted)".into(), ..Options::default() };
+    let o = Options {
+        warmup: 0,
+        repeats: 1,
+        measured: false,
+        label: " (whole-head, counted)".into(),
+        ..Options::default()
+    };
     passes.extend(profile_unet(&nb, &UNetConfig::whole_head(), &o).unwrap());
     let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/ncu");
     let ncu = NcuData::load(Some(&fx.join("h200_conv_raw.csv")), Some(&fx.join("h200_conv_details.csv"))).unwrap();

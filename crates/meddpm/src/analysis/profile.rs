@@ -9,6 +9,7 @@
 //! The training step is exactly `Trainer::micro_step` + `Trainer::opt_step` (spec §3.2); the
 //! sampling step is one iteration of `Sampler::sample` (spec §3.3) at t = T/2.
 
+use super::kernels::KernelRecord;
 use super::report::Pass;
 use super::timed::Timed;
 use crate::backend::Backend;
@@ -22,8 +23,11 @@ use std::time::Instant;
 #[derive(Clone, Debug)]
 pub struct Options {
     pub seed: u64,
-    /// Unrecorded repetitions before the recorded one (cuDNN algorithm choice, caches).
+    /// Unrecorded repetitions before the recorded ones (cuDNN algorithm choice, caches).
     pub warmup: usize,
+    /// Recorded repetitions (≥ 1): the pass keeps the records of the median step time, and all
+    /// step times (a shared machine's timings scatter).
+    pub repeats: usize,
     pub train: bool,
     pub sample: bool,
     /// `true` when the backend computes (times are measurements); `false` for the null backend.
@@ -34,7 +38,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { seed: 0, warmup: 1, train: true, sample: true, measured: true, label: String::new() }
+        Options { seed: 0, warmup: 1, repeats: 3, train: true, sample: true, measured: true, label: String::new() }
     }
 }
 
@@ -44,6 +48,20 @@ fn host_data(cfg: &UNetConfig) -> (Vec<f32>, Vec<f32>) {
     let img: Vec<f32> = (0..cfg.out_channels * s).map(|i| ((i % 97) as f32 / 48.0 - 1.0).clamp(-1.0, 1.0)).collect();
     let cond: Vec<f32> = (0..cfg.cond_channels() * s).map(|i| if (i / 7) % 3 == 0 { 1.0 } else { -1.0 }).collect();
     (img, cond)
+}
+
+/// The pass of the median step time among recorded repetitions.
+fn median_pass(name: String, mut runs: Vec<(u64, Vec<KernelRecord>)>, measured: bool) -> Pass {
+    let repeats: Vec<u64> = runs.iter().map(|r| r.0).collect();
+    runs.sort_by_key(|r| r.0);
+    let (ns, records) = runs.swap_remove(runs.len() / 2);
+    Pass {
+        name,
+        records,
+        step_ns: measured.then_some(ns),
+        measured,
+        repeats: if measured { repeats } else { Vec::new() },
+    }
 }
 
 /// Run and record the passes (see the module docs).
@@ -57,23 +75,22 @@ pub fn profile_unet<B: Backend>(be: &Timed<B>, cfg: &UNetConfig, o: &Options) ->
             tr.micro_step(be, &img, &cond);
             tr.opt_step(be);
         }
-        be.sync();
-        be.take_records();
-        be.push_range("train");
-        let t0 = Instant::now();
-        tr.micro_step(be, &img, &cond);
-        be.push_range("optimizer");
-        tr.opt_step(be);
-        be.pop_range();
-        be.sync();
-        let step = t0.elapsed().as_nanos() as u64;
-        be.pop_range();
-        passes.push(Pass {
-            name: format!("train step{}", o.label),
-            records: be.take_records(),
-            step_ns: o.measured.then_some(step),
-            measured: o.measured,
-        });
+        let mut runs = Vec::new();
+        for _ in 0..o.repeats.max(1) {
+            be.sync();
+            be.take_records();
+            be.push_range("train");
+            let t0 = Instant::now();
+            tr.micro_step(be, &img, &cond);
+            be.push_range("optimizer");
+            tr.opt_step(be);
+            be.pop_range();
+            be.sync();
+            let ns = t0.elapsed().as_nanos() as u64;
+            be.pop_range();
+            runs.push((ns, be.take_records()));
+        }
+        passes.push(median_pass(format!("train step{}", o.label), runs, o.measured));
     }
     if o.sample {
         let net = &mut tr.net;
@@ -96,20 +113,19 @@ pub fn profile_unet<B: Backend>(be: &Timed<B>, cfg: &UNetConfig, o: &Options) ->
         for _ in 0..o.warmup {
             step(be, &mut x, &mut z, net);
         }
-        be.sync();
-        be.take_records();
-        be.push_range("sample");
-        let t0 = Instant::now();
-        step(be, &mut x, &mut z, net);
-        be.sync();
-        let ns = t0.elapsed().as_nanos() as u64;
-        be.pop_range();
-        passes.push(Pass {
-            name: format!("sampling step{}", o.label),
-            records: be.take_records(),
-            step_ns: o.measured.then_some(ns),
-            measured: o.measured,
-        });
+        let mut runs = Vec::new();
+        for _ in 0..o.repeats.max(1) {
+            be.sync();
+            be.take_records();
+            be.push_range("sample");
+            let t0 = Instant::now();
+            step(be, &mut x, &mut z, net);
+            be.sync();
+            let ns = t0.elapsed().as_nanos() as u64;
+            be.pop_range();
+            runs.push((ns, be.take_records()));
+        }
+        passes.push(median_pass(format!("sampling step{}", o.label), runs, o.measured));
     }
     Ok(passes)
 }

@@ -29,6 +29,8 @@ pub struct Pass {
     pub step_ns: Option<u64>,
     /// `false` for passes run on [`super::timed::NullBackend`]: counts only, no times.
     pub measured: bool,
+    /// Step times of every recorded repetition, ns; `records` are those of the median one.
+    pub repeats: Vec<u64>,
 }
 
 /// Everything the report is built from.
@@ -79,6 +81,8 @@ pub struct Report {
     pub config: String,
     pub math: Math,
     pub passes: Vec<PassReport>,
+    /// Step times of every recorded repetition per pass (same order as `passes`), ns.
+    pub repeats: Vec<Vec<u64>>,
     pub gpus: Vec<Gpu>,
     pub ncu_kernels: Vec<NcuRow>,
     pub priority: Vec<RankedRule>,
@@ -144,6 +148,7 @@ pub fn build(input: &Input) -> Report {
         device: input.device.clone(),
         config: input.config.clone(),
         math,
+        repeats: input.passes.iter().map(|p| p.repeats.clone()).collect(),
         passes,
         gpus: table,
         ncu_kernels,
@@ -223,10 +228,11 @@ fn rows_md(rows: &[Row], measured: bool, with_rate: bool) -> Vec<Vec<String>> {
                 },
             ];
             if with_rate {
-                v.push(opt(r.flops, fmt_si));
-                v.push(opt(r.bytes, fmt_si));
-                v.push(if measured { opt(r.tflops, |t| format!("{t:.3}")) } else { "—".into() });
-                v.push(if measured { opt(r.gbps, |g| format!("{g:.1}")) } else { "—".into() });
+                let dash = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map(f).unwrap_or_else(|| "—".into());
+                v.push(dash(r.flops, &fmt_si));
+                v.push(dash(r.bytes, &fmt_si));
+                v.push(if measured { dash(r.tflops, &|t| format!("{t:.4}")) } else { "—".into() });
+                v.push(if measured { dash(r.gbps, &|g| format!("{g:.1}")) } else { "—".into() });
             }
             v
         })
@@ -252,7 +258,8 @@ pub fn markdown(r: &Report) -> String {
         let rows: Vec<Vec<String>> = r
             .passes
             .iter()
-            .map(|p| {
+            .zip(&r.repeats)
+            .map(|(p, reps)| {
                 let b = &p.breakdown;
                 let flops: f64 = b.by_category.iter().filter_map(|c| c.flops).sum();
                 vec![
@@ -261,6 +268,12 @@ pub fn markdown(r: &Report) -> String {
                     b.records.to_string(),
                     match (p.measured, b.step_ns) {
                         (true, Some(s)) => fmt_ns(s as f64),
+                        _ => "—".into(),
+                    },
+                    match (reps.iter().min(), reps.iter().max()) {
+                        (Some(lo), Some(hi)) if p.measured => {
+                            format!("{} – {} ({} runs)", fmt_ns(*lo as f64), fmt_ns(*hi as f64), reps.len())
+                        }
                         _ => "—".into(),
                     },
                     if p.measured { fmt_ns(b.kernel_ns as f64) } else { "—".into() },
@@ -272,7 +285,20 @@ pub fn markdown(r: &Report) -> String {
                 ]
             })
             .collect();
-        md_table(&mut o, &["pass", "times", "calls", "step (wall)", "Σ calls", "unattributed", "FLOPs counted"], &rows);
+        md_table(
+            &mut o,
+            &[
+                "pass",
+                "times",
+                "calls",
+                "step (wall, median)",
+                "min – max of repeats",
+                "Σ calls",
+                "unattributed",
+                "FLOPs counted",
+            ],
+            &rows,
+        );
         let _ = writeln!(o, "![category breakdown per pass](breakdown.svg)\n");
     }
     for p in &r.passes {
@@ -281,6 +307,11 @@ pub fn markdown(r: &Report) -> String {
         if !p.measured {
             let _ = writeln!(o, "Counted on the null backend: call counts, FLOPs and bytes only (no times).\n");
         }
+        let _ = writeln!(
+            o,
+            "FLOPs are counted for convolutions, linears and attention matmuls only (\"—\": an op without a FLOP \
+             count, e.g. elementwise); TFLOP/s and GB/s divide the counts by the measured time of the counted calls.\n"
+        );
         let _ = writeln!(o, "### By category\n");
         let mut rows = rows_md(&b.by_category, p.measured, true);
         if p.measured {
@@ -1126,11 +1157,13 @@ pub fn summary(r: &Report) -> String {
             top.join(", ")
         );
     }
-    if let Some(h) = r.passes.iter().find(|p| p.measured) {
-        let t: BTreeMap<&str, f64> =
-            r.gpus.iter().map(|g| (g.key, h.predictions.iter().map(|c| c.predicted_ns[g.key]).sum::<f64>())).collect();
-        let line: Vec<String> = t.iter().map(|(k, v)| format!("{k} {}", fmt_ns(*v))).collect();
-        let _ = writeln!(o, "  roofline bound of \"{}\" (predicted): {}", h.name, line.join(", "));
+    for h in &r.passes {
+        let line: Vec<String> = r
+            .gpus
+            .iter()
+            .map(|g| format!("{} {}", g.key, fmt_ns(h.predictions.iter().map(|c| c.predicted_ns[g.key]).sum::<f64>())))
+            .collect();
+        let _ = writeln!(o, "  roofline bound, {} (predicted): {}", h.name, line.join(", "));
     }
     if !r.ncu_kernels.is_empty() {
         let _ = writeln!(o, "  ncu: {} kernels, {} ranked OPT rules", r.ncu_kernels.len(), r.priority.len());
