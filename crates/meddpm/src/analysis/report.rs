@@ -193,6 +193,14 @@ pub fn fmt_si(v: f64) -> String {
     format!("{:.3}{s}", v / d)
 }
 
+/// A compact SI label for chart axes: 100G, 2.5M.
+fn short_si(v: f64) -> String {
+    let s = fmt_si(v);
+    let (num, unit) = s.split_once(' ').unwrap_or((&s, ""));
+    let num = if num.contains('.') { num.trim_end_matches('0').trim_end_matches('.') } else { num };
+    format!("{num}{unit}")
+}
+
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map(f).unwrap_or_else(|| NC.to_string())
 }
@@ -694,7 +702,7 @@ pub fn csv_files(r: &Report, input: &Input) -> Vec<(&'static str, String)> {
         "registers",
         "shared_mem",
     ]);
-    for p in &input.passes {
+    for p in input.passes.iter().filter(|p| p.measured) {
         for k in &p.records {
             let dims = |d: Option<[u32; 3]>| d.map(|d| format!("{}x{}x{}", d[0], d[1], d[2])).unwrap_or_default();
             s += &csv::line(&[
@@ -959,26 +967,22 @@ pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
     let n = passes.len();
     let root = SVGBackend::new(path, (820, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    // one segment per pass plus an empty one on the right for the legend
     let mut chart = ChartBuilder::on(&root)
         .caption(format!("Time by category — {}", r.title), ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .right_y_label_area_size(0)
-        .build_cartesian_2d(0f64..(n as f64 + 1.6), 0f64..ymax)
+        .build_cartesian_2d((0..n + 1).into_segmented(), 0f64..ymax)
         .map_err(|e| plot_err(path, e))?;
     let names: Vec<String> = passes.iter().map(|p| p.name.clone()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(n + 2)
-        .x_label_formatter(&|x| {
-            let i = (*x - 0.5).round();
-            if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
-                names[i as usize].clone()
-            } else {
-                String::new()
-            }
+        .x_labels(n + 1)
+        .x_label_formatter(&|x| match x {
+            SegmentValue::CenterOf(i) if *i < names.len() => names[*i].clone(),
+            _ => String::new(),
         })
         .y_desc("ms (measured)")
         .draw()
@@ -990,7 +994,8 @@ pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
             for row in &p.breakdown.by_category {
                 let t = row.total_ns as f64 / 1e6;
                 if row.category == Some(cat) {
-                    rects.push(Rectangle::new([(i as f64 + 0.15, y0), (i as f64 + 0.85, y0 + t)], color(cat).filled()));
+                    let bar = [(SegmentValue::Exact(i), y0), (SegmentValue::Exact(i + 1), y0 + t)];
+                    rects.push(Rectangle::new(bar, color(cat).filled()).into_dyn());
                 }
                 y0 += t;
             }
@@ -1061,7 +1066,7 @@ pub fn roofline_svg(r: &Report, input: &Input, path: &Path) -> Result<bool> {
         .configure_mesh()
         .x_desc("arithmetic intensity, FLOP/byte (counted)")
         .y_desc("achieved FLOP/s (measured)")
-        .y_label_formatter(&|y| fmt_si(*y).replace(' ', ""))
+        .y_label_formatter(&|y| short_si(*y))
         .draw()
         .map_err(|e| plot_err(path, e))?;
     if let Some(g) = g {
