@@ -132,11 +132,11 @@ fn rec(name: &str, ns: u64, range: &str, flops: Option<f64>, bytes: Option<f64>)
 #[test]
 fn breakdown_tables_match_hand_sums() {
     let rs = vec![
-        rec("conv3d_fwd_k3", 2_000_000, "train.forward/input_blocks.1.0", Some(4.0e11), Some(1.0e9)),
-        rec("conv3d_fwd_k3", 1_000_000, "train.forward/input_blocks.2.0", Some(2.0e11), Some(0.5e9)),
-        rec("groupnorm_stats", 500_000, "train.forward/input_blocks.1.0", None, Some(2.0e9)),
-        rec("silu_fwd", 250_000, "train.forward/input_blocks.1.0", None, None),
-        rec("adam_step", 250_000, "train.optimizer", None, Some(1.0e9)),
+        rec("conv3d_fwd_k3", 2_000_000, "train/forward/input_blocks.1.0", Some(4.0e11), Some(1.0e9)),
+        rec("conv3d_fwd_k3", 1_000_000, "train/forward/input_blocks.2.0", Some(2.0e11), Some(0.5e9)),
+        rec("groupnorm_stats", 500_000, "train/forward/input_blocks.1.0", None, Some(2.0e9)),
+        rec("silu_fwd", 250_000, "train/forward/input_blocks.1.0", None, None),
+        rec("adam_step", 250_000, "train/optimizer", None, Some(1.0e9)),
     ];
     let b = breakdown("step", &rs, Some(5_000_000), 10);
     assert_eq!(b.kernel_ns, 4_000_000);
@@ -154,7 +154,7 @@ fn breakdown_tables_match_hand_sums() {
     assert_eq!((blk.key.as_str(), blk.calls, blk.total_ns), ("input_blocks.1.0", 3, 2_750_000));
     assert_eq!(b.by_block.iter().find(|r| r.key == "(outside blocks)").unwrap().total_ns, 250_000);
     let ph: Vec<(&str, u64)> = b.by_phase.iter().map(|r| (r.key.as_str(), r.total_ns)).collect();
-    assert_eq!(ph, vec![("train.forward", 3_750_000), ("train.optimizer", 250_000)]);
+    assert_eq!(ph, vec![("train/forward", 3_750_000), ("train/optimizer", 250_000)]);
     assert_eq!((b.top[0].key.as_str(), b.top[0].calls), ("conv3d_fwd_k3", 2));
 }
 

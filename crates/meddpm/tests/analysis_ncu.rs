@@ -127,7 +127,7 @@ fn priority_list_ranks_by_estimated_time_saved() {
     assert_eq!((top[0].0, top[0].1), (0, "TheoreticalOccupancy"));
     assert!((top[0].2 - 2_035_024.0).abs() < 1e-3);
     assert_eq!((top[1].0, top[1].1), (0, "MemoryCacheAccessPattern"));
-    assert!((top[1].2 - 1_604_412.9216).abs() < 1e-3);
+    assert!((top[1].2 - 1_604_412.921_6).abs() < 1e-3);
     assert_eq!((top[2].0, top[2].1), (0, "CPIStall"));
     assert_eq!(p[3].rule, "TheoreticalOccupancy");
     assert_eq!((p[3].kernel_id, p[3].speedup_pct), (2, 87.5));

@@ -104,8 +104,13 @@ fn grouped<K: Ord + Clone>(
 pub fn breakdown(name: &str, records: &[KernelRecord], step_ns: Option<u64>, top_n: usize) -> Breakdown {
     let total: u64 = records.iter().map(|r| r.duration_ns).sum();
     let by_category = grouped(records, |r| r.category, |c| (c.label().to_string(), Some(*c)), total, step_ns);
-    let by_phase =
-        grouped(records, |r| r.phase().unwrap_or("(no range)").to_string(), |k| (k.clone(), None), total, step_ns);
+    let by_phase = grouped(
+        records,
+        |r| r.phase().unwrap_or_else(|| "(no range)".to_string()),
+        |k| (k.clone(), None),
+        total,
+        step_ns,
+    );
     let by_block = grouped(
         records,
         |r| r.block_name().unwrap_or("(outside blocks)").to_string(),

@@ -341,8 +341,11 @@ pub struct KernelRecord {
     pub registers: Option<u32>,
     /// Static + dynamic shared memory per block, bytes.
     pub shared_mem: Option<u32>,
-    /// NVTX range path the kernel ran in, outermost first, joined by `/`
-    /// (e.g. `train.forward/input_blocks.1.0`); `None` outside any range.
+    /// NVTX range path the kernel ran in, outermost first, joined by `/`: by convention
+    /// `pass/phase/block` — the pass the profiler opened (`train`, `sample`), the U-Net's
+    /// `forward`/`backward` or the profiler's `optimizer`, then the U-Net block
+    /// (`input_blocks.1.0`, `time_embed`); e.g. `train/backward/middle_block.1`. `None` outside
+    /// any range.
     pub range: Option<String>,
     pub category: Category,
     /// Floating-point operations the kernel does by our count (a multiply-add is 2), if known.
@@ -371,17 +374,19 @@ impl KernelRecord {
         }
     }
 
-    /// The outermost range component (the phase: `train.forward`, `sample.forward`, …).
-    pub fn phase(&self) -> Option<&str> {
-        self.range.as_deref().and_then(|r| r.split('/').next()).filter(|s| !s.is_empty())
+    /// The range path without its block: `train/forward`, `train/optimizer`, `sample`.
+    pub fn phase(&self) -> Option<String> {
+        let r = self.range.as_deref().filter(|r| !r.is_empty())?;
+        Some(r.split('/').take(2).collect::<Vec<_>>().join("/"))
     }
 
-    /// The innermost range component below the phase (the U-Net block), if any.
+    /// The U-Net block: the range path below `pass/phase`, if any.
     pub fn block_name(&self) -> Option<&str> {
         let r = self.range.as_deref()?;
-        let mut parts = r.split('/');
-        parts.next()?;
-        parts.next_back()
+        let mut it = r.splitn(3, '/');
+        it.next()?;
+        it.next()?;
+        it.next()
     }
 
     /// Threads launched (grid × block), where known.
@@ -413,9 +418,11 @@ mod tests {
     fn range_parts() {
         let mut r = KernelRecord::new("silu_fwd", 10);
         assert_eq!((r.phase(), r.block_name()), (None, None));
-        r.range = Some("train.forward".into());
-        assert_eq!((r.phase(), r.block_name()), (Some("train.forward"), None));
-        r.range = Some("train.forward/input_blocks.1.0".into());
-        assert_eq!((r.phase(), r.block_name()), (Some("train.forward"), Some("input_blocks.1.0")));
+        r.range = Some("sample".into());
+        assert_eq!((r.phase().as_deref(), r.block_name()), (Some("sample"), None));
+        r.range = Some("train/optimizer".into());
+        assert_eq!((r.phase().as_deref(), r.block_name()), (Some("train/optimizer"), None));
+        r.range = Some("train/forward/input_blocks.1.0".into());
+        assert_eq!((r.phase().as_deref(), r.block_name()), (Some("train/forward"), Some("input_blocks.1.0")));
     }
 }

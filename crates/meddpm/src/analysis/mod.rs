@@ -8,6 +8,7 @@
 //! - `matrix`     the optimisation matrix (fp32/TF32 × NCDHW/NDHWC) with ratios to the baseline
 //! - `timed`      `Timed<B>`, a Backend wrapper that times and counts every call (the CPU
 //!   profile path), and `NullBackend`, which only counts
+//! - `profile`    one training step and one sampling step of the U-Net through `Timed`
 //! - `report`     Markdown + CSV + JSON + SVG report writer and the terminal summary
 //! - `torch`      import of PyTorch profiler kernel tables (the reference, category by category)
 //! - `csv`        the small CSV reader/writer the others use
@@ -21,6 +22,7 @@ pub mod gpus;
 pub mod kernels;
 pub mod matrix;
 pub mod ncu;
+pub mod profile;
 pub mod report;
 pub mod timed;
 pub mod torch;

@@ -29,6 +29,8 @@ pub struct Pass {
     pub step_ns: Option<u64>,
     /// `false` for passes run on [`super::timed::NullBackend`]: counts only, no times.
     pub measured: bool,
+    /// Step times of every recorded repetition, ns; `records` are those of the median one.
+    pub repeats: Vec<u64>,
 }
 
 /// Everything the report is built from.
@@ -79,6 +81,8 @@ pub struct Report {
     pub config: String,
     pub math: Math,
     pub passes: Vec<PassReport>,
+    /// Step times of every recorded repetition per pass (same order as `passes`), ns.
+    pub repeats: Vec<Vec<u64>>,
     pub gpus: Vec<Gpu>,
     pub ncu_kernels: Vec<NcuRow>,
     pub priority: Vec<RankedRule>,
@@ -144,6 +148,7 @@ pub fn build(input: &Input) -> Report {
         device: input.device.clone(),
         config: input.config.clone(),
         math,
+        repeats: input.passes.iter().map(|p| p.repeats.clone()).collect(),
         passes,
         gpus: table,
         ncu_kernels,
@@ -188,6 +193,14 @@ pub fn fmt_si(v: f64) -> String {
     format!("{:.3}{s}", v / d)
 }
 
+/// A compact SI label for chart axes: 100G, 2.5M.
+fn short_si(v: f64) -> String {
+    let s = fmt_si(v);
+    let (num, unit) = s.split_once(' ').unwrap_or((&s, ""));
+    let num = if num.contains('.') { num.trim_end_matches('0').trim_end_matches('.') } else { num };
+    format!("{num}{unit}")
+}
+
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map(f).unwrap_or_else(|| NC.to_string())
 }
@@ -223,10 +236,11 @@ fn rows_md(rows: &[Row], measured: bool, with_rate: bool) -> Vec<Vec<String>> {
                 },
             ];
             if with_rate {
-                v.push(opt(r.flops, fmt_si));
-                v.push(opt(r.bytes, fmt_si));
-                v.push(if measured { opt(r.tflops, |t| format!("{t:.3}")) } else { "—".into() });
-                v.push(if measured { opt(r.gbps, |g| format!("{g:.1}")) } else { "—".into() });
+                let dash = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map(f).unwrap_or_else(|| "—".into());
+                v.push(dash(r.flops, &fmt_si));
+                v.push(dash(r.bytes, &fmt_si));
+                v.push(if measured { dash(r.tflops, &|t| format!("{t:.4}")) } else { "—".into() });
+                v.push(if measured { dash(r.gbps, &|g| format!("{g:.1}")) } else { "—".into() });
             }
             v
         })
@@ -252,7 +266,8 @@ pub fn markdown(r: &Report) -> String {
         let rows: Vec<Vec<String>> = r
             .passes
             .iter()
-            .map(|p| {
+            .zip(&r.repeats)
+            .map(|(p, reps)| {
                 let b = &p.breakdown;
                 let flops: f64 = b.by_category.iter().filter_map(|c| c.flops).sum();
                 vec![
@@ -261,6 +276,12 @@ pub fn markdown(r: &Report) -> String {
                     b.records.to_string(),
                     match (p.measured, b.step_ns) {
                         (true, Some(s)) => fmt_ns(s as f64),
+                        _ => "—".into(),
+                    },
+                    match (reps.iter().min(), reps.iter().max()) {
+                        (Some(lo), Some(hi)) if p.measured => {
+                            format!("{} – {} ({} runs)", fmt_ns(*lo as f64), fmt_ns(*hi as f64), reps.len())
+                        }
                         _ => "—".into(),
                     },
                     if p.measured { fmt_ns(b.kernel_ns as f64) } else { "—".into() },
@@ -272,7 +293,20 @@ pub fn markdown(r: &Report) -> String {
                 ]
             })
             .collect();
-        md_table(&mut o, &["pass", "times", "calls", "step (wall)", "Σ calls", "unattributed", "FLOPs counted"], &rows);
+        md_table(
+            &mut o,
+            &[
+                "pass",
+                "times",
+                "calls",
+                "step (wall, median)",
+                "min – max of repeats",
+                "Σ calls",
+                "unattributed",
+                "FLOPs counted",
+            ],
+            &rows,
+        );
         let _ = writeln!(o, "![category breakdown per pass](breakdown.svg)\n");
     }
     for p in &r.passes {
@@ -281,6 +315,11 @@ pub fn markdown(r: &Report) -> String {
         if !p.measured {
             let _ = writeln!(o, "Counted on the null backend: call counts, FLOPs and bytes only (no times).\n");
         }
+        let _ = writeln!(
+            o,
+            "FLOPs are counted for convolutions, linears and attention matmuls only (\"—\": an op without a FLOP \
+             count, e.g. elementwise); TFLOP/s and GB/s divide the counts by the measured time of the counted calls.\n"
+        );
         let _ = writeln!(o, "### By category\n");
         let mut rows = rows_md(&b.by_category, p.measured, true);
         if p.measured {
@@ -663,7 +702,7 @@ pub fn csv_files(r: &Report, input: &Input) -> Vec<(&'static str, String)> {
         "registers",
         "shared_mem",
     ]);
-    for p in &input.passes {
+    for p in input.passes.iter().filter(|p| p.measured) {
         for k in &p.records {
             let dims = |d: Option<[u32; 3]>| d.map(|d| format!("{}x{}x{}", d[0], d[1], d[2])).unwrap_or_default();
             s += &csv::line(&[
@@ -928,26 +967,22 @@ pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
     let n = passes.len();
     let root = SVGBackend::new(path, (820, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    // one segment per pass plus an empty one on the right for the legend
     let mut chart = ChartBuilder::on(&root)
         .caption(format!("Time by category — {}", r.title), ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .right_y_label_area_size(0)
-        .build_cartesian_2d(0f64..(n as f64 + 1.6), 0f64..ymax)
+        .build_cartesian_2d((0..n + 1).into_segmented(), 0f64..ymax)
         .map_err(|e| plot_err(path, e))?;
     let names: Vec<String> = passes.iter().map(|p| p.name.clone()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(n + 2)
-        .x_label_formatter(&|x| {
-            let i = (*x - 0.5).round();
-            if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
-                names[i as usize].clone()
-            } else {
-                String::new()
-            }
+        .x_labels(n + 1)
+        .x_label_formatter(&|x| match x {
+            SegmentValue::CenterOf(i) if *i < names.len() => names[*i].clone(),
+            _ => String::new(),
         })
         .y_desc("ms (measured)")
         .draw()
@@ -959,7 +994,8 @@ pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
             for row in &p.breakdown.by_category {
                 let t = row.total_ns as f64 / 1e6;
                 if row.category == Some(cat) {
-                    rects.push(Rectangle::new([(i as f64 + 0.15, y0), (i as f64 + 0.85, y0 + t)], color(cat).filled()));
+                    let bar = [(SegmentValue::Exact(i), y0), (SegmentValue::Exact(i + 1), y0 + t)];
+                    rects.push(Rectangle::new(bar, color(cat).filled()).into_dyn());
                 }
                 y0 += t;
             }
@@ -1030,7 +1066,7 @@ pub fn roofline_svg(r: &Report, input: &Input, path: &Path) -> Result<bool> {
         .configure_mesh()
         .x_desc("arithmetic intensity, FLOP/byte (counted)")
         .y_desc("achieved FLOP/s (measured)")
-        .y_label_formatter(&|y| fmt_si(*y).replace(' ', ""))
+        .y_label_formatter(&|y| short_si(*y))
         .draw()
         .map_err(|e| plot_err(path, e))?;
     if let Some(g) = g {
@@ -1126,11 +1162,13 @@ pub fn summary(r: &Report) -> String {
             top.join(", ")
         );
     }
-    if let Some(h) = r.passes.iter().find(|p| p.measured) {
-        let t: BTreeMap<&str, f64> =
-            r.gpus.iter().map(|g| (g.key, h.predictions.iter().map(|c| c.predicted_ns[g.key]).sum::<f64>())).collect();
-        let line: Vec<String> = t.iter().map(|(k, v)| format!("{k} {}", fmt_ns(*v))).collect();
-        let _ = writeln!(o, "  roofline bound of \"{}\" (predicted): {}", h.name, line.join(", "));
+    for h in &r.passes {
+        let line: Vec<String> = r
+            .gpus
+            .iter()
+            .map(|g| format!("{} {}", g.key, fmt_ns(h.predictions.iter().map(|c| c.predicted_ns[g.key]).sum::<f64>())))
+            .collect();
+        let _ = writeln!(o, "  roofline bound, {} (predicted): {}", h.name, line.join(", "));
     }
     if !r.ncu_kernels.is_empty() {
         let _ = writeln!(o, "  ncu: {} kernels, {} ranked OPT rules", r.ncu_kernels.len(), r.priority.len());

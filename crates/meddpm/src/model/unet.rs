@@ -406,6 +406,7 @@ impl<B: Backend> UNet<B> {
     /// ε̂ = UNet(input, t): one timestep per batch element (the raw index 0..T−1 as a float).
     pub fn forward(&mut self, be: &B, t: &[f32]) {
         assert_eq!(t.len(), self.batch, "one timestep per batch element");
+        be.push_range("forward");
         let UNet { cfg, params: w, layers, temb: te, .. } = self;
         let (n, mc, emb) = (t.len(), cfg.model_channels, cfg.emb_dim());
         let g = cfg.groups;
@@ -497,6 +498,7 @@ impl<B: Backend> UNet<B> {
             }
             be.pop_range();
         }
+        be.pop_range();
     }
 
     /// Parameter gradients (accumulated into `grads`) from ∂loss/∂ε̂ already in the last layer's
@@ -504,6 +506,7 @@ impl<B: Backend> UNet<B> {
     pub fn backward(&mut self, be: &B) {
         let UNet { cfg, params: w, grads: dw, layers, temb: te, scr, .. } = self;
         let (n, mc, emb, g) = (self.batch, cfg.model_channels, cfg.emb_dim(), cfg.groups);
+        be.push_range("backward");
         be.zero(&mut te.d_emb_silu);
         for i in (1..layers.len()).rev() {
             let (prev, rest) = layers.split_at_mut(i);
@@ -625,6 +628,7 @@ impl<B: Backend> UNet<B> {
         be.silu_backward((&mut te.d2, Accum::Overwrite), &te.d1, &te.t1);
         let [gw, gb] = dw.get_disjoint_mut([0, 1]).expect("distinct");
         be.linear_backward(None, gw, gb, &te.d2, &te.sin, &w[0], n, mc, emb);
+        be.pop_range();
         be.pop_range();
     }
 }

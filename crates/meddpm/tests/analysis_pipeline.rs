@@ -1,0 +1,253 @@
+//! The CPU profile path end to end: `Timed<CpuBackend>` forwards every call unchanged (bit-equal
+//! outputs), records every call under its `pass/phase/block` range, and its FLOP counts agree
+//! with the analytic model `model::cost` computed from the topology; the null backend counts the
+//! full 128³ model; the report folder is written with and without optional inputs.
+
+use meddpm::analysis::csv;
+use meddpm::analysis::kernels::Category;
+use meddpm::analysis::matrix::ConfigInput;
+use meddpm::analysis::ncu::NcuData;
+use meddpm::analysis::profile::{profile_unet, Options};
+use meddpm::analysis::report::{self, Input, Pass};
+use meddpm::analysis::timed::{NullBackend, Timed};
+use meddpm::cpu::CpuBackend;
+use meddpm::model::{cost, UNet, UNetConfig};
+use meddpm::shape::{ConvShape, Dims};
+use meddpm::Backend;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Forward, L1 loss against a target, backward: all parameter gradients, flattened. (The
+/// output conv is zero-initialised as in Med-DDPM, so the forward output alone would be zeros.)
+fn gradients<B: Backend>(be: &B, cfg: &UNetConfig) -> Vec<f32> {
+    let mut net = UNet::new(be, cfg, 1).unwrap();
+    net.init_params(be, 7);
+    let d = net.input_dims();
+    let x: Vec<f32> = (0..d.numel()).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+    be.upload_act(&x, d, net.input_mut());
+    net.forward(be, &[123.0]);
+    let od = net.output_dims();
+    let y: Vec<f32> = (0..od.numel()).map(|i| ((i * 13 % 29) as f32 / 14.0) - 1.0).collect();
+    let mut target = be.alloc(od.numel()).unwrap();
+    be.upload_act(&y, od, &mut target);
+    let (out, dout) = net.output_and_grad();
+    be.loss_backward(dout, out, &target, meddpm::LossKind::L1, 1.0);
+    net.backward(be);
+    net.host_tensors(be, true).concat()
+}
+
+#[test]
+fn timed_forwards_every_call_unchanged() {
+    let cfg = UNetConfig::tiny();
+    let plain = gradients(&CpuBackend::new(), &cfg);
+    let timed = Timed::new(CpuBackend::new());
+    let wrapped = gradients(&timed, &cfg);
+    assert_eq!(
+        plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        wrapped.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert!(plain.iter().any(|&v| v != 0.0));
+    let rs = timed.take_records();
+    assert!(rs.iter().any(|r| r.category == Category::ConvForward));
+    assert!(rs.iter().any(|r| r.category == Category::ConvBackward));
+    assert!(timed.take_records().is_empty(), "take_records clears");
+}
+
+fn flops_in(p: &Pass, phase: &str) -> f64 {
+    p.records.iter().filter(|r| r.phase().as_deref() == Some(phase)).filter_map(|r| r.flops).sum()
+}
+
+#[test]
+fn cpu_profile_of_the_tiny_model() {
+    let cfg = UNetConfig::tiny();
+    let be = Timed::new(CpuBackend::new());
+    let passes = profile_unet(&be, &cfg, &Options::default()).unwrap();
+    assert_eq!(passes.len(), 2);
+    let (tr, sa) = (&passes[0], &passes[1]);
+    assert_eq!((tr.name.as_str(), sa.name.as_str()), ("train step", "sampling step"));
+    for p in &passes {
+        let sum: u64 = p.records.iter().map(|r| r.duration_ns).sum();
+        assert!(p.measured && sum > 0 && sum <= p.step_ns.unwrap(), "{}: Σ {sum} vs step {:?}", p.name, p.step_ns);
+        assert!(p.records.iter().all(|r| r.range.is_some()), "every call of {} is inside its pass range", p.name);
+        // the kept repetition is the median of the three recorded ones
+        let mut reps = p.repeats.clone();
+        reps.sort();
+        assert_eq!((reps.len(), Some(reps[1])), (3, p.step_ns));
+    }
+    // phases and blocks
+    let phases: BTreeSet<String> = tr.records.iter().filter_map(|r| r.phase()).collect();
+    let want: BTreeSet<String> =
+        ["train", "train/forward", "train/backward", "train/optimizer"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(phases, want);
+    let fwd_blocks: BTreeSet<&str> = tr
+        .records
+        .iter()
+        .filter(|r| r.phase().as_deref() == Some("train/forward"))
+        .filter_map(|r| r.block_name())
+        .collect();
+    let bwd_blocks: BTreeSet<&str> = tr
+        .records
+        .iter()
+        .filter(|r| r.phase().as_deref() == Some("train/backward"))
+        .filter_map(|r| r.block_name())
+        .collect();
+    assert_eq!(fwd_blocks, bwd_blocks);
+    for b in ["time_embed", "input_blocks.0.0", "middle_block.1", "output_blocks.0.cat", "out"] {
+        assert!(fwd_blocks.contains(b), "{b} in {fwd_blocks:?}");
+    }
+    // FLOPs counted per call agree with the analytic model (spec §8): forward = model::cost
+    let f = cost::forward_flops(&cfg);
+    assert!(
+        (flops_in(tr, "train/forward") / f.total() - 1.0).abs() < 1e-12,
+        "{} vs {}",
+        flops_in(tr, "train/forward"),
+        f.total()
+    );
+    assert!((flops_in(sa, "sample/forward") / f.total() - 1.0).abs() < 1e-12);
+    // backward = 2 × forward, less the input conv's and the first time-embedding linear's input
+    // gradients (neither exists): cost::train_step counts the first, we subtract the second
+    let lin0 = 2.0 * (cfg.model_channels * cfg.emb_dim()) as f64;
+    let fb = flops_in(tr, "train/forward") + flops_in(tr, "train/backward");
+    assert!((fb / (f.train_step(&cfg) - lin0) - 1.0).abs() < 1e-12, "{fb}");
+    let cats: BTreeSet<Category> = tr.records.iter().map(|r| r.category).collect();
+    for c in [
+        Category::ConvForward,
+        Category::ConvBackward,
+        Category::ConvWgrad,
+        Category::Normalization,
+        Category::Elementwise,
+        Category::GemmAttention,
+        Category::Reduction,
+        Category::Optimizer,
+        Category::Memory,
+    ] {
+        assert!(cats.contains(&c), "{c:?} missing from {cats:?}");
+    }
+    // the op names are what the classifier would say too (except the one-call conv backward)
+    for r in &tr.records {
+        if !matches!(r.category, Category::ConvBackward | Category::Memory) {
+            assert_eq!(meddpm::analysis::kernels::classify(&r.name), r.category, "{}", r.name);
+        }
+    }
+}
+
+#[test]
+fn null_backend_counts_the_whole_head_model() {
+    let cfg = UNetConfig::whole_head();
+    let be = Timed::new(NullBackend::default());
+    let o = Options { warmup: 0, repeats: 1, measured: false, ..Options::default() };
+    let passes = profile_unet(&be, &cfg, &o).unwrap();
+    let f = cost::forward_flops(&cfg);
+    assert!((flops_in(&passes[1], "sample/forward") / f.total() - 1.0).abs() < 1e-12);
+    assert!(passes.iter().all(|p| !p.measured && p.step_ns.is_none()));
+    // the input conv 3 → 64 at 128³: bytes of input, output, weights and bias, by hand
+    let first = passes[1].records.iter().find(|r| r.name == "conv3d_forward").unwrap();
+    let s = 128usize.pow(3);
+    assert_eq!(first.bytes, Some(4.0 * (3 * s + 64 * s + 64 * 3 * 27 + 64) as f64));
+    assert_eq!(first.flops, Some(ConvShape::new(Dims::new(1, 3, 128, 128, 128), 64, 3, 1).flops()));
+    assert_eq!(first.block_name(), Some("input_blocks.0.0"));
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("meddpm-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn report_folder_with_every_section() {
+    let cfg = UNetConfig::tiny();
+    let be = Timed::new(CpuBackend::new());
+    let mut passes = profile_unet(&be, &cfg, &Options::default()).unwrap();
+    let nb = Timed::new(NullBackend::default());
+    let o = Options {
+        warmup: 0,
+        repeats: 1,
+        measured: false,
+        label: " (whole-head, counted)".into(),
+        ..Options::default()
+    };
+    passes.extend(profile_unet(&nb, &UNetConfig::whole_head(), &o).unwrap());
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/ncu");
+    let ncu = NcuData::load(Some(&fx.join("h200_conv_raw.csv")), Some(&fx.join("h200_conv_details.csv"))).unwrap();
+    let pick = |ids: &[u64]| ncu.kernels.iter().filter(|k| ids.contains(&k.id)).cloned().collect::<Vec<_>>();
+    let matrix = vec![
+        ConfigInput::from_ncu("fp32 NCDHW", &pick(&[0])),
+        ConfigInput::from_ncu("TF32 NCDHW", &pick(&[5, 6, 7, 8])),
+    ];
+    let input = Input {
+        title: "tiny on CPU".into(),
+        device: be.describe(),
+        config: "tiny".into(),
+        passes,
+        ncu: Some(ncu),
+        matrix,
+        top_n: 10,
+        ..Input::default()
+    };
+    let dir = tmp("report");
+    let (r, files) = report::write(&input, &dir).unwrap();
+    let names: BTreeSet<String> = files.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    for f in [
+        "report.md",
+        "report.json",
+        "kernels.csv",
+        "breakdown.csv",
+        "roofline.csv",
+        "gpus.csv",
+        "ncu_kernels.csv",
+        "ncu_priority.csv",
+        "matrix.csv",
+        "breakdown.svg",
+        "roofline.svg",
+    ] {
+        assert!(names.contains(f), "{f} not written: {names:?}");
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    for s in [
+        "## train step",
+        "## sampling step",
+        "### By block",
+        "## Across GPUs",
+        "Priority list",
+        "TheoreticalOccupancy",
+        "## Optimization matrix",
+        "TF32 NCDHW",
+    ] {
+        assert!(md.contains(s), "report.md lacks {s:?}");
+    }
+    assert!(md.contains("not a GPU of the table"), "the CPU run cannot be checked against a GPU prediction");
+    assert!(std::fs::read_to_string(dir.join("breakdown.svg")).unwrap().contains("<svg"));
+    // breakdown.csv: the category rows of each measured pass add up to its Σ of calls
+    let rows = csv::parse(&std::fs::read_to_string(dir.join("breakdown.csv")).unwrap());
+    for p in r.passes.iter().filter(|p| p.measured) {
+        let s: u64 =
+            rows.iter().filter(|x| x[0] == p.name && x[1] == "category").map(|x| x[5].parse::<u64>().unwrap()).sum();
+        assert_eq!(s, p.breakdown.kernel_ns);
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(json["passes"].as_array().unwrap().len(), 4);
+    assert_eq!(json["priority"][0]["rule"], "TheoreticalOccupancy");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn report_without_inputs_says_what_is_missing() {
+    let input = Input {
+        title: "nothing".into(),
+        device: "none".into(),
+        not_collected: vec!["GPU kernel timeline: no CUDA device".into()],
+        top_n: 5,
+        ..Input::default()
+    };
+    let dir = tmp("empty");
+    let (_, files) = report::write(&input, &dir).unwrap();
+    assert!(files.iter().all(|f| !f.ends_with("breakdown.svg")));
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("not collected: no Nsight Compute export was given"), "{md}");
+    assert!(md.contains("- GPU kernel timeline: no CUDA device"));
+    assert!(md.contains("needs at least two configurations"));
+    assert!(md.contains("## GPU table (datasheet)"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
