@@ -42,6 +42,89 @@ struct Row {
     note: String,
 }
 
+/// Whole-head U-Net (128³, 64 channels, batch 1): sampling forward and one training micro-step
+/// (q_sample, forward, L1, backward) plus the Adam step, per precision × layout.
+fn unet_rows(rows: &mut Vec<Row>, iters: usize) {
+    use meddpm::diffusion::{TrainConfig, Trainer};
+    use meddpm::model::{UNet, UNetConfig};
+    let cfg = UNetConfig::whole_head();
+    let t0 = std::time::Instant::now();
+    let budget = std::env::var("MEDDPM_BENCH_UNET_S").ok().and_then(|v| v.parse().ok()).unwrap_or(150.0);
+    for (p, l) in [
+        (Precision::Tf32, Layout::Ndhwc),
+        (Precision::Fp32, Layout::Ndhwc),
+        (Precision::Tf32, Layout::Ncdhw),
+        (Precision::Fp32, Layout::Ncdhw),
+    ] {
+        if t0.elapsed().as_secs_f64() > budget {
+            println!("unet: time budget used, skipping {p:?}/{l:?}");
+            continue;
+        }
+        let conf = format!("{p:?}/{l:?}").to_lowercase();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let be = CudaBackend::new(0, p, l).unwrap();
+            let (free0, total) = be.mem_info();
+            {
+                let mut net = UNet::new(&be, &cfg, 1).unwrap();
+                net.init_params(&be, 1);
+                let xd = net.input_dims();
+                be.randn(net.input_mut(), Philox::new(5, 5), 0, xd);
+                let ms = time(&be, 2, iters, || net.forward(&be, &[100.0]));
+                let gf = meddpm::model::cost::forward_flops(&cfg).total();
+                rows.push(Row {
+                    name: "unet 128^3 sampling forward".into(),
+                    config: conf.clone(),
+                    ms,
+                    tflops: Some(gf / ms / 1e9),
+                    gbs: None,
+                    note: String::new(),
+                });
+            }
+            let tc = TrainConfig { batch: 1, grad_accum: 1, ..TrainConfig::default() };
+            let mut tr = Trainer::new(&be, &cfg, &tc).unwrap();
+            let s = cfg.depth * cfg.size * cfg.size;
+            let img: Vec<f32> = (0..s).map(|i| ((i % 97) as f32 / 48.0) - 1.0).collect();
+            let cond: Vec<f32> = (0..2 * s).map(|i| if (i / 1000) % 2 == 0 { 1.0 } else { -1.0 }).collect();
+            let ms = time(&be, 2, iters, || {
+                tr.micro_step(&be, &img, &cond);
+            });
+            let (free1, _) = be.mem_info();
+            let gf = meddpm::model::cost::forward_flops(&cfg).train_step(&cfg);
+            rows.push(Row {
+                name: "unet 128^3 train micro-step (fwd+L1+bwd)".into(),
+                config: conf.clone(),
+                ms,
+                tflops: Some(gf / ms / 1e9),
+                gbs: None,
+                note: format!(
+                    "device memory in use {:.1} GiB of {:.0}",
+                    (total - free1) as f64 / (1u64 << 30) as f64,
+                    total as f64 / (1u64 << 30) as f64
+                ),
+            });
+            let ms = time(&be, 1, iters, || tr.opt_step(&be));
+            rows.push(Row {
+                name: "unet adam+ema step (40.2M params)".into(),
+                config: conf.clone(),
+                ms,
+                tflops: None,
+                gbs: None,
+                note: format!("memory before {:.1} GiB in use", (total - free0) as f64 / (1u64 << 30) as f64),
+            });
+        }));
+        if r.is_err() {
+            rows.push(Row {
+                name: "unet".into(),
+                config: conf,
+                ms: f64::NAN,
+                tflops: None,
+                gbs: None,
+                note: "FAILED (see log)".into(),
+            });
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let out_dir = args.get(1).cloned().unwrap_or_else(|| ".".into());
@@ -55,70 +138,149 @@ fn main() {
     let mut device = String::new();
     for p in [Precision::Fp32, Precision::Tf32] {
         for l in [Layout::Ncdhw, Layout::Ndhwc] {
-            let be = match CudaBackend::new(0, p, l) {
-                Ok(b) => b,
-                Err(e) => {
-                    eprintln!("{e}");
-                    std::process::exit(2);
-                }
-            };
-            device = be.describe();
-            let cfg = format!("{p:?}/{l:?}").to_lowercase();
-            let a = || be.alloc(x.numel()).unwrap();
-            let (mut xin, mut y, mut dy, mut dx) = (a(), a(), a(), a());
-            be.randn(&mut xin, rng, 0, x);
-            be.randn(&mut dy, rng, 1 << 30, x);
-            let mut w = be.alloc(cs.w_len()).unwrap();
-            be.randn(&mut w, rng, 1 << 31, Dims::new(64, 64, 3, 3, 3));
-            be.scale(&mut w, 1.0 / (64.0f32 * 27.0).sqrt());
-            let mut b = be.alloc(64).unwrap();
-            let (mut dw, mut db) = (be.alloc(cs.w_len()).unwrap(), be.alloc(64).unwrap());
-            be.randn(&mut b, rng, 1 << 32, Dims::new(1, 64, 1, 1, 1));
-            let t = time(&be, 2, iters, || be.conv3d_forward(&mut y, &xin, &w, &b, cs));
-            let algos = be.conv_algos(&cs);
-            let note = |i: usize| {
-                algos[i].map(|a| format!("algo {} math {} ws {} MiB, find {:.3} ms", a.id, a.math, a.ws >> 20, a.ms)).unwrap_or_default()
-            };
-            rows.push(Row { name: "conv3d 64->64 k3 fwd".into(), config: cfg.clone(), ms: t, tflops: Some(gf / t / 1e9), gbs: None, note: note(0) });
-            let t = time(&be, 2, iters, || {
-                be.conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &dy, &xin, &w, cs)
-            });
-            let algos = be.conv_algos(&cs);
-            let nb = format!(
-                "data: {} | filter: {}",
-                algos[1].map(|a| format!("algo {} math {} find {:.3} ms", a.id, a.math, a.ms)).unwrap_or_default(),
-                algos[2].map(|a| format!("algo {} math {} find {:.3} ms", a.id, a.math, a.ms)).unwrap_or_default()
-            );
-            rows.push(Row { name: "conv3d 64->64 k3 bwd (data+filter+bias)".into(), config: cfg.clone(), ms: t, tflops: Some(2.0 * gf / t / 1e9), gbs: None, note: nb });
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let be = match CudaBackend::new(0, p, l) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        std::process::exit(2);
+                    }
+                };
+                device = be.describe();
+                let cfg = format!("{p:?}/{l:?}").to_lowercase();
+                let a = || be.alloc(x.numel()).unwrap();
+                let (mut xin, mut y, mut dy, mut dx) = (a(), a(), a(), a());
+                be.randn(&mut xin, rng, 0, x);
+                be.randn(&mut dy, rng, 1 << 30, x);
+                let mut w = be.alloc(cs.w_len()).unwrap();
+                be.randn(&mut w, rng, 1 << 31, Dims::new(64, 64, 3, 3, 3));
+                be.scale(&mut w, 1.0 / (64.0f32 * 27.0).sqrt());
+                let mut b = be.alloc(64).unwrap();
+                let (mut dw, mut db) = (be.alloc(cs.w_len()).unwrap(), be.alloc(64).unwrap());
+                be.randn(&mut b, rng, 1 << 32, Dims::new(1, 64, 1, 1, 1));
+                let t = time(&be, 2, iters, || be.conv3d_forward(&mut y, &xin, &w, &b, cs));
+                let algos = be.conv_algos(&cs);
+                let note = |i: usize| {
+                    algos[i]
+                        .map(|a| format!("algo {} math {} ws {} MiB, find {:.3} ms", a.id, a.math, a.ws >> 20, a.ms))
+                        .unwrap_or_default()
+                };
+                rows.push(Row {
+                    name: "conv3d 64->64 k3 fwd".into(),
+                    config: cfg.clone(),
+                    ms: t,
+                    tflops: Some(gf / t / 1e9),
+                    gbs: None,
+                    note: note(0),
+                });
+                let t = time(&be, 2, iters, || {
+                    be.conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &dy, &xin, &w, cs)
+                });
+                let algos = be.conv_algos(&cs);
+                let nb = format!(
+                    "data: {} | filter: {}",
+                    algos[1].map(|a| format!("algo {} math {} find {:.3} ms", a.id, a.math, a.ms)).unwrap_or_default(),
+                    algos[2].map(|a| format!("algo {} math {} find {:.3} ms", a.id, a.math, a.ms)).unwrap_or_default()
+                );
+                rows.push(Row {
+                    name: "conv3d 64->64 k3 bwd (data+filter+bias)".into(),
+                    config: cfg.clone(),
+                    ms: t,
+                    tflops: Some(2.0 * gf / t / 1e9),
+                    gbs: None,
+                    note: nb,
+                });
 
-            let g = 32;
-            let (mut mean, mut rstd) = (be.alloc(g).unwrap(), be.alloc(g).unwrap());
-            let mut gamma = be.alloc(64).unwrap();
-            let mut beta = be.alloc(64).unwrap();
-            be.randn(&mut gamma, rng, 7 << 30, Dims::new(1, 64, 1, 1, 1));
-            be.randn(&mut beta, rng, 8 << 30, Dims::new(1, 64, 1, 1, 1));
-            let (mut dg, mut dbt) = (be.alloc(64).unwrap(), be.alloc(64).unwrap());
-            let t = time(&be, 2, iters, || be.groupnorm_forward(&mut y, &mut mean, &mut rstd, &xin, &gamma, &beta, x, g));
-            rows.push(Row { name: "groupnorm fwd 64x128^3 G32".into(), config: cfg.clone(), ms: t, tflops: None, gbs: Some(2.0 * bytes / t / 1e6), note: "min traffic: read x, write y".into() });
-            let mut act = a();
-            let t = time(&be, 2, iters, || {
-                be.groupnorm_silu_forward(&mut y, &mut act, &mut mean, &mut rstd, &xin, &gamma, &beta, x, g)
-            });
-            rows.push(Row { name: "groupnorm+silu fwd".into(), config: cfg.clone(), ms: t, tflops: None, gbs: Some(3.0 * bytes / t / 1e6), note: "read x, write gn_out and act".into() });
-            let mut tmp = a();
-            let t = time(&be, 2, iters, || {
-                be.groupnorm_silu_backward(
-                    (&mut dx, Accum::Overwrite), &mut dg, &mut dbt, &mut tmp, &dy, &y, &xin, &mean, &rstd, &gamma, x, g,
-                )
-            });
-            rows.push(Row { name: "groupnorm+silu bwd".into(), config: cfg.clone(), ms: t, tflops: None, gbs: Some(4.0 * bytes / t / 1e6), note: "read dout, x, gn_out, write dx".into() });
-            if p == Precision::Fp32 && l == Layout::Ncdhw {
-                let t = time(&be, 2, iters, || be.copy(&mut dx, &xin));
-                rows.push(Row { name: "copy d2d 512 MiB (ceiling)".into(), config: "-".into(), ms: t, tflops: None, gbs: Some(2.0 * bytes / t / 1e6), note: "read + write".into() });
-                let t = time(&be, 2, iters, || be.silu_forward(&mut y, &xin));
-                rows.push(Row { name: "silu fwd".into(), config: cfg.clone(), ms: t, tflops: None, gbs: Some(2.0 * bytes / t / 1e6), note: String::new() });
+                let g = 32;
+                let (mut mean, mut rstd) = (be.alloc(g).unwrap(), be.alloc(g).unwrap());
+                let mut gamma = be.alloc(64).unwrap();
+                let mut beta = be.alloc(64).unwrap();
+                be.randn(&mut gamma, rng, 7 << 30, Dims::new(1, 64, 1, 1, 1));
+                be.randn(&mut beta, rng, 8 << 30, Dims::new(1, 64, 1, 1, 1));
+                let (mut dg, mut dbt) = (be.alloc(64).unwrap(), be.alloc(64).unwrap());
+                let t = time(&be, 2, iters, || {
+                    be.groupnorm_forward(&mut y, &mut mean, &mut rstd, &xin, &gamma, &beta, x, g)
+                });
+                rows.push(Row {
+                    name: "groupnorm fwd 64x128^3 G32".into(),
+                    config: cfg.clone(),
+                    ms: t,
+                    tflops: None,
+                    gbs: Some(2.0 * bytes / t / 1e6),
+                    note: "min traffic: read x, write y".into(),
+                });
+                let mut act = a();
+                let t = time(&be, 2, iters, || {
+                    be.groupnorm_silu_forward(&mut y, &mut act, &mut mean, &mut rstd, &xin, &gamma, &beta, x, g)
+                });
+                rows.push(Row {
+                    name: "groupnorm+silu fwd".into(),
+                    config: cfg.clone(),
+                    ms: t,
+                    tflops: None,
+                    gbs: Some(3.0 * bytes / t / 1e6),
+                    note: "read x, write gn_out and act".into(),
+                });
+                let mut tmp = a();
+                let t = time(&be, 2, iters, || {
+                    be.groupnorm_silu_backward(
+                        (&mut dx, Accum::Overwrite),
+                        &mut dg,
+                        &mut dbt,
+                        &mut tmp,
+                        &dy,
+                        &y,
+                        &xin,
+                        &mean,
+                        &rstd,
+                        &gamma,
+                        x,
+                        g,
+                    )
+                });
+                rows.push(Row {
+                    name: "groupnorm+silu bwd".into(),
+                    config: cfg.clone(),
+                    ms: t,
+                    tflops: None,
+                    gbs: Some(4.0 * bytes / t / 1e6),
+                    note: "read dout, x, gn_out, write dx".into(),
+                });
+                if p == Precision::Fp32 && l == Layout::Ncdhw {
+                    let t = time(&be, 2, iters, || be.copy(&mut dx, &xin));
+                    rows.push(Row {
+                        name: "copy d2d 512 MiB (ceiling)".into(),
+                        config: "-".into(),
+                        ms: t,
+                        tflops: None,
+                        gbs: Some(2.0 * bytes / t / 1e6),
+                        note: "read + write".into(),
+                    });
+                    let t = time(&be, 2, iters, || be.silu_forward(&mut y, &xin));
+                    rows.push(Row {
+                        name: "silu fwd".into(),
+                        config: cfg.clone(),
+                        ms: t,
+                        tflops: None,
+                        gbs: Some(2.0 * bytes / t / 1e6),
+                        note: String::new(),
+                    });
+                }
+            }));
+            if r.is_err() {
+                rows.push(Row {
+                    name: "conv3d/groupnorm".into(),
+                    config: format!("{p:?}/{l:?}").to_lowercase(),
+                    ms: f64::NAN,
+                    tflops: None,
+                    gbs: None,
+                    note: "FAILED (see log)".into(),
+                });
             }
         }
+    }
+    if std::env::var("MEDDPM_BENCH_UNET").map(|v| v != "0").unwrap_or(true) {
+        unet_rows(&mut rows, iters.min(5));
     }
     // JSON
     let mut j = String::from("{\n  \"device\": ");

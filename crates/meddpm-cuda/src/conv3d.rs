@@ -22,9 +22,10 @@ use meddpm::{Accum, ConvShape, Layout, Precision};
 
 use crate::device::{cudnn_ck, Device};
 
-/// Largest workspace `cudnnFind` may try (bytes); `MEDDPM_CUDNN_WS_MIB` overrides.
+/// Largest workspace `cudnnFind` may try (bytes, default 2 GiB, at most a quarter of the free
+/// memory); `MEDDPM_CUDNN_WS_MIB` overrides.
 fn find_ws_limit() -> usize {
-    std::env::var("MEDDPM_CUDNN_WS_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1024) << 20
+    std::env::var("MEDDPM_CUDNN_WS_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2048) << 20
 }
 
 struct TensorDesc(nsys::cudnnTensorDescriptor_t);
@@ -360,8 +361,8 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
     let c = p.conv[idx(dir)].0;
     const REQ: usize = 8;
     let mut n = 0i32;
-    // (id, status ok, math, memory, time)
-    let mut res: Vec<(u32, bool, u32, usize, f32)> = Vec::new();
+    // (id, cudnnStatus code, math, memory, time)
+    let mut res: Vec<(u32, u32, u32, usize, f32)> = Vec::new();
     unsafe {
         match dir {
             Dir::Fwd => {
@@ -385,8 +386,7 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
                     "cudnnFindConvolutionForwardAlgorithmEx",
                 );
                 for q in &perf[..n as usize] {
-                    let ok = q.status == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-                    res.push((q.algo as u32, ok, q.mathType as u32, q.memory, q.time));
+                    res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
                 }
             }
             Dir::BwdData => {
@@ -410,8 +410,7 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
                     "cudnnFindConvolutionBackwardDataAlgorithmEx",
                 );
                 for q in &perf[..n as usize] {
-                    let ok = q.status == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-                    res.push((q.algo as u32, ok, q.mathType as u32, q.memory, q.time));
+                    res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
                 }
             }
             Dir::BwdFilter => {
@@ -435,8 +434,7 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
                     "cudnnFindConvolutionBackwardFilterAlgorithmEx",
                 );
                 for q in &perf[..n as usize] {
-                    let ok = q.status == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-                    res.push((q.algo as u32, ok, q.mathType as u32, q.memory, q.time));
+                    res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
                 }
             }
         }
@@ -444,23 +442,111 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
     dev.sync();
     drop(ws);
     let fma = nsys::cudnnMathType_t::CUDNN_FMA_MATH as u32;
-    let pick = res
+    let usable =
+        |r: &&(u32, u32, u32, usize, f32)| r.1 == 0 && r.3 <= limit && (precision != Precision::Fp32 || r.2 == fma);
+    if let Some(&(id, _, math, ws, ms)) = res.iter().filter(usable).min_by(|a, b| a.4.total_cmp(&b.4)) {
+        return Algo { id, math, ws, ms };
+    }
+    // cudnnFind ran nothing usable (seen for fp32 FMA NCDHW at 64x128^3 on cuDNN 9.19): take
+    // cuDNN's heuristic ranking instead, first entry whose workspace fits.
+    let heur = heuristic(dev, p, dir);
+    let (free, _) = dev.ctx.mem_get_info().unwrap_or((usize::MAX, 0));
+    let pick = heur
         .iter()
-        .filter(|r| r.1 && r.3 <= limit && (precision != Precision::Fp32 || r.2 == fma))
-        .min_by(|a, b| a.4.total_cmp(&b.4));
+        .filter(|r| r.1 == 0 && r.3 <= free / 4 && (precision != Precision::Fp32 || r.2 == fma))
+        .find(|r| ws_size_checked(dev, p, dir, r.0).is_some());
+    eprintln!(
+        "meddpm-cuda: cudnnFind found no usable {} algorithm for conv {} -> {} k{} s{} ({precision:?}); find results \
+         (id, status, math, bytes, ms) {res:?}; heuristic {heur:?}; using {pick:?}",
+        dir.tag(),
+        cs.x,
+        cs.cout,
+        cs.k,
+        cs.stride
+    );
     match pick {
-        Some(&(id, _, math, ws, ms)) => Algo { id, math, ws, ms },
+        Some(&(id, _, math, _, _)) => Algo { id, math, ws: ws_size(dev, p, dir, id), ms: -2.0 },
         None => panic!(
-            "cuDNN found no usable {} algorithm for conv {} -> {} k{} s{} ({:?}); results (id, ok, math, bytes, ms): \
-             {res:?}",
+            "cuDNN has no usable {} algorithm for conv {} -> {} k{} s{} ({precision:?}); find results (id, status, \
+             math, bytes, ms) {res:?}; heuristic results {heur:?}",
             dir.tag(),
             cs.x,
             cs.cout,
             cs.k,
-            cs.stride,
-            precision
+            cs.stride
         ),
     }
+}
+
+/// cuDNN's heuristic ranking (cudnnGet*Algorithm_v7): (id, status, math, bytes, time).
+fn heuristic(dev: &Device, p: &Plan, dir: Dir) -> Vec<(u32, u32, u32, usize, f32)> {
+    const REQ: usize = 8;
+    let (h, c) = (dev.cudnn.0, p.conv[idx(dir)].0);
+    let mut n = 0i32;
+    let mut res = Vec::new();
+    unsafe {
+        match dir {
+            Dir::Fwd => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionFwdAlgoPerf_t>(); REQ];
+                let st = nsys::cudnnGetConvolutionForwardAlgorithm_v7(
+                    h,
+                    p.x.0,
+                    p.w.0,
+                    c,
+                    p.y.0,
+                    REQ as i32,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                );
+                if cudnn_ck(st, "heuristic").is_ok() {
+                    for q in &perf[..n as usize] {
+                        res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                    }
+                }
+            }
+            Dir::BwdData => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionBwdDataAlgoPerf_t>(); REQ];
+                let st = nsys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                    h,
+                    p.w.0,
+                    p.y.0,
+                    c,
+                    p.x.0,
+                    REQ as i32,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                );
+                if cudnn_ck(st, "heuristic").is_ok() {
+                    for q in &perf[..n as usize] {
+                        res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                    }
+                }
+            }
+            Dir::BwdFilter => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionBwdFilterAlgoPerf_t>(); REQ];
+                let st = nsys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                    h,
+                    p.x.0,
+                    p.y.0,
+                    c,
+                    p.w.0,
+                    REQ as i32,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                );
+                if cudnn_ck(st, "heuristic").is_ok() {
+                    for q in &perf[..n as usize] {
+                        res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                    }
+                }
+            }
+        }
+    }
+    res
+}
+
+fn ws_size_checked(dev: &Device, p: &Plan, dir: Dir, id: u32) -> Option<usize> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws_size(dev, p, dir, id))).ok()
 }
 
 /// out = conv(inp, w) + b.
