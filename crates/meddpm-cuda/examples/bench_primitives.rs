@@ -70,14 +70,38 @@ fn unet_rows(rows: &mut Vec<Row>, iters: usize) {
                 let xd = net.input_dims();
                 be.randn(net.input_mut(), Philox::new(5, 5), 0, xd);
                 let ms = time(&be, 2, iters, || net.forward(&be, &[100.0]));
+                be.take_conv_counts();
+                net.forward(&be, &[100.0]);
+                let counts = be.take_conv_counts();
                 let gf = meddpm::model::cost::forward_flops(&cfg).total();
+                // the same convolutions one by one: how much of the forward is cuDNN
+                let mut shapes = counts;
+                shapes.sort_by_key(|c| std::cmp::Reverse((c.0.flops() * c.1 as f64 * 1e-6) as u64));
+                let (mut conv_ms, mut conv_gf) = (0.0, 0.0);
+                let mut per = Vec::new();
+                for (cs, uses) in shapes {
+                    let mut xin = be.alloc(cs.x.numel()).unwrap();
+                    be.randn(&mut xin, Philox::new(9, 9), 0, cs.x);
+                    let w = be.alloc(cs.w_len()).unwrap();
+                    let b = be.alloc(cs.cout).unwrap();
+                    let mut y = be.alloc(cs.out().numel()).unwrap();
+                    let t = time(&be, 1, 3, || be.conv3d_forward(&mut y, &xin, &w, &b, cs));
+                    conv_ms += t * uses as f64;
+                    conv_gf += cs.flops() * uses as f64;
+                    per.push(format!("{}->{} k{} s{} x{uses}: {t:.3} ms", cs.x, cs.cout, cs.k, cs.stride));
+                }
+                println!("unet {conf} conv shapes (ms per call x uses): {}", per.join("; "));
                 rows.push(Row {
                     name: "unet 128^3 sampling forward".into(),
                     config: conf.clone(),
                     ms,
                     tflops: Some(gf / ms / 1e9),
                     gbs: None,
-                    note: String::new(),
+                    note: format!(
+                        "convs alone {conv_ms:.1} ms ({:.0} TFLOP/s), everything else {:.1} ms",
+                        conv_gf / conv_ms / 1e9,
+                        ms - conv_ms
+                    ),
                 });
             }
             let tc = TrainConfig { batch: 1, grad_accum: 1, ..TrainConfig::default() };

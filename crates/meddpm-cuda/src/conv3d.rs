@@ -192,6 +192,8 @@ pub(crate) struct ConvCache {
     layout: Layout,
     precision: Precision,
     plans: HashMap<ConvShape, Plan>,
+    /// Forward calls per shape since the last reset (for per-layer benchmarks).
+    pub(crate) fwd_calls: HashMap<ConvShape, u64>,
     disk: HashMap<String, Algo>,
     disk_path: Option<PathBuf>,
 }
@@ -252,7 +254,7 @@ impl ConvCache {
                 }
             }
         }
-        ConvCache { layout, precision, plans: HashMap::new(), disk, disk_path }
+        ConvCache { layout, precision, plans: HashMap::new(), fwd_calls: HashMap::new(), disk, disk_path }
     }
 
     fn plan(&mut self, cs: ConvShape) -> &mut Plan {
@@ -560,6 +562,7 @@ pub(crate) fn forward(
     cs: ConvShape,
 ) {
     check_lens(cs, inp.len(), w.len(), out.len(), b.len());
+    *cache.fwd_calls.entry(cs).or_insert(0) += 1;
     let (xp, wp, yp) = (dev.ptr(inp), dev.ptr(w), dev.ptr_mut(out));
     let a = cache.algo(dev, Dir::Fwd, cs, xp, wp, yp);
     let p = cache.plan(cs);

@@ -114,6 +114,12 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).chosen(cs)
     }
 
+    /// Forward convolutions run per shape since the last call (which resets the counts).
+    pub fn take_conv_counts(&self) -> Vec<(ConvShape, u64)> {
+        let mut c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        c.fwd_calls.drain().collect()
+    }
+
     /// A timing event recorded on the backend's stream now.
     pub fn record_event(&self) -> cudarc::driver::CudaEvent {
         self.dev
