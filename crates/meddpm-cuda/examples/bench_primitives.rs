@@ -186,7 +186,16 @@ fn main() {
                 let algos = be.conv_algos(&cs);
                 let note = |i: usize| {
                     algos[i]
-                        .map(|a| format!("algo {} math {} ws {} MiB, find {:.3} ms", a.id, a.math, a.ws >> 20, a.ms))
+                        .map(|a| {
+                            let fused = be.conv_fused_bias(&cs);
+                            format!(
+                                "algo {} math {} ws {} MiB, find {:.3} ms, bias fused {fused:?}",
+                                a.id,
+                                a.math,
+                                a.ws >> 20,
+                                a.ms
+                            )
+                        })
                         .unwrap_or_default()
                 };
                 rows.push(Row {

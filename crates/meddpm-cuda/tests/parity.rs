@@ -168,9 +168,13 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
     for g in gs {
         let tag = format!("conv {} -> {} k{} s{} {:?} [{}]", cs.x, cs.cout, k, cs.stride, with_dinp, name(g));
         let (xg, wg, bg, dyg) = (act(g, &x, cs.x), param(g, &w, &wshape), raw(g, &b), act(g, &dy, o));
-        let mut yg = g.alloc(o.numel()).unwrap();
-        g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
-        check(&format!("{tag} y"), &get_act(g, &yg, o), &y_c, mm_frac(g));
+        // both bias paths: cuDNN-fused (where the algorithm allows it) and our bias kernel
+        for mode in [Some(true), Some(false), None] {
+            g.set_conv_fused_bias(mode);
+            let mut yg = g.alloc(o.numel()).unwrap();
+            g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
+            check(&format!("{tag} y (fused bias {mode:?})"), &get_act(g, &yg, o), &y_c, mm_frac(g));
+        }
         // twice: the second call uses the cached algorithm and must accumulate the same way
         for rep in 0..2 {
             let (mut dwg, mut dbg, mut dxg) = (param(g, &dw0, &wshape), raw(g, &db0), act(g, &dx0, cs.x));
