@@ -115,6 +115,11 @@ pub trait Backend {
     fn copy(&self, dst: &mut Self::Buf, src: &Self::Buf);
     /// Wait for all queued work (a no-op on the CPU).
     fn sync(&self);
+    /// Open a named range (a U-Net block, a phase) around the calls that follow; ranges nest.
+    /// For profilers: NVTX on CUDA, the op timer `analysis::timed::Timed`. Default: nothing.
+    fn push_range(&self, _name: &str) {}
+    /// Close the innermost range opened by [`Backend::push_range`].
+    fn pop_range(&self) {}
 
     // ---- convolution (conv3d covers Conv3 k=3 pad 1, Downsample k=3 stride 2, Conv1 k=1) -------
     /// out[N,Cout,Do,Ho,Wo] = conv(inp[N,Cin,D,H,W], w[Cout,Cin,k,k,k]) + b[Cout].

@@ -112,6 +112,9 @@ pub enum Op<B: Backend> {
 /// One planned layer: its op, which layer feeds it, how it writes its input's gradient, its
 /// output (logical shape `y`) and the gradient of that output.
 pub struct Layer<B: Backend> {
+    /// The reference module path of the block (`input_blocks.1.0`, `output_blocks.2.cat`, `out`):
+    /// the range name profilers see (see [`Backend::push_range`]).
+    pub name: String,
     pub op: Op<B>,
     pub input: usize,
     pub mode: Accum,
@@ -182,6 +185,7 @@ impl<B: Backend> UNet<B> {
         let sp_dims = |c: usize, sp: [usize; 3]| Dims::new(n, c, sp[0], sp[1], sp[2]);
         let input_dims = sp_dims(cfg.in_channels, [cfg.depth, cfg.size, cfg.size]);
         layers.push(Layer {
+            name: "input".into(),
             op: Op::Input,
             input: 0,
             mode: Accum::Overwrite,
@@ -191,8 +195,23 @@ impl<B: Backend> UNet<B> {
         });
         let mut skips: Vec<usize> = Vec::new();
         let mut sizes = std::collections::BTreeSet::new();
+        let mut concats = 0usize;
         for node in topology(cfg) {
             let p = specs.len();
+            let name = match &node {
+                Node::ConvIn { prefix, .. }
+                | Node::Res { prefix, .. }
+                | Node::Attn { prefix, .. }
+                | Node::Down { prefix, .. }
+                | Node::Up { prefix, .. }
+                | Node::TimeEmbed { prefix, .. } => prefix.clone(),
+                Node::PopConcat { .. } => {
+                    concats += 1;
+                    format!("output_blocks.{}.cat", concats - 1)
+                }
+                Node::Out { .. } => "out".into(),
+                Node::Push => String::new(),
+            };
             specs.extend(node_params(&node, emb));
             let prev = layers.len() - 1;
             let (op, y, input) = match node {
@@ -274,6 +293,7 @@ impl<B: Backend> UNet<B> {
             };
             sizes.extend([y.numel(), layers[input].y.numel()]);
             layers.push(Layer {
+                name,
                 op,
                 input,
                 mode: Accum::Overwrite,
@@ -390,15 +410,18 @@ impl<B: Backend> UNet<B> {
         let (n, mc, emb) = (t.len(), cfg.model_channels, cfg.emb_dim());
         let g = cfg.groups;
         // time_embed: Linear, SiLU, Linear; each ResBlock's emb_layers starts with SiLU (shared).
+        be.push_range("time_embed");
         be.upload(&timestep_embedding(t, mc), &mut te.sin);
         be.linear_forward(&mut te.t1, &te.sin, &w[0], &w[1], n, mc, emb);
         be.silu_forward(&mut te.t1s, &te.t1);
         be.linear_forward(&mut te.t2, &te.t1s, &w[2], &w[3], n, emb, emb);
         be.silu_forward(&mut te.emb_silu, &te.t2);
+        be.pop_range();
         for i in 1..layers.len() {
             let (prev, rest) = layers.split_at_mut(i);
             let l = &mut rest[0];
             let x = &prev[l.input].out;
+            be.push_range(&l.name);
             match &mut l.op {
                 Op::Input => unreachable!("the input is layer 0 only"),
                 Op::Conv { p, cs } => be.conv3d_forward(&mut l.out, x, &w[*p], &w[*p + 1], *cs),
@@ -472,6 +495,7 @@ impl<B: Backend> UNet<B> {
                     be.conv3d_forward(&mut l.out, &o.a, &w[p + 2], &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
                 }
             }
+            be.pop_range();
         }
     }
 
@@ -485,6 +509,7 @@ impl<B: Backend> UNet<B> {
             let (prev, rest) = layers.split_at_mut(i);
             let l = &mut rest[0];
             let mode = l.mode;
+            be.push_range(&l.name);
             match &mut l.op {
                 Op::Input => unreachable!("the input is layer 0 only"),
                 Op::Conv { p, cs } => {
@@ -590,13 +615,16 @@ impl<B: Backend> UNet<B> {
                     be.groupnorm_silu_backward((dx, mode), gg, gb, tmp, da, &o.gn, xo, &o.mean, &o.rstd, &w[p], xd, g);
                 }
             }
+            be.pop_range();
         }
         // time_embed backward: SiLU (emb_layers), Linear 2, SiLU, Linear 0 (no input grad).
+        be.push_range("time_embed");
         be.silu_backward((&mut te.d2, Accum::Overwrite), &te.d_emb_silu, &te.t2);
         let [gw, gb] = dw.get_disjoint_mut([2, 3]).expect("distinct");
         be.linear_backward(Some((&mut te.d1, Accum::Overwrite)), gw, gb, &te.d2, &te.t1s, &w[2], n, emb, emb);
         be.silu_backward((&mut te.d2, Accum::Overwrite), &te.d1, &te.t1);
         let [gw, gb] = dw.get_disjoint_mut([0, 1]).expect("distinct");
         be.linear_backward(None, gw, gb, &te.d2, &te.sin, &w[0], n, mc, emb);
+        be.pop_range();
     }
 }

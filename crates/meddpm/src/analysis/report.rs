@@ -1,0 +1,1145 @@
+//! The profile report: one folder with `report.md` (what a person reads), CSV tables, `report.json`
+//! (everything, machine-readable), SVG charts (`breakdown.svg`: a stacked category breakdown per
+//! pass/configuration; `roofline.svg`: the records placed on the roofline of the device), and a
+//! short terminal summary.
+//!
+//! Every number says where it comes from: times of profiled passes are *measured* on the device
+//! that ran them; roofline times are *predicted*; GPU table values are *datasheet* values. What
+//! could not be collected is listed by name, and the rest of the report is still written.
+
+use super::breakdown::{breakdown, Breakdown, Row};
+use super::csv;
+use super::gpus::{self, check, CategoryPrediction, Check, Gpu, Math, Verdict};
+use super::kernels::{short_name, Category, KernelRecord};
+use super::matrix::{matrix, ConfigInput, MatrixRow};
+use super::ncu::{priority_list, Counters, NcuData, RankedRule};
+use crate::error::{Error, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// One profiled (or only counted) pass: a training micro-step, a sampling forward, or one
+/// configuration of the optimisation study.
+#[derive(Clone, Debug, Serialize)]
+pub struct Pass {
+    pub name: String,
+    pub records: Vec<KernelRecord>,
+    /// Wall time of the whole pass, measured around it.
+    pub step_ns: Option<u64>,
+    /// `false` for passes run on [`super::timed::NullBackend`]: counts only, no times.
+    pub measured: bool,
+}
+
+/// Everything the report is built from.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Input {
+    pub title: String,
+    /// The device the passes ran on (backend `describe()`).
+    pub device: String,
+    /// The device as a GPU of the table, when it is one (enables the prediction check).
+    pub device_gpu: Option<Gpu>,
+    /// Model / preset / layout description.
+    pub config: String,
+    pub math: Option<Math>,
+    pub passes: Vec<Pass>,
+    pub ncu: Option<NcuData>,
+    /// Configurations of the optimisation matrix; the first is the baseline.
+    pub matrix: Vec<ConfigInput>,
+    /// Things that could not be collected, each one line.
+    pub not_collected: Vec<String>,
+    pub top_n: usize,
+}
+
+/// Per-pass results.
+#[derive(Clone, Debug, Serialize)]
+pub struct PassReport {
+    pub name: String,
+    pub measured: bool,
+    pub breakdown: Breakdown,
+    pub predictions: Vec<CategoryPrediction>,
+    /// Prediction vs measurement on the device, per category and in total (GPU devices only).
+    pub checks: Vec<(String, Check)>,
+}
+
+/// One ncu kernel in the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct NcuRow {
+    pub id: u64,
+    pub kernel: String,
+    pub category: Category,
+    pub counters: Counters,
+}
+
+/// The computed report (serialised as `report.json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub title: String,
+    pub device: String,
+    pub config: String,
+    pub math: Math,
+    pub passes: Vec<PassReport>,
+    pub gpus: Vec<Gpu>,
+    pub ncu_kernels: Vec<NcuRow>,
+    pub priority: Vec<RankedRule>,
+    pub matrix: Vec<MatrixRow>,
+    pub not_collected: Vec<String>,
+}
+
+/// Compute every table of the report.
+pub fn build(input: &Input) -> Report {
+    let math = input.math.unwrap_or(Math::Fp32);
+    let table = gpus::gpus();
+    let mut not_collected = input.not_collected.clone();
+    let passes = input
+        .passes
+        .iter()
+        .map(|p| {
+            let b = breakdown(&p.name, &p.records, p.step_ns, input.top_n.max(1));
+            let predictions = gpus::predict(&p.records, &table, math);
+            let mut checks = Vec::new();
+            if let (Some(g), true) = (&input.device_gpu, p.measured) {
+                let (mut tp, mut tm) = (0.0, 0.0);
+                for c in &predictions {
+                    if c.counted == 0 {
+                        continue;
+                    }
+                    let pred = c.predicted_ns[g.key];
+                    tp += pred;
+                    tm += c.measured_ns;
+                    checks.push((c.category.label().to_string(), check(pred, c.measured_ns, 0.05)));
+                }
+                checks.push(("all counted categories".into(), check(tp, tm, 0.05)));
+            }
+            PassReport { name: p.name.clone(), measured: p.measured, breakdown: b, predictions, checks }
+        })
+        .collect::<Vec<_>>();
+    if input.device_gpu.is_none() && passes.iter().any(|p| p.measured) {
+        not_collected.push(format!(
+            "prediction check: the profiled device ({}) is not a GPU of the table, so roofline predictions cannot be checked against these measurements",
+            input.device
+        ));
+    }
+    let (ncu_kernels, priority) = match &input.ncu {
+        Some(n) => (
+            n.kernels
+                .iter()
+                .map(|k| NcuRow { id: k.id, kernel: k.name.clone(), category: k.category, counters: k.counters() })
+                .collect(),
+            priority_list(&n.kernels),
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    if let Some(n) = &input.ncu {
+        if n.raw_path.is_none() {
+            not_collected.push("ncu raw page: not given (counters come from the details page only; SM cycles, tensor pipes, instruction mix and stall reasons need the raw page)".into());
+        }
+        if n.details_path.is_none() {
+            not_collected.push("ncu details page: not given (no guided-analysis rules, no priority list)".into());
+        }
+    }
+    let m = if input.matrix.len() >= 2 { matrix(&input.matrix, 0) } else { Vec::new() };
+    Report {
+        title: input.title.clone(),
+        device: input.device.clone(),
+        config: input.config.clone(),
+        math,
+        passes,
+        gpus: table,
+        ncu_kernels,
+        priority,
+        matrix: m,
+        not_collected,
+    }
+}
+
+// ---- formatting ----------------------------------------------------------------------------------
+
+const NC: &str = "not collected";
+
+/// A duration in readable units.
+pub fn fmt_ns(ns: f64) -> String {
+    let a = ns.abs();
+    if a >= 1e9 {
+        format!("{:.3} s", ns / 1e9)
+    } else if a >= 1e6 {
+        format!("{:.3} ms", ns / 1e6)
+    } else if a >= 1e3 {
+        format!("{:.1} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+/// A large count with an SI suffix (1.23 G).
+pub fn fmt_si(v: f64) -> String {
+    let a = v.abs();
+    let (d, s) = if a >= 1e12 {
+        (1e12, " T")
+    } else if a >= 1e9 {
+        (1e9, " G")
+    } else if a >= 1e6 {
+        (1e6, " M")
+    } else if a >= 1e3 {
+        (1e3, " k")
+    } else {
+        (1.0, "")
+    };
+    format!("{:.3}{s}", v / d)
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| NC.to_string())
+}
+
+fn f2(v: f64) -> String {
+    format!("{v:.2}")
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+fn md_table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let _ = writeln!(out, "| {} |", header.join(" | "));
+    let _ = writeln!(out, "|{}", header.iter().map(|_| "---|").collect::<String>());
+    for r in rows {
+        let _ = writeln!(out, "| {} |", r.join(" | "));
+    }
+    out.push('\n');
+}
+
+fn rows_md(rows: &[Row], measured: bool, with_rate: bool) -> Vec<Vec<String>> {
+    rows.iter()
+        .map(|r| {
+            let mut v = vec![
+                md_escape(&r.key),
+                r.calls.to_string(),
+                if measured { fmt_ns(r.total_ns as f64) } else { "—".into() },
+                if measured { format!("{:.1} %", r.pct_of_kernels) } else { "—".into() },
+                match (measured, r.pct_of_step) {
+                    (true, Some(p)) => format!("{p:.1} %"),
+                    _ => "—".into(),
+                },
+            ];
+            if with_rate {
+                v.push(opt(r.flops, fmt_si));
+                v.push(opt(r.bytes, fmt_si));
+                v.push(if measured { opt(r.tflops, |t| format!("{t:.3}")) } else { "—".into() });
+                v.push(if measured { opt(r.gbps, |g| format!("{g:.1}")) } else { "—".into() });
+            }
+            v
+        })
+        .collect()
+}
+
+/// The Markdown report.
+pub fn markdown(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "# meddpm profile — {}\n", r.title);
+    let _ = writeln!(o, "- device: {}", r.device);
+    let _ = writeln!(o, "- configuration: {}", r.config);
+    let _ = writeln!(o, "- convolution/GEMM math for the roofline: {}", r.math.label());
+    let _ = writeln!(
+        o,
+        "\nProvenance: times of profiled passes are **measured** on the device above (wall time between two \
+         backend `sync()`s per call, or CUPTI kernel times on a GPU); roofline times are **predicted** from \
+         the FLOPs and bytes we count; GPU specifications are **datasheet** values. FLOPs: a multiply-add is 2; \
+         bytes: each buffer a call reads or writes counted once (minimum DRAM traffic).\n"
+    );
+    if !r.passes.is_empty() {
+        let _ = writeln!(o, "## Summary\n");
+        let rows: Vec<Vec<String>> = r
+            .passes
+            .iter()
+            .map(|p| {
+                let b = &p.breakdown;
+                let flops: f64 = b.by_category.iter().filter_map(|c| c.flops).sum();
+                vec![
+                    md_escape(&p.name),
+                    if p.measured { "measured" } else { "counted only" }.into(),
+                    b.records.to_string(),
+                    match (p.measured, b.step_ns) {
+                        (true, Some(s)) => fmt_ns(s as f64),
+                        _ => "—".into(),
+                    },
+                    if p.measured { fmt_ns(b.kernel_ns as f64) } else { "—".into() },
+                    match (p.measured, b.unattributed_ns()) {
+                        (true, Some(u)) => fmt_ns(u as f64),
+                        _ => "—".into(),
+                    },
+                    fmt_si(flops),
+                ]
+            })
+            .collect();
+        md_table(&mut o, &["pass", "times", "calls", "step (wall)", "Σ calls", "unattributed", "FLOPs counted"], &rows);
+        let _ = writeln!(o, "![category breakdown per pass](breakdown.svg)\n");
+    }
+    for p in &r.passes {
+        let b = &p.breakdown;
+        let _ = writeln!(o, "## {}\n", p.name);
+        if !p.measured {
+            let _ = writeln!(o, "Counted on the null backend: call counts, FLOPs and bytes only (no times).\n");
+        }
+        let _ = writeln!(o, "### By category\n");
+        let mut rows = rows_md(&b.by_category, p.measured, true);
+        if p.measured {
+            rows.push(vec![
+                "**total**".into(),
+                b.records.to_string(),
+                fmt_ns(b.kernel_ns as f64),
+                "100.0 %".into(),
+                b.step_ns
+                    .map(|s| format!("{:.1} %", 100.0 * b.kernel_ns as f64 / s.max(1) as f64))
+                    .unwrap_or("—".into()),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+        }
+        md_table(
+            &mut o,
+            &["category", "calls", "time", "% of calls", "% of step", "FLOPs", "bytes", "TFLOP/s", "GB/s"],
+            &rows,
+        );
+        let _ = writeln!(o, "### By phase\n");
+        md_table(
+            &mut o,
+            &["phase", "calls", "time", "% of calls", "% of step"],
+            &rows_md(&b.by_phase, p.measured, false),
+        );
+        let _ = writeln!(o, "### By block (U-Net module)\n");
+        md_table(
+            &mut o,
+            &["block", "calls", "time", "% of calls", "% of step", "FLOPs", "bytes", "TFLOP/s", "GB/s"],
+            &rows_md(&b.by_block, p.measured, true),
+        );
+        let _ = writeln!(o, "### Top {} kernels / ops\n", b.top.len());
+        let rows: Vec<Vec<String>> = b
+            .top
+            .iter()
+            .zip(rows_md(&b.top, p.measured, true))
+            .map(|(r, mut v)| {
+                v.insert(1, r.category.map(|c| c.label().to_string()).unwrap_or_default());
+                v
+            })
+            .collect();
+        md_table(
+            &mut o,
+            &["kernel", "category", "calls", "time", "% of calls", "% of step", "FLOPs", "bytes", "TFLOP/s", "GB/s"],
+            &rows,
+        );
+    }
+    // ---- roofline ----
+    if !r.passes.is_empty() {
+        let _ = writeln!(o, "## Across GPUs: roofline predictions (predicted)\n");
+        let _ = writeln!(
+            o,
+            "Each call is bounded by max(FLOPs / peak, bytes / bandwidth) on each GPU ({} math for convolutions and \
+             GEMMs, FP32 for the rest), then summed per category. These are lower bounds: real kernels reach a \
+             fraction of them.\n",
+            r.math.label()
+        );
+        for p in &r.passes {
+            let _ = writeln!(o, "### {}\n", p.name);
+            let mut header: Vec<String> =
+                vec!["category".into(), "FLOPs".into(), "bytes".into(), "counted calls".into()];
+            if p.measured {
+                header.push("measured here".into());
+            }
+            header.extend(r.gpus.iter().map(|g| format!("{} (pred.)", g.key)));
+            let mut rows = Vec::new();
+            let mut totals = vec![0.0; r.gpus.len()];
+            for c in &p.predictions {
+                let mut v = vec![
+                    c.category.label().to_string(),
+                    fmt_si(c.flops),
+                    fmt_si(c.bytes),
+                    format!("{}/{}", c.counted, c.records),
+                ];
+                if p.measured {
+                    v.push(fmt_ns(c.measured_ns));
+                }
+                for (i, g) in r.gpus.iter().enumerate() {
+                    let t = c.predicted_ns[g.key];
+                    totals[i] += t;
+                    v.push(fmt_ns(t));
+                }
+                rows.push(v);
+            }
+            let mut v = vec!["**total**".into(), String::new(), String::new(), String::new()];
+            if p.measured {
+                v.push(fmt_ns(p.predictions.iter().map(|c| c.measured_ns).sum()));
+            }
+            v.extend(totals.iter().map(|&t| fmt_ns(t)));
+            rows.push(v);
+            let h: Vec<&str> = header.iter().map(|s| s.as_str()).collect();
+            md_table(&mut o, &h, &rows);
+            if !p.checks.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "Check on the device it ran on (measured vs predicted; a roofline is a lower bound):\n"
+                );
+                let rows: Vec<Vec<String>> = p
+                    .checks
+                    .iter()
+                    .map(|(k, c)| {
+                        vec![
+                            k.clone(),
+                            fmt_ns(c.predicted_ns),
+                            fmt_ns(c.measured_ns),
+                            format!("{:.1} %", 100.0 * c.efficiency),
+                            match c.verdict {
+                                Verdict::Consistent => "consistent".into(),
+                                Verdict::FasterThanRoofline => {
+                                    "**faster than the roofline: count or table wrong**".into()
+                                }
+                                Verdict::NotComparable => "not comparable".into(),
+                            },
+                        ]
+                    })
+                    .collect();
+                md_table(&mut o, &["category", "predicted", "measured", "of roofline", "verdict"], &rows);
+            }
+        }
+        let _ = writeln!(o, "![roofline](roofline.svg)\n");
+    }
+    let _ = writeln!(o, "## GPU table (datasheet)\n");
+    let rows: Vec<Vec<String>> = r
+        .gpus
+        .iter()
+        .map(|g| {
+            vec![
+                g.name.to_string(),
+                g.arch.to_string(),
+                g.sms.map(|s| s.to_string()).unwrap_or("n/a".into()),
+                g.boost_mhz.map(|s| s.to_string()).unwrap_or("n/a".into()),
+                format!("{}", g.fp32_tflops),
+                g.tf32_tflops.map(|v| v.to_string()).unwrap_or("—".into()),
+                g.bf16_tflops.map(|v| v.to_string()).unwrap_or("—".into()),
+                format!("{}", g.mem_gbps),
+                g.l2_mib.map(|v| v.to_string()).unwrap_or("n/a".into()),
+                g.source.to_string(),
+            ]
+        })
+        .collect();
+    md_table(
+        &mut o,
+        &[
+            "GPU",
+            "arch",
+            "SMs",
+            "boost MHz",
+            "FP32 TFLOP/s",
+            "TF32 dense",
+            "BF16 dense",
+            "memory GB/s",
+            "L2 MiB",
+            "source",
+        ],
+        &rows,
+    );
+    // ---- ncu ----
+    let _ = writeln!(o, "## Hardware counters (Nsight Compute)\n");
+    if r.ncu_kernels.is_empty() {
+        let _ = writeln!(
+            o,
+            "{NC}: no Nsight Compute export was given (`--ncu-csv raw.csv [--ncu-details details.csv]`).\n"
+        );
+    } else {
+        ncu_sections(&mut o, r);
+    }
+    // ---- matrix ----
+    let _ = writeln!(o, "## Optimization matrix\n");
+    if r.matrix.is_empty() {
+        let _ = writeln!(o, "{NC}: needs at least two configurations (the first is the baseline).\n");
+    } else {
+        let rows: Vec<Vec<String>> = r
+            .matrix
+            .iter()
+            .map(|m| {
+                let c = &m.input;
+                let rt = |v: Option<f64>| v.map(|x| format!(" ({x:.3}×)")).unwrap_or_default();
+                vec![
+                    format!("{}{}", md_escape(&c.name), if m.is_baseline { " (baseline)" } else { "" }),
+                    format!("{}{}", opt(c.time_ns, fmt_ns), rt(m.ratios.time)),
+                    format!("{}{}", opt(c.sm_cycles, fmt_si), rt(m.ratios.sm_cycles)),
+                    format!("{}{}", opt(c.instructions, fmt_si), rt(m.ratios.instructions)),
+                    format!("{}{}", opt(c.tensor_pct, |t| format!("{t:.2} %")), rt(m.ratios.tensor)),
+                    format!("{}{}", opt(c.ipc, f2), rt(m.ratios.ipc)),
+                ]
+            })
+            .collect();
+        md_table(&mut o, &["configuration", "time", "SM cycles", "instructions", "tensor pipe", "IPC"], &rows);
+        let _ = writeln!(o, "Ratios are configuration / baseline (0.010× = a hundred times fewer).\n");
+    }
+    let _ = writeln!(o, "## Not collected\n");
+    if r.not_collected.is_empty() {
+        let _ = writeln!(o, "Everything requested was collected.");
+    } else {
+        for n in &r.not_collected {
+            let _ = writeln!(o, "- {n}");
+        }
+    }
+    o
+}
+
+fn ncu_sections(o: &mut String, r: &Report) {
+    let ks = &r.ncu_kernels;
+    let _ = writeln!(o, "### Per kernel\n");
+    let rows: Vec<Vec<String>> = ks
+        .iter()
+        .map(|k| {
+            let c = &k.counters;
+            vec![
+                k.id.to_string(),
+                md_escape(&short_name(&k.kernel, 60)),
+                k.category.label().to_string(),
+                opt(c.duration_ns, fmt_ns),
+                opt(c.sm_cycles_elapsed, fmt_si),
+                opt(c.instructions, fmt_si),
+                opt(c.ipc, f2),
+                opt(c.tensor_pipe_pct, f2),
+                opt(c.tensor_hmma_pct, f2),
+                opt(c.tensor_gmma_inst_pct, f2),
+                opt(c.achieved_occupancy_pct, |v| format!("{v:.1}")),
+                opt(c.registers, |v| format!("{v:.0}")),
+            ]
+        })
+        .collect();
+    md_table(
+        o,
+        &[
+            "ID",
+            "kernel",
+            "category",
+            "time",
+            "SM cycles",
+            "warp inst.",
+            "IPC",
+            "tensor %",
+            "hmma pipe %",
+            "gmma inst. %",
+            "occupancy %",
+            "regs",
+        ],
+        &rows,
+    );
+    let _ = writeln!(o, "### Memory system\n");
+    let rows: Vec<Vec<String>> = ks
+        .iter()
+        .map(|k| {
+            let c = &k.counters;
+            vec![
+                k.id.to_string(),
+                opt(c.dram_read_bytes, fmt_si),
+                opt(c.dram_write_bytes, fmt_si),
+                opt(c.dram_pct, f2),
+                opt(c.l2_pct, f2),
+                opt(c.l1_pct, f2),
+                opt(c.l2_hit_pct, f2),
+                opt(c.l1_hit_pct, f2),
+                opt(c.sm_pct, f2),
+                opt(c.memory_pct, f2),
+            ]
+        })
+        .collect();
+    md_table(
+        o,
+        &[
+            "ID",
+            "DRAM read B",
+            "DRAM write B",
+            "DRAM %",
+            "L2 %",
+            "L1 %",
+            "L2 hit %",
+            "L1 hit %",
+            "SM SOL %",
+            "memory SOL %",
+        ],
+        &rows,
+    );
+    let _ = writeln!(o, "### Instruction mix and pipes\n");
+    let rows: Vec<Vec<String>> = ks
+        .iter()
+        .map(|k| {
+            let c = &k.counters;
+            let mut mix: Vec<(&String, &f64)> = c.inst_mix.iter().filter(|(_, v)| **v > 0.0).collect();
+            mix.sort_by(|a, b| b.1.total_cmp(a.1));
+            let mut pipes: Vec<(&String, &f64)> = c.pipes.iter().filter(|(_, v)| **v > 0.0).collect();
+            pipes.sort_by(|a, b| b.1.total_cmp(a.1));
+            let fmt_list = |v: &[(&String, &f64)], f: &dyn Fn(f64) -> String| {
+                if v.is_empty() {
+                    NC.to_string()
+                } else {
+                    v.iter().take(6).map(|(k, x)| format!("{k} {}", f(**x))).collect::<Vec<_>>().join(", ")
+                }
+            };
+            vec![
+                k.id.to_string(),
+                fmt_list(&mix, &|x| fmt_si(x).replace(' ', "")),
+                fmt_list(&pipes, &|x| format!("{x:.1}%")),
+            ]
+        })
+        .collect();
+    md_table(o, &["ID", "executed instructions by opcode class (top 6)", "pipe utilisation (top 6)"], &rows);
+    let _ = writeln!(o, "### Warp stalls (warps stalled per issued instruction)\n");
+    let rows: Vec<Vec<String>> = ks
+        .iter()
+        .map(|k| {
+            let c = &k.counters;
+            let mut st: Vec<(&String, &f64)> =
+                c.stalls.iter().filter(|(n, v)| **v > 0.0 && n.as_str() != "selected").collect();
+            st.sort_by(|a, b| b.1.total_cmp(a.1));
+            vec![
+                k.id.to_string(),
+                opt(c.warp_cycles_per_inst, f2),
+                if st.is_empty() {
+                    NC.to_string()
+                } else {
+                    st.iter().take(5).map(|(n, v)| format!("{n} {v:.2}")).collect::<Vec<_>>().join(", ")
+                },
+            ]
+        })
+        .collect();
+    md_table(o, &["ID", "cycles per issued inst.", "top stall reasons"], &rows);
+    let _ = writeln!(o, "### Priority list (guided-analysis OPT rules ranked by estimated time saved)\n");
+    if r.priority.is_empty() {
+        let _ = writeln!(
+            o,
+            "{NC}: the details page (with rule results) was not given or has no OPT rule with a speedup.\n"
+        );
+    } else {
+        let total: f64 = ks.iter().filter_map(|k| k.counters.duration_ns).sum();
+        let rows: Vec<Vec<String>> = r
+            .priority
+            .iter()
+            .take(25)
+            .map(|p| {
+                vec![
+                    p.rank.to_string(),
+                    p.rule.clone(),
+                    format!("{} {}", p.kernel_id, md_escape(&short_name(&p.kernel, 50))),
+                    p.speedup_type.clone().unwrap_or_default(),
+                    format!("{:.2} %", p.speedup_pct),
+                    opt(p.est_saved_ns, fmt_ns),
+                    match p.est_saved_ns {
+                        Some(s) if total > 0.0 => format!("{:.2} %", 100.0 * s / total),
+                        _ => "—".into(),
+                    },
+                    md_escape(&p.description.chars().take(110).collect::<String>()),
+                ]
+            })
+            .collect();
+        md_table(
+            o,
+            &["rank", "rule", "kernel", "type", "est. speedup", "est. saved", "% of profiled time", "finding"],
+            &rows,
+        );
+    }
+}
+
+// ---- CSV -----------------------------------------------------------------------------------------
+
+fn o2s(v: Option<f64>) -> String {
+    v.map(|x| format!("{x}")).unwrap_or_default()
+}
+
+/// CSV files: name → content.
+pub fn csv_files(r: &Report, input: &Input) -> Vec<(&'static str, String)> {
+    let mut files = Vec::new();
+    let mut s = csv::line(&[
+        "pass",
+        "name",
+        "category",
+        "duration_ns",
+        "range",
+        "flops",
+        "bytes",
+        "grid",
+        "block",
+        "registers",
+        "shared_mem",
+    ]);
+    for p in &input.passes {
+        for k in &p.records {
+            let dims = |d: Option<[u32; 3]>| d.map(|d| format!("{}x{}x{}", d[0], d[1], d[2])).unwrap_or_default();
+            s += &csv::line(&[
+                p.name.clone(),
+                k.name.clone(),
+                k.category.label().to_string(),
+                if p.measured { k.duration_ns.to_string() } else { String::new() },
+                k.range.clone().unwrap_or_default(),
+                o2s(k.flops),
+                o2s(k.bytes),
+                dims(k.grid),
+                dims(k.block),
+                k.registers.map(|v| v.to_string()).unwrap_or_default(),
+                k.shared_mem.map(|v| v.to_string()).unwrap_or_default(),
+            ]);
+        }
+    }
+    files.push(("kernels.csv", s));
+    let mut s = csv::line(&[
+        "pass",
+        "table",
+        "key",
+        "category",
+        "calls",
+        "total_ns",
+        "pct_of_calls",
+        "pct_of_step",
+        "flops",
+        "bytes",
+        "tflops",
+        "gbps",
+    ]);
+    for p in &r.passes {
+        let b = &p.breakdown;
+        for (t, rows) in [("category", &b.by_category), ("phase", &b.by_phase), ("block", &b.by_block), ("top", &b.top)]
+        {
+            for row in rows {
+                s += &csv::line(&[
+                    p.name.clone(),
+                    t.to_string(),
+                    row.key.clone(),
+                    row.category.map(|c| c.label().to_string()).unwrap_or_default(),
+                    row.calls.to_string(),
+                    if p.measured { row.total_ns.to_string() } else { String::new() },
+                    if p.measured { format!("{:.4}", row.pct_of_kernels) } else { String::new() },
+                    if p.measured { o2s(row.pct_of_step) } else { String::new() },
+                    o2s(row.flops),
+                    o2s(row.bytes),
+                    if p.measured { o2s(row.tflops) } else { String::new() },
+                    if p.measured { o2s(row.gbps) } else { String::new() },
+                ]);
+            }
+        }
+    }
+    files.push(("breakdown.csv", s));
+    let mut h = vec!["pass".to_string(), "category".into(), "flops".into(), "bytes".into(), "measured_ns".into()];
+    h.extend(r.gpus.iter().map(|g| format!("predicted_ns_{}", g.key)));
+    let mut s = csv::line(&h);
+    for p in &r.passes {
+        for c in &p.predictions {
+            let mut v = vec![
+                p.name.clone(),
+                c.category.label().to_string(),
+                format!("{}", c.flops),
+                format!("{}", c.bytes),
+                if p.measured { format!("{}", c.measured_ns) } else { String::new() },
+            ];
+            v.extend(r.gpus.iter().map(|g| format!("{:.1}", c.predicted_ns[g.key])));
+            s += &csv::line(&v);
+        }
+    }
+    files.push(("roofline.csv", s));
+    let mut s = csv::line(&[
+        "key",
+        "name",
+        "arch",
+        "sms",
+        "boost_mhz",
+        "fp32_tflops",
+        "tf32_tflops",
+        "bf16_tflops",
+        "fp16_tflops",
+        "mem_gbps",
+        "l2_mib",
+        "source",
+    ]);
+    for g in &r.gpus {
+        s += &csv::line(&[
+            g.key.to_string(),
+            g.name.to_string(),
+            g.arch.to_string(),
+            g.sms.map(|v| v.to_string()).unwrap_or_default(),
+            g.boost_mhz.map(|v| v.to_string()).unwrap_or_default(),
+            g.fp32_tflops.to_string(),
+            o2s(g.tf32_tflops),
+            o2s(g.bf16_tflops),
+            o2s(g.fp16_tflops),
+            g.mem_gbps.to_string(),
+            o2s(g.l2_mib),
+            g.source.to_string(),
+        ]);
+    }
+    files.push(("gpus.csv", s));
+    if !r.ncu_kernels.is_empty() {
+        let mut s = csv::line(&[
+            "id",
+            "kernel",
+            "category",
+            "duration_ns",
+            "sm_cycles_elapsed",
+            "sm_cycles_active",
+            "instructions",
+            "ipc",
+            "issue_active_pct",
+            "tensor_pipe_pct",
+            "tensor_hmma_pct",
+            "tensor_gmma_inst_pct",
+            "tensor_ops",
+            "dram_read_bytes",
+            "dram_write_bytes",
+            "dram_pct",
+            "l2_pct",
+            "l1_pct",
+            "l2_hit_pct",
+            "l1_hit_pct",
+            "sm_pct",
+            "memory_pct",
+            "achieved_occupancy_pct",
+            "theoretical_occupancy_pct",
+            "registers",
+            "waves_per_sm",
+            "warp_cycles_per_inst",
+        ]);
+        for k in &r.ncu_kernels {
+            let c = &k.counters;
+            s += &csv::line(&[
+                k.id.to_string(),
+                k.kernel.clone(),
+                k.category.label().to_string(),
+                o2s(c.duration_ns),
+                o2s(c.sm_cycles_elapsed),
+                o2s(c.sm_cycles_active),
+                o2s(c.instructions),
+                o2s(c.ipc),
+                o2s(c.issue_active_pct),
+                o2s(c.tensor_pipe_pct),
+                o2s(c.tensor_hmma_pct),
+                o2s(c.tensor_gmma_inst_pct),
+                o2s(c.tensor_ops),
+                o2s(c.dram_read_bytes),
+                o2s(c.dram_write_bytes),
+                o2s(c.dram_pct),
+                o2s(c.l2_pct),
+                o2s(c.l1_pct),
+                o2s(c.l2_hit_pct),
+                o2s(c.l1_hit_pct),
+                o2s(c.sm_pct),
+                o2s(c.memory_pct),
+                o2s(c.achieved_occupancy_pct),
+                o2s(c.theoretical_occupancy_pct),
+                o2s(c.registers),
+                o2s(c.waves_per_sm),
+                o2s(c.warp_cycles_per_inst),
+            ]);
+        }
+        files.push(("ncu_kernels.csv", s));
+        let mut s = csv::line(&[
+            "rank",
+            "rule",
+            "kernel_id",
+            "kernel",
+            "speedup_type",
+            "speedup_pct",
+            "kernel_ns",
+            "est_saved_ns",
+            "description",
+        ]);
+        for p in &r.priority {
+            s += &csv::line(&[
+                p.rank.to_string(),
+                p.rule.clone(),
+                p.kernel_id.to_string(),
+                p.kernel.clone(),
+                p.speedup_type.clone().unwrap_or_default(),
+                p.speedup_pct.to_string(),
+                o2s(p.kernel_ns),
+                o2s(p.est_saved_ns),
+                p.description.clone(),
+            ]);
+        }
+        files.push(("ncu_priority.csv", s));
+    }
+    if !r.matrix.is_empty() {
+        let mut s = csv::line(&[
+            "configuration",
+            "baseline",
+            "time_ns",
+            "sm_cycles",
+            "instructions",
+            "tensor_pct",
+            "ipc",
+            "ratio_time",
+            "ratio_sm_cycles",
+            "ratio_instructions",
+            "ratio_tensor",
+            "ratio_ipc",
+        ]);
+        for m in &r.matrix {
+            let c = &m.input;
+            s += &csv::line(&[
+                c.name.clone(),
+                m.is_baseline.to_string(),
+                o2s(c.time_ns),
+                o2s(c.sm_cycles),
+                o2s(c.instructions),
+                o2s(c.tensor_pct),
+                o2s(c.ipc),
+                o2s(m.ratios.time),
+                o2s(m.ratios.sm_cycles),
+                o2s(m.ratios.instructions),
+                o2s(m.ratios.tensor),
+                o2s(m.ratios.ipc),
+            ]);
+        }
+        files.push(("matrix.csv", s));
+    }
+    files
+}
+
+// ---- SVG -----------------------------------------------------------------------------------------
+
+fn color(c: Category) -> plotters::style::RGBColor {
+    use plotters::style::RGBColor;
+    match c {
+        Category::ConvForward => RGBColor(31, 119, 180),
+        Category::ConvDgrad => RGBColor(174, 199, 232),
+        Category::ConvWgrad => RGBColor(255, 127, 14),
+        Category::ConvBackward => RGBColor(255, 187, 120),
+        Category::Layout => RGBColor(214, 39, 40),
+        Category::Normalization => RGBColor(44, 160, 44),
+        Category::Elementwise => RGBColor(148, 103, 189),
+        Category::GemmAttention => RGBColor(140, 86, 75),
+        Category::Reduction => RGBColor(227, 119, 194),
+        Category::Optimizer => RGBColor(188, 189, 34),
+        Category::Memory => RGBColor(127, 127, 127),
+        Category::Other => RGBColor(23, 190, 207),
+    }
+}
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::format(path, format!("could not draw the chart: {e}"))
+}
+
+/// Stacked category breakdown, one bar per measured pass (ms).
+pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
+    use plotters::prelude::*;
+    let passes: Vec<&PassReport> = r.passes.iter().filter(|p| p.measured && p.breakdown.kernel_ns > 0).collect();
+    if passes.is_empty() {
+        return Ok(false);
+    }
+    let ymax = passes.iter().map(|p| p.breakdown.kernel_ns as f64 / 1e6).fold(0.0, f64::max) * 1.1;
+    let n = passes.len();
+    let root = SVGBackend::new(path, (820, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("Time by category — {}", r.title), ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .right_y_label_area_size(0)
+        .build_cartesian_2d(0f64..(n as f64 + 1.6), 0f64..ymax)
+        .map_err(|e| plot_err(path, e))?;
+    let names: Vec<String> = passes.iter().map(|p| p.name.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n + 2)
+        .x_label_formatter(&|x| {
+            let i = (*x - 0.5).round();
+            if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
+                names[i as usize].clone()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("ms (measured)")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    for cat in Category::ALL {
+        let mut rects = Vec::new();
+        for (i, p) in passes.iter().enumerate() {
+            let mut y0 = 0.0;
+            for row in &p.breakdown.by_category {
+                let t = row.total_ns as f64 / 1e6;
+                if row.category == Some(cat) {
+                    rects.push(Rectangle::new([(i as f64 + 0.15, y0), (i as f64 + 0.85, y0 + t)], color(cat).filled()));
+                }
+                y0 += t;
+            }
+        }
+        if rects.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(rects)
+            .map_err(|e| plot_err(path, e))?
+            .label(cat.label())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color(cat).filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))?;
+    Ok(true)
+}
+
+/// Records with counted FLOPs and bytes placed on a roofline (log-log): arithmetic intensity vs
+/// achieved FLOP/s. Roofs are drawn for the device when it is a GPU of the table.
+pub fn roofline_svg(r: &Report, input: &Input, path: &Path) -> Result<bool> {
+    use plotters::prelude::*;
+    let mut pts: BTreeMap<Category, Vec<(f64, f64)>> = BTreeMap::new();
+    for p in input.passes.iter().filter(|p| p.measured) {
+        for k in &p.records {
+            if let (Some(f), Some(b)) = (k.flops, k.bytes) {
+                if f > 0.0 && b > 0.0 && k.duration_ns > 0 {
+                    pts.entry(k.category).or_default().push((f / b, f / k.duration_ns as f64 * 1e9));
+                }
+            }
+        }
+    }
+    if pts.is_empty() {
+        return Ok(false);
+    }
+    let all: Vec<(f64, f64)> = pts.values().flatten().copied().collect();
+    let (mut xmin, mut xmax) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (mut ymin, mut ymax) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let g = &input.device_gpu;
+    if let Some(g) = g {
+        ymax = ymax.max(g.peak_tflops(Category::ConvForward, r.math) * 1e12);
+        xmax = xmax.max(g.ridge(Category::ConvForward, r.math) * 4.0);
+    }
+    xmin /= 2.0;
+    xmax *= 2.0;
+    ymin /= 3.0;
+    ymax *= 3.0;
+    let root = SVGBackend::new(path, (820, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let caption = match g {
+        Some(g) => format!("Roofline — {} ({} datasheet roofs)", r.title, g.name),
+        None => format!("Achieved FLOP/s vs intensity — {} (no roof: device not in the GPU table)", r.title),
+    };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(70)
+        .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("arithmetic intensity, FLOP/byte (counted)")
+        .y_desc("achieved FLOP/s (measured)")
+        .y_label_formatter(&|y| fmt_si(*y).replace(' ', ""))
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    if let Some(g) = g {
+        let bw = g.mem_gbps * 1e9;
+        for (peak, label) in [
+            (g.fp32_tflops * 1e12, "FP32 roof".to_string()),
+            (g.peak_tflops(Category::ConvForward, r.math) * 1e12, format!("{} roof (conv/GEMM)", r.math.label())),
+        ] {
+            let ridge = peak / bw;
+            let line = vec![(xmin, xmin * bw), (ridge, peak), (xmax, peak)];
+            chart
+                .draw_series(LineSeries::new(line, BLACK.stroke_width(1)))
+                .map_err(|e| plot_err(path, e))?
+                .label(label)
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], BLACK));
+        }
+    }
+    for (cat, v) in &pts {
+        let c = color(*cat);
+        chart
+            .draw_series(v.iter().map(|&(x, y)| Circle::new((x, y), 3, c.filled())))
+            .map_err(|e| plot_err(path, e))?
+            .label(cat.label())
+            .legend(move |(x, y)| Circle::new((x + 5, y), 4, c.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))?;
+    Ok(true)
+}
+
+// ---- writing -----------------------------------------------------------------------------------
+
+/// Write the whole report into `dir` (created if needed). Returns the files written.
+pub fn write(input: &Input, dir: &Path) -> Result<(Report, Vec<PathBuf>)> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut r = build(input);
+    let mut written = Vec::new();
+    let put = |name: &str, text: &str, written: &mut Vec<PathBuf>| -> Result<()> {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| Error::io(&p, e))?;
+        written.push(p);
+        Ok(())
+    };
+    let bp = dir.join("breakdown.svg");
+    if breakdown_svg(&r, &bp)? {
+        written.push(bp);
+    } else if r.passes.iter().any(|p| p.measured) {
+        r.not_collected.push("breakdown chart: no measured call time to draw".into());
+    }
+    let rp = dir.join("roofline.svg");
+    if roofline_svg(&r, input, &rp)? {
+        written.push(rp);
+    } else if r.passes.iter().any(|p| p.measured) {
+        r.not_collected.push("roofline chart: no measured call with counted FLOPs and bytes".into());
+    }
+    let mut md = markdown(&r);
+    if !written.iter().any(|p| p.ends_with("breakdown.svg")) {
+        md = md.replace("![category breakdown per pass](breakdown.svg)\n", "");
+    }
+    if !written.iter().any(|p| p.ends_with("roofline.svg")) {
+        md = md.replace("![roofline](roofline.svg)\n", "");
+    }
+    put("report.md", &md, &mut written)?;
+    for (name, text) in csv_files(&r, input) {
+        put(name, &text, &mut written)?;
+    }
+    let json = serde_json::to_string_pretty(&r).map_err(|e| Error::format(dir.join("report.json"), e.to_string()))?;
+    put("report.json", &json, &mut written)?;
+    Ok((r, written))
+}
+
+/// A few lines for the terminal.
+pub fn summary(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "{} on {}", r.title, r.device);
+    for p in r.passes.iter().filter(|p| p.measured) {
+        let b = &p.breakdown;
+        let top: Vec<String> =
+            b.by_category.iter().take(3).map(|c| format!("{} {:.0}%", c.key, c.pct_of_kernels)).collect();
+        let _ = writeln!(
+            o,
+            "  {:<20} step {:>12}  calls {:>5}  Σ {:>12}  | {}",
+            p.name,
+            b.step_ns.map(|s| fmt_ns(s as f64)).unwrap_or("—".into()),
+            b.records,
+            fmt_ns(b.kernel_ns as f64),
+            top.join(", ")
+        );
+    }
+    if let Some(h) = r.passes.iter().find(|p| p.measured) {
+        let t: BTreeMap<&str, f64> =
+            r.gpus.iter().map(|g| (g.key, h.predictions.iter().map(|c| c.predicted_ns[g.key]).sum::<f64>())).collect();
+        let line: Vec<String> = t.iter().map(|(k, v)| format!("{k} {}", fmt_ns(*v))).collect();
+        let _ = writeln!(o, "  roofline bound of \"{}\" (predicted): {}", h.name, line.join(", "));
+    }
+    if !r.ncu_kernels.is_empty() {
+        let _ = writeln!(o, "  ncu: {} kernels, {} ranked OPT rules", r.ncu_kernels.len(), r.priority.len());
+        if let Some(p) = r.priority.first() {
+            let _ = writeln!(o, "  top priority: {} on kernel {} ({:.1} %)", p.rule, p.kernel_id, p.speedup_pct);
+        }
+    }
+    for n in &r.not_collected {
+        let _ = writeln!(o, "  not collected: {n}");
+    }
+    o
+}

@@ -1,0 +1,530 @@
+//! `Timed<B>`: a [`Backend`] that forwards every call to an inner backend and records one
+//! [`KernelRecord`] per call — op name, category, wall time between two `sync()`s, FLOPs and
+//! minimum bytes by our count, and the range path the caller (and the U-Net, through
+//! [`Backend::push_range`]) has open. This is the CPU profile path: it lets `meddpm profile` build
+//! the same breakdown without a GPU, so CI exercises the whole report pipeline.
+//!
+//! [`NullBackend`] computes nothing: its buffers are lengths. Wrapped in `Timed`, a U-Net pass over
+//! it yields the exact list of calls with their FLOP and byte counts in milliseconds, even for the
+//! full 128³ model — the input of the roofline predictions for any preset.
+//!
+//! Counting conventions (as `model::cost`, spec §8): a multiply-add is 2 FLOPs; convolutions count
+//! `ConvShape::flops` per direction; attention counts QKᵀ and AV (4·T²·C per sample forward, twice
+//! that backward), softmax is not counted; elementwise ops get no FLOP count (they are
+//! memory-bound). Bytes are the minimum DRAM traffic: every buffer an op reads is read once, every
+//! buffer it writes is written once, and an accumulating write (`+=`) is also a read.
+
+use super::kernels::{Category, KernelRecord};
+use crate::backend::{Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision};
+use crate::rng::Philox;
+use crate::shape::{ConvShape, Dims};
+use crate::Result;
+use std::cell::RefCell;
+use std::time::Instant;
+
+/// A backend wrapper that times and counts every call (see the module docs).
+pub struct Timed<B: Backend> {
+    inner: B,
+    records: RefCell<Vec<KernelRecord>>,
+    ranges: RefCell<Vec<String>>,
+}
+
+const F32: f64 = 4.0;
+
+impl<B: Backend> Timed<B> {
+    pub fn new(inner: B) -> Self {
+        Timed { inner, records: RefCell::new(Vec::new()), ranges: RefCell::new(Vec::new()) }
+    }
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+    /// The records so far, and clear them.
+    pub fn take_records(&self) -> Vec<KernelRecord> {
+        std::mem::take(&mut *self.records.borrow_mut())
+    }
+    /// The open range path, outermost first, joined by `/`.
+    pub fn range_path(&self) -> Option<String> {
+        let r = self.ranges.borrow();
+        (!r.is_empty()).then(|| r.join("/"))
+    }
+
+    /// Time `f` between two syncs and record it. `reads`/`writes` are element counts.
+    fn rec<R>(&self, name: &str, category: Category, flops: Option<f64>, elems: f64, f: impl FnOnce() -> R) -> R {
+        self.inner.sync();
+        let t0 = Instant::now();
+        let r = f();
+        self.inner.sync();
+        let ns = t0.elapsed().as_nanos() as u64;
+        let mut k = KernelRecord::new(name, ns);
+        k.category = category;
+        k.flops = flops;
+        k.bytes = Some(elems * F32);
+        k.range = self.range_path();
+        self.records.borrow_mut().push(k);
+        r
+    }
+
+    fn l(&self, b: &B::Buf) -> f64 {
+        self.inner.len(b) as f64
+    }
+    /// Elements moved by an input-gradient write: written once, read too when accumulating.
+    fn acc(&self, b: &B::Buf, a: Accum) -> f64 {
+        match a {
+            Accum::Overwrite => self.l(b),
+            Accum::Add => 2.0 * self.l(b),
+        }
+    }
+}
+
+fn attention_flops(x: Dims) -> f64 {
+    let t = x.s() as f64;
+    4.0 * t * t * x.c as f64 * x.n as f64
+}
+
+impl<B: Backend> Backend for Timed<B> {
+    type Buf = B::Buf;
+
+    fn describe(&self) -> String {
+        format!("{} (timed per op)", self.inner.describe())
+    }
+    fn layout(&self) -> Layout {
+        self.inner.layout()
+    }
+    fn precision(&self) -> Precision {
+        self.inner.precision()
+    }
+    fn alloc(&self, len: usize) -> Result<Self::Buf> {
+        self.inner.alloc(len)
+    }
+    fn len(&self, b: &Self::Buf) -> usize {
+        self.inner.len(b)
+    }
+    fn upload(&self, host: &[f32], dst: &mut Self::Buf) {
+        self.rec("upload", Category::Memory, None, host.len() as f64, || self.inner.upload(host, dst))
+    }
+    fn download(&self, src: &Self::Buf, host: &mut [f32]) {
+        let n = host.len() as f64;
+        self.rec("download", Category::Memory, None, n, || self.inner.download(src, host))
+    }
+    fn upload_act(&self, host_ncdhw: &[f32], x: Dims, dst: &mut Self::Buf) {
+        let n = host_ncdhw.len() as f64;
+        self.rec("upload_act", Category::Memory, None, n, || self.inner.upload_act(host_ncdhw, x, dst))
+    }
+    fn download_act(&self, src: &Self::Buf, x: Dims, host_ncdhw: &mut [f32]) {
+        let n = host_ncdhw.len() as f64;
+        self.rec("download_act", Category::Memory, None, n, || self.inner.download_act(src, x, host_ncdhw))
+    }
+    fn upload_param(&self, host: &[f32], torch_shape: &[usize], dst: &mut Self::Buf) {
+        let n = host.len() as f64;
+        self.rec("upload_param", Category::Memory, None, n, || self.inner.upload_param(host, torch_shape, dst))
+    }
+    fn download_param(&self, src: &Self::Buf, torch_shape: &[usize], host: &mut [f32]) {
+        let n = host.len() as f64;
+        self.rec("download_param", Category::Memory, None, n, || self.inner.download_param(src, torch_shape, host))
+    }
+    fn zero(&self, b: &mut Self::Buf) {
+        let n = self.l(b);
+        self.rec("zero", Category::Memory, None, n, || self.inner.zero(b))
+    }
+    fn copy(&self, dst: &mut Self::Buf, src: &Self::Buf) {
+        let n = 2.0 * self.l(src);
+        self.rec("copy", Category::Memory, None, n, || self.inner.copy(dst, src))
+    }
+    fn sync(&self) {
+        self.inner.sync()
+    }
+    fn push_range(&self, name: &str) {
+        self.ranges.borrow_mut().push(name.to_string());
+        self.inner.push_range(name)
+    }
+    fn pop_range(&self) {
+        self.ranges.borrow_mut().pop();
+        self.inner.pop_range()
+    }
+
+    fn conv3d_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, cs: ConvShape) {
+        let e = self.l(out) + self.l(inp) + self.l(w) + self.l(b);
+        self.rec("conv3d_forward", Category::ConvForward, Some(cs.flops()), e, || {
+            self.inner.conv3d_forward(out, inp, w, b, cs)
+        })
+    }
+    fn conv3d_backward(
+        &self,
+        dinp: Option<(&mut Self::Buf, Accum)>,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        cs: ConvShape,
+    ) {
+        let mut e = self.l(dout) + self.l(inp) + self.l(w) + 2.0 * (self.l(dw) + self.l(db));
+        let (name, cat, flops) = match &dinp {
+            Some((d, a)) => {
+                e += self.acc(d, *a);
+                ("conv3d_backward", Category::ConvBackward, 2.0 * cs.flops())
+            }
+            None => ("conv3d_backward_wgrad", Category::ConvWgrad, cs.flops()),
+        };
+        self.rec(name, cat, Some(flops), e, || self.inner.conv3d_backward(dinp, dw, db, dout, inp, w, cs))
+    }
+    fn groupnorm_forward(
+        &self,
+        out: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        let e = self.l(out) + self.l(mean) + self.l(rstd) + self.l(inp) + self.l(gamma) + self.l(beta);
+        self.rec("groupnorm_forward", Category::Normalization, None, e, || {
+            self.inner.groupnorm_forward(out, mean, rstd, inp, gamma, beta, x, groups)
+        })
+    }
+    fn groupnorm_backward(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        let e = self.acc(dinp.0, dinp.1)
+            + 2.0 * (self.l(dgamma) + self.l(dbeta))
+            + self.l(dout)
+            + self.l(inp)
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(gamma);
+        self.rec("groupnorm_backward", Category::Normalization, None, e, || {
+            self.inner.groupnorm_backward(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, x, groups)
+        })
+    }
+    fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) {
+        let e = self.l(out) + self.l(inp);
+        self.rec("silu_forward", Category::Elementwise, None, e, || self.inner.silu_forward(out, inp))
+    }
+    fn silu_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, inp: &Self::Buf) {
+        let e = self.acc(dinp.0, dinp.1) + self.l(dout) + self.l(inp);
+        self.rec("silu_backward", Category::Elementwise, None, e, || self.inner.silu_backward(dinp, dout, inp))
+    }
+    fn groupnorm_silu_forward(
+        &self,
+        gn_out: &mut Self::Buf,
+        out: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        let e = self.l(gn_out) + self.l(out) + self.l(mean) + self.l(rstd) + self.l(inp) + self.l(gamma) + self.l(beta);
+        self.rec("groupnorm_silu_forward", Category::Normalization, None, e, || {
+            self.inner.groupnorm_silu_forward(gn_out, out, mean, rstd, inp, gamma, beta, x, groups)
+        })
+    }
+    fn groupnorm_silu_backward(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        tmp: &mut Self::Buf,
+        dout: &Self::Buf,
+        gn_out: &Self::Buf,
+        inp: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        // tmp is scratch: a fused kernel need not touch it, so it is not counted
+        let e = self.acc(dinp.0, dinp.1)
+            + 2.0 * (self.l(dgamma) + self.l(dbeta))
+            + self.l(dout)
+            + self.l(gn_out)
+            + self.l(inp)
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(gamma);
+        self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
+            self.inner
+                .groupnorm_silu_backward(dinp, dgamma, dbeta, tmp, dout, gn_out, inp, mean, rstd, gamma, x, groups)
+        })
+    }
+    fn linear_forward(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        n: usize,
+        i: usize,
+        o: usize,
+    ) {
+        let e = self.l(out) + self.l(inp) + self.l(w) + self.l(b);
+        let f = 2.0 * (n * i * o) as f64;
+        self.rec("linear_forward", Category::GemmAttention, Some(f), e, || {
+            self.inner.linear_forward(out, inp, w, b, n, i, o)
+        })
+    }
+    fn linear_backward(
+        &self,
+        dinp: Option<(&mut Self::Buf, Accum)>,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        n: usize,
+        i: usize,
+        o: usize,
+    ) {
+        let mut e = self.l(dout) + self.l(inp) + self.l(w) + 2.0 * (self.l(dw) + self.l(db));
+        let mut f = 2.0 * (n * i * o) as f64;
+        if let Some((d, a)) = &dinp {
+            e += self.acc(d, *a);
+            f *= 2.0;
+        }
+        self.rec("linear_backward", Category::GemmAttention, Some(f), e, || {
+            self.inner.linear_backward(dinp, dw, db, dout, inp, w, n, i, o)
+        })
+    }
+    fn attention_forward(&self, out: &mut Self::Buf, att: &mut Self::Buf, qkv: &Self::Buf, x: Dims, heads: usize) {
+        let e = self.l(out) + self.l(att) + self.l(qkv);
+        self.rec("attention_forward", Category::GemmAttention, Some(attention_flops(x)), e, || {
+            self.inner.attention_forward(out, att, qkv, x, heads)
+        })
+    }
+    fn attention_backward(
+        &self,
+        dqkv: &mut Self::Buf,
+        datt: &mut Self::Buf,
+        dout: &Self::Buf,
+        qkv: &Self::Buf,
+        att: &Self::Buf,
+        x: Dims,
+        heads: usize,
+    ) {
+        let e = self.l(dqkv) + 2.0 * self.l(datt) + self.l(dout) + self.l(qkv) + self.l(att);
+        self.rec("attention_backward", Category::GemmAttention, Some(2.0 * attention_flops(x)), e, || {
+            self.inner.attention_backward(dqkv, datt, dout, qkv, att, x, heads)
+        })
+    }
+    fn upsample_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, x: Dims) {
+        let e = self.l(out) + self.l(inp);
+        self.rec("upsample_forward", Category::Elementwise, None, e, || self.inner.upsample_forward(out, inp, x))
+    }
+    fn upsample_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, x: Dims) {
+        let e = self.acc(dinp.0, dinp.1) + self.l(dout);
+        self.rec("upsample_backward", Category::Elementwise, None, e, || self.inner.upsample_backward(dinp, dout, x))
+    }
+    fn add_assign(&self, dst: &mut Self::Buf, src: &Self::Buf) {
+        let e = 2.0 * self.l(dst) + self.l(src);
+        self.rec("add_assign", Category::Elementwise, None, e, || self.inner.add_assign(dst, src))
+    }
+    fn scale(&self, buf: &mut Self::Buf, s: f32) {
+        let e = 2.0 * self.l(buf);
+        self.rec("scale", Category::Elementwise, None, e, || self.inner.scale(buf, s))
+    }
+    fn add_channel_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, xd: Dims) {
+        let e = 2.0 * self.l(x) + self.l(bias);
+        self.rec("add_channel_bias", Category::Elementwise, None, e, || self.inner.add_channel_bias(x, bias, xd))
+    }
+    fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims) {
+        let e = self.l(dbias) + self.l(dx);
+        self.rec("channel_sum", Category::Reduction, None, e, || self.inner.channel_sum(dbias, dx, xd))
+    }
+    fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize) {
+        let e = self.l(out) + self.l(a) + self.l(b);
+        self.rec("concat_channels", Category::Elementwise, None, e, || self.inner.concat_channels(out, a, b, x, ca, cb))
+    }
+    fn split_channels(
+        &self,
+        da: (&mut Self::Buf, Accum),
+        db: (&mut Self::Buf, Accum),
+        dout: &Self::Buf,
+        x: Dims,
+        ca: usize,
+        cb: usize,
+    ) {
+        let e = self.acc(da.0, da.1) + self.acc(db.0, db.1) + self.l(dout);
+        self.rec("split_channels", Category::Elementwise, None, e, || {
+            self.inner.split_channels(da, db, dout, x, ca, cb)
+        })
+    }
+    fn loss_forward(&self, loss: &mut Self::Buf, pred: &Self::Buf, target: &Self::Buf, kind: LossKind) {
+        let e = self.l(loss) + self.l(pred) + self.l(target);
+        self.rec("loss_forward", Category::Reduction, None, e, || self.inner.loss_forward(loss, pred, target, kind))
+    }
+    fn loss_backward(&self, dpred: &mut Self::Buf, pred: &Self::Buf, target: &Self::Buf, kind: LossKind, scale: f32) {
+        let e = self.l(dpred) + self.l(pred) + self.l(target);
+        self.rec("loss_backward", Category::Elementwise, None, e, || {
+            self.inner.loss_backward(dpred, pred, target, kind, scale)
+        })
+    }
+    fn randn(&self, out: &mut Self::Buf, rng: Philox, offset: u64, x: Dims) {
+        let e = self.l(out);
+        self.rec("randn", Category::Elementwise, None, e, || self.inner.randn(out, rng, offset, x))
+    }
+    fn q_sample(&self, xt: &mut Self::Buf, x0: &Self::Buf, eps: &Self::Buf, a: &[f32], b: &[f32], x: Dims) {
+        let e = self.l(xt) + self.l(x0) + self.l(eps);
+        self.rec("q_sample", Category::Elementwise, None, e, || self.inner.q_sample(xt, x0, eps, a, b, x))
+    }
+    fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims) {
+        let e = 2.0 * self.l(x) + self.l(eps) + self.l(z);
+        self.rec("ddpm_step", Category::Elementwise, None, e, || self.inner.ddpm_step(x, eps, z, coefs, xd))
+    }
+    fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep) {
+        let e = 2.0 * (self.l(p) + self.l(m) + self.l(v)) + self.l(g);
+        self.rec("adam_step", Category::Optimizer, None, e, || self.inner.adam_step(p, g, m, v, h))
+    }
+    fn ema_update(&self, ema: &mut Self::Buf, p: &Self::Buf, decay: f32) {
+        let e = 2.0 * self.l(ema) + self.l(p);
+        self.rec("ema_update", Category::Optimizer, None, e, || self.inner.ema_update(ema, p, decay))
+    }
+}
+
+/// A backend that computes nothing: a buffer is its length. Used under [`Timed`] to list and
+/// count the calls of a pass for any model size (see the module docs). Downloads leave the host
+/// slice untouched.
+#[derive(Clone, Copy, Debug)]
+pub struct NullBackend {
+    pub layout: Layout,
+    pub precision: Precision,
+}
+
+impl Default for NullBackend {
+    fn default() -> Self {
+        NullBackend { layout: Layout::Ncdhw, precision: Precision::Fp32 }
+    }
+}
+
+#[allow(unused_variables)]
+impl Backend for NullBackend {
+    type Buf = usize;
+    fn describe(&self) -> String {
+        "null backend (counts calls, FLOPs and bytes; computes nothing)".into()
+    }
+    fn layout(&self) -> Layout {
+        self.layout
+    }
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+    fn alloc(&self, len: usize) -> Result<usize> {
+        Ok(len)
+    }
+    fn len(&self, b: &usize) -> usize {
+        *b
+    }
+    fn upload(&self, host: &[f32], dst: &mut usize) {}
+    fn download(&self, src: &usize, host: &mut [f32]) {}
+    fn upload_act(&self, host_ncdhw: &[f32], x: Dims, dst: &mut usize) {}
+    fn download_act(&self, src: &usize, x: Dims, host_ncdhw: &mut [f32]) {}
+    fn upload_param(&self, host: &[f32], torch_shape: &[usize], dst: &mut usize) {}
+    fn download_param(&self, src: &usize, torch_shape: &[usize], host: &mut [f32]) {}
+    fn zero(&self, b: &mut usize) {}
+    fn copy(&self, dst: &mut usize, src: &usize) {}
+    fn sync(&self) {}
+    fn conv3d_forward(&self, out: &mut usize, inp: &usize, w: &usize, b: &usize, cs: ConvShape) {}
+    fn conv3d_backward(
+        &self,
+        dinp: Option<(&mut usize, Accum)>,
+        dw: &mut usize,
+        db: &mut usize,
+        dout: &usize,
+        inp: &usize,
+        w: &usize,
+        cs: ConvShape,
+    ) {
+    }
+    fn groupnorm_forward(
+        &self,
+        out: &mut usize,
+        mean: &mut usize,
+        rstd: &mut usize,
+        inp: &usize,
+        gamma: &usize,
+        beta: &usize,
+        x: Dims,
+        groups: usize,
+    ) {
+    }
+    fn groupnorm_backward(
+        &self,
+        dinp: (&mut usize, Accum),
+        dgamma: &mut usize,
+        dbeta: &mut usize,
+        dout: &usize,
+        inp: &usize,
+        mean: &usize,
+        rstd: &usize,
+        gamma: &usize,
+        x: Dims,
+        groups: usize,
+    ) {
+    }
+    fn silu_forward(&self, out: &mut usize, inp: &usize) {}
+    fn silu_backward(&self, dinp: (&mut usize, Accum), dout: &usize, inp: &usize) {}
+    fn linear_forward(&self, out: &mut usize, inp: &usize, w: &usize, b: &usize, n: usize, i: usize, o: usize) {}
+    fn linear_backward(
+        &self,
+        dinp: Option<(&mut usize, Accum)>,
+        dw: &mut usize,
+        db: &mut usize,
+        dout: &usize,
+        inp: &usize,
+        w: &usize,
+        n: usize,
+        i: usize,
+        o: usize,
+    ) {
+    }
+    fn attention_forward(&self, out: &mut usize, att: &mut usize, qkv: &usize, x: Dims, heads: usize) {}
+    fn attention_backward(
+        &self,
+        dqkv: &mut usize,
+        datt: &mut usize,
+        dout: &usize,
+        qkv: &usize,
+        att: &usize,
+        x: Dims,
+        heads: usize,
+    ) {
+    }
+    fn upsample_forward(&self, out: &mut usize, inp: &usize, x: Dims) {}
+    fn upsample_backward(&self, dinp: (&mut usize, Accum), dout: &usize, x: Dims) {}
+    fn add_assign(&self, dst: &mut usize, src: &usize) {}
+    fn scale(&self, buf: &mut usize, s: f32) {}
+    fn add_channel_bias(&self, x: &mut usize, bias: &usize, xd: Dims) {}
+    fn channel_sum(&self, dbias: &mut usize, dx: &usize, xd: Dims) {}
+    fn concat_channels(&self, out: &mut usize, a: &usize, b: &usize, x: Dims, ca: usize, cb: usize) {}
+    fn split_channels(
+        &self,
+        da: (&mut usize, Accum),
+        db: (&mut usize, Accum),
+        dout: &usize,
+        x: Dims,
+        ca: usize,
+        cb: usize,
+    ) {
+    }
+    fn loss_forward(&self, loss: &mut usize, pred: &usize, target: &usize, kind: LossKind) {}
+    fn loss_backward(&self, dpred: &mut usize, pred: &usize, target: &usize, kind: LossKind, scale: f32) {}
+    fn randn(&self, out: &mut usize, rng: Philox, offset: u64, x: Dims) {}
+    fn q_sample(&self, xt: &mut usize, x0: &usize, eps: &usize, a: &[f32], b: &[f32], x: Dims) {}
+    fn ddpm_step(&self, x: &mut usize, eps: &usize, z: &usize, coefs: &[DdpmCoefs], xd: Dims) {}
+    fn adam_step(&self, p: &mut usize, g: &usize, m: &mut usize, v: &mut usize, h: AdamStep) {}
+    fn ema_update(&self, ema: &mut usize, p: &usize, decay: f32) {}
+}
