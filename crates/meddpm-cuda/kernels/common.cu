@@ -13,9 +13,19 @@ typedef unsigned int u32;
 
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
-// Channel of memory element i.
+// Channel of memory element i (32-bit division when the indices fit: 64-bit division is slow).
 __device__ __forceinline__ int chan_of(i64 i, int C, i64 S, int cl) {
+    if ((u64)i < 0xffffffffull && (u64)S < 0xffffffffull) {
+        u32 u = (u32)i;
+        return cl ? (int)(u % (u32)C) : (int)((u / (u32)S) % (u32)C);
+    }
     return cl ? (int)(i % C) : (int)((i / S) % C);
+}
+
+// Sample of memory element i given C*S elements per sample.
+__device__ __forceinline__ int sample_of(i64 i, i64 CS) {
+    if ((u64)i < 0xffffffffull && (u64)CS < 0xffffffffull) return (int)((u32)i / (u32)CS);
+    return (int)(i / CS);
 }
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -14,10 +14,6 @@
 #define OP_STATS 0
 #define OP_GNBWD 1
 #define OP_SUM 2
-// NDHWC: 32 lanes over channels, 8 rows over voxels; up to 16 channels per lane.
-#define CL_ROWS 8
-#define CL_MAXK 16
-#define CL_MAXC (32 * CL_MAXK)
 
 template <int OP>
 __device__ __forceinline__ void chan_acc(const float* a, const float* b, const float* y, i64 i, float mu,
@@ -66,47 +62,78 @@ __device__ void chan_partial_ncdhw(const float* a, const float* b, const float* 
     if (threadIdx.x == 0) chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, s, q, v1 - v0, shift);
 }
 
-// grid (nchunks, N), block (32, CL_ROWS); C <= CL_MAXC.
-template <int OP>
+// NDHWC: grid (nchunks, N), block 256. Each thread owns VEC consecutive channels (VEC = 4: 16-byte
+// loads; needs C % 4 == 0) of one voxel row; the block's rows = 256 / (C / VEC) stride over the
+// chunk's voxels, so every thread issues useful, coalesced loads. Host ensures C / VEC <= 256.
+template <int VEC>
+__device__ __forceinline__ void load_vec(const float* p, float* v) {
+    if (VEC == 4) {
+        float4 t = *reinterpret_cast<const float4*>(p);
+        v[0] = t.x;
+        v[1] = t.y;
+        v[2] = t.z;
+        v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; j++) v[j] = p[j];
+    }
+}
+
+template <int OP, int VEC>
 __device__ void chan_partial_ndhwc(const float* a, const float* b, const float* y, const float* mean, float* part,
                                    int C, i64 S, int G, int chunk_len, int nchunks) {
-    __shared__ float red[2][CL_ROWS][CL_MAXC];
-    int n = blockIdx.y, chunk = blockIdx.x, lane = threadIdx.x, ty = threadIdx.y;
+    __shared__ float red[2][1024];
+    int n = blockIdx.y, chunk = blockIdx.x, t = threadIdx.x;
+    int lanes = C / VEC, rows = blockDim.x / lanes;
+    int l = t % lanes, r = t / lanes, c0 = l * VEC;
     i64 v0 = (i64)chunk * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
     int cpg = C / G;
-    float s[CL_MAXK], q[CL_MAXK], shift[CL_MAXK], mu[CL_MAXK];
+    float s[VEC], q[VEC], shift[VEC], mu[VEC];
 #pragma unroll
-    for (int k = 0; k < CL_MAXK; k++) {
-        int c = lane + 32 * k;
-        s[k] = 0.0f;
-        q[k] = 0.0f;
-        shift[k] = (OP == OP_STATS && c < C) ? a[((i64)n * S + v0) * C + c] : 0.0f;
-        mu[k] = (OP == OP_GNBWD && c < C) ? mean[n * G + c / cpg] : 0.0f;
+    for (int j = 0; j < VEC; j++) {
+        s[j] = 0.0f;
+        q[j] = 0.0f;
+        shift[j] = (OP == OP_STATS) ? a[((i64)n * S + v0) * C + c0 + j] : 0.0f;
+        mu[j] = (OP == OP_GNBWD) ? mean[n * G + (c0 + j) / cpg] : 0.0f;
     }
-    for (i64 v = v0 + ty; v < v1; v += CL_ROWS) {
-        i64 base = ((i64)n * S + v) * C;
+    if (r < rows) {
+        for (i64 v = v0 + r; v < v1; v += rows) {
+            i64 base = ((i64)n * S + v) * C + c0;
+            float va[VEC], vb[VEC], vy[VEC];
+            load_vec<VEC>(a + base, va);
+            if (OP == OP_GNBWD) {
+                load_vec<VEC>(b + base, vb);
+                if (y) load_vec<VEC>(y + base, vy);
+            }
 #pragma unroll
-        for (int k = 0; k < CL_MAXK; k++) {
-            int c = lane + 32 * k;
-            if (c < C) chan_acc<OP>(a, b, y, base + c, mu[k], shift[k], s[k], q[k]);
+            for (int j = 0; j < VEC; j++) {
+                if (OP == OP_STATS) {
+                    float d = va[j] - shift[j];
+                    s[j] += d;
+                    q[j] += d * d;
+                } else if (OP == OP_GNBWD) {
+                    float g = va[j];
+                    if (y) g *= silu_grad(vy[j]);
+                    s[j] += g;
+                    q[j] += g * (vb[j] - mu[j]);
+                } else {
+                    s[j] += va[j];
+                }
+            }
         }
-    }
 #pragma unroll
-    for (int k = 0; k < CL_MAXK; k++) {
-        int c = lane + 32 * k;
-        if (c < C) {
-            red[0][ty][c] = s[k];
-            red[1][ty][c] = q[k];
+        for (int j = 0; j < VEC; j++) {
+            red[0][r * C + c0 + j] = s[j];
+            red[1][r * C + c0 + j] = q[j];
         }
     }
     __syncthreads();
-    // For OP_STATS every row used the same per-channel shift, so the rows' shifted sums add up.
-    for (int c = ty * 32 + lane; c < C; c += 32 * CL_ROWS) {
+    // Every row used the same per-channel shift, so the rows' shifted sums add up.
+    for (int c = t; c < C; c += blockDim.x) {
         float ss = 0.0f, qq = 0.0f;
-#pragma unroll
-        for (int r = 0; r < CL_ROWS; r++) {
-            ss += red[0][r][c];
-            qq += red[1][r][c];
+        for (int rr = 0; rr < rows; rr++) {
+            ss += red[0][rr * C + c];
+            qq += red[1][rr * C + c];
         }
         float sh = (OP == OP_STATS) ? a[((i64)n * S + v0) * C + c] : 0.0f;
         chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, ss, qq, v1 - v0, sh);
@@ -117,23 +144,28 @@ extern "C" __global__ void chan_stats_ncdhw(const float* x, float* part, int C, 
                                             int nchunks) {
     chan_partial_ncdhw<OP_STATS>(x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks);
 }
-extern "C" __global__ void chan_stats_ndhwc(const float* x, float* part, int C, i64 S, int G, int chunk_len,
-                                            int nchunks) {
-    chan_partial_ndhwc<OP_STATS>(x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks);
-}
+#define NDHWC_WRAPPERS(V)                                                                                      \
+    extern "C" __global__ void chan_stats_ndhwc##V(const float* x, float* part, int C, i64 S, int G, int chunk_len, \
+                                                   int nchunks) {                                                  \
+        chan_partial_ndhwc<OP_STATS, V>(x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks);         \
+    }                                                                                                              \
+    extern "C" __global__ void chan_gnbwd_ndhwc##V(const float* dout, const float* x, const float* y,              \
+                                                   const float* mean, float* part, int C, i64 S, int G,            \
+                                                   int chunk_len, int nchunks) {                                   \
+        chan_partial_ndhwc<OP_GNBWD, V>(dout, x, y, mean, part, C, S, G, chunk_len, nchunks);                     \
+    }                                                                                                              \
+    extern "C" __global__ void chan_sum_ndhwc##V(const float* x, float* part, int C, i64 S, int chunk_len,         \
+                                                 int nchunks) {                                                    \
+        chan_partial_ndhwc<OP_SUM, V>(x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks);           \
+    }
+NDHWC_WRAPPERS(1)
+NDHWC_WRAPPERS(4)
 extern "C" __global__ void chan_gnbwd_ncdhw(const float* dout, const float* x, const float* y, const float* mean,
                                             float* part, int C, i64 S, int G, int chunk_len, int nchunks) {
     chan_partial_ncdhw<OP_GNBWD>(dout, x, y, mean, part, C, S, G, chunk_len, nchunks);
 }
-extern "C" __global__ void chan_gnbwd_ndhwc(const float* dout, const float* x, const float* y, const float* mean,
-                                            float* part, int C, i64 S, int G, int chunk_len, int nchunks) {
-    chan_partial_ndhwc<OP_GNBWD>(dout, x, y, mean, part, C, S, G, chunk_len, nchunks);
-}
 extern "C" __global__ void chan_sum_ncdhw(const float* x, float* part, int C, i64 S, int chunk_len, int nchunks) {
     chan_partial_ncdhw<OP_SUM>(x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks);
-}
-extern "C" __global__ void chan_sum_ndhwc(const float* x, float* part, int C, i64 S, int chunk_len, int nchunks) {
-    chan_partial_ndhwc<OP_SUM>(x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks);
 }
 
 // out[n*C + c] (or out[c] summed over n when over_n) = sum of the chunks' first values, in double.

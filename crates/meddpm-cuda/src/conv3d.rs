@@ -10,7 +10,9 @@
 //!   kept in a per-backend map and in an on-disk cache per GPU and cuDNN version
 //!   (`$MEDDPM_CACHE_DIR`, else `$XDG_CACHE_HOME/meddpm`, else `~/.cache/meddpm`;
 //!   `MEDDPM_CUDNN_CACHE=0` disables it). The workspace grows to the chosen algorithm's need.
-//! - Bias add and bias gradient are our own kernels (`add_channel_bias`, `chan_sum_*`).
+//! - Bias: fused into cuDNN (`cudnnConvolutionBiasActivationForward`, identity activation) when the
+//!   algorithm is IMPLICIT_PRECOMP_GEMM and timing on first use says it is faster, else our
+//!   `add_channel_bias` kernel; the bias gradient is our `chan_sum_*` reduction.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -22,14 +24,22 @@ use meddpm::{Accum, ConvShape, Layout, Precision};
 
 use crate::device::{cudnn_ck, Device};
 
-/// Largest workspace `cudnnFind` may try (bytes); `MEDDPM_CUDNN_WS_MIB` overrides.
+/// Largest workspace `cudnnFind` may try (bytes, default 2 GiB, at most a quarter of the free
+/// memory); `MEDDPM_CUDNN_WS_MIB` overrides.
 fn find_ws_limit() -> usize {
-    std::env::var("MEDDPM_CUDNN_WS_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1024) << 20
+    std::env::var("MEDDPM_CUDNN_WS_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2048) << 20
 }
 
 struct TensorDesc(nsys::cudnnTensorDescriptor_t);
 struct FilterDesc(nsys::cudnnFilterDescriptor_t);
 struct ConvDesc(nsys::cudnnConvolutionDescriptor_t);
+struct ActDesc(nsys::cudnnActivationDescriptor_t);
+unsafe impl Send for ActDesc {}
+impl Drop for ActDesc {
+    fn drop(&mut self) {
+        unsafe { nsys::cudnnDestroyActivationDescriptor(self.0) };
+    }
+}
 unsafe impl Send for TensorDesc {}
 unsafe impl Send for FilterDesc {}
 unsafe impl Send for ConvDesc {}
@@ -75,6 +85,44 @@ fn tensor_desc(d: meddpm::Dims, layout: Layout) -> TensorDesc {
         &format!("cudnnSetTensorNdDescriptor {d}"),
     );
     TensorDesc(t)
+}
+
+/// The bias as a (1, C, 1, 1, 1) tensor (same in both layouts).
+fn bias_desc(c: usize) -> TensorDesc {
+    let mut t = std::ptr::null_mut();
+    ck(unsafe { nsys::cudnnCreateTensorDescriptor(&mut t) }, "cudnnCreateTensorDescriptor");
+    let dims = [1, c as i32, 1, 1, 1];
+    let strides = [c as i32, 1, 1, 1, 1];
+    ck(
+        unsafe {
+            nsys::cudnnSetTensorNdDescriptor(
+                t,
+                nsys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+                5,
+                dims.as_ptr(),
+                strides.as_ptr(),
+            )
+        },
+        "cudnnSetTensorNdDescriptor (bias)",
+    );
+    TensorDesc(t)
+}
+
+fn identity_desc() -> ActDesc {
+    let mut a = std::ptr::null_mut();
+    ck(unsafe { nsys::cudnnCreateActivationDescriptor(&mut a) }, "cudnnCreateActivationDescriptor");
+    ck(
+        unsafe {
+            nsys::cudnnSetActivationDescriptor(
+                a,
+                nsys::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY,
+                nsys::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN,
+                0.0,
+            )
+        },
+        "cudnnSetActivationDescriptor",
+    );
+    ActDesc(a)
 }
 
 fn filter_desc(cs: &ConvShape, layout: Layout) -> FilterDesc {
@@ -174,8 +222,13 @@ struct Plan {
     x: TensorDesc,
     y: TensorDesc,
     w: FilterDesc,
+    bias: TensorDesc,
     conv: [ConvDesc; 3],
     algo: [Option<Algo>; 3],
+    /// Forward with the bias fused into cuDNN (cudnnConvolutionBiasActivationForward, identity
+    /// activation, only with IMPLICIT_PRECOMP_GEMM) rather than conv + our bias kernel; decided by
+    /// timing both on first use.
+    fused_bias: Option<bool>,
 }
 
 fn idx(d: Dir) -> usize {
@@ -191,6 +244,11 @@ pub(crate) struct ConvCache {
     layout: Layout,
     precision: Precision,
     plans: HashMap<ConvShape, Plan>,
+    /// Forward calls per shape since the last reset (for per-layer benchmarks).
+    pub(crate) fwd_calls: HashMap<ConvShape, u64>,
+    /// Some(f): always (f = true) or never fuse the bias into cuDNN where possible; None: time it.
+    pub(crate) force_fused_bias: Option<bool>,
+    identity: ActDesc,
     disk: HashMap<String, Algo>,
     disk_path: Option<PathBuf>,
 }
@@ -251,7 +309,16 @@ impl ConvCache {
                 }
             }
         }
-        ConvCache { layout, precision, plans: HashMap::new(), disk, disk_path }
+        ConvCache {
+            layout,
+            precision,
+            plans: HashMap::new(),
+            fwd_calls: HashMap::new(),
+            force_fused_bias: None,
+            identity: identity_desc(),
+            disk,
+            disk_path,
+        }
     }
 
     fn plan(&mut self, cs: ConvShape) -> &mut Plan {
@@ -265,8 +332,10 @@ impl ConvCache {
                 x: tensor_desc(cs.x, layout),
                 y: tensor_desc(cs.out(), layout),
                 w: filter_desc(&cs, layout),
+                bias: bias_desc(cs.cout),
                 conv: [conv_desc(&cs, math), conv_desc(&cs, math), conv_desc(&cs, math)],
                 algo: [None, None, None],
+                fused_bias: None,
             }
         })
     }
@@ -309,6 +378,11 @@ impl ConvCache {
             self.remember(k, a);
         }
         a
+    }
+
+    /// Whether the forward of `cs` fuses its bias into cuDNN (None: not decided yet).
+    pub(crate) fn fused_bias(&self, cs: &ConvShape) -> Option<bool> {
+        self.plans.get(cs).and_then(|p| p.fused_bias)
     }
 
     /// The algorithms chosen so far (for benchmarks and describe()).
@@ -360,8 +434,8 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
     let c = p.conv[idx(dir)].0;
     const REQ: usize = 8;
     let mut n = 0i32;
-    // (id, status ok, math, memory, time)
-    let mut res: Vec<(u32, bool, u32, usize, f32)> = Vec::new();
+    // (id, cudnnStatus code, math, memory, time)
+    let mut res: Vec<(u32, u32, u32, usize, f32)> = Vec::new();
     unsafe {
         match dir {
             Dir::Fwd => {
@@ -385,8 +459,7 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
                     "cudnnFindConvolutionForwardAlgorithmEx",
                 );
                 for q in &perf[..n as usize] {
-                    let ok = q.status == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-                    res.push((q.algo as u32, ok, q.mathType as u32, q.memory, q.time));
+                    res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
                 }
             }
             Dir::BwdData => {
@@ -410,8 +483,7 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
                     "cudnnFindConvolutionBackwardDataAlgorithmEx",
                 );
                 for q in &perf[..n as usize] {
-                    let ok = q.status == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-                    res.push((q.algo as u32, ok, q.mathType as u32, q.memory, q.time));
+                    res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
                 }
             }
             Dir::BwdFilter => {
@@ -435,8 +507,7 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
                     "cudnnFindConvolutionBackwardFilterAlgorithmEx",
                 );
                 for q in &perf[..n as usize] {
-                    let ok = q.status == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-                    res.push((q.algo as u32, ok, q.mathType as u32, q.memory, q.time));
+                    res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
                 }
             }
         }
@@ -444,23 +515,111 @@ fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, 
     dev.sync();
     drop(ws);
     let fma = nsys::cudnnMathType_t::CUDNN_FMA_MATH as u32;
-    let pick = res
+    let usable =
+        |r: &&(u32, u32, u32, usize, f32)| r.1 == 0 && r.3 <= limit && (precision != Precision::Fp32 || r.2 == fma);
+    if let Some(&(id, _, math, ws, ms)) = res.iter().filter(usable).min_by(|a, b| a.4.total_cmp(&b.4)) {
+        return Algo { id, math, ws, ms };
+    }
+    // cudnnFind ran nothing usable (seen for fp32 FMA NCDHW at 64x128^3 on cuDNN 9.19): take
+    // cuDNN's heuristic ranking instead, first entry whose workspace fits.
+    let heur = heuristic(dev, p, dir);
+    let (free, _) = dev.ctx.mem_get_info().unwrap_or((usize::MAX, 0));
+    let pick = heur
         .iter()
-        .filter(|r| r.1 && r.3 <= limit && (precision != Precision::Fp32 || r.2 == fma))
-        .min_by(|a, b| a.4.total_cmp(&b.4));
+        .filter(|r| r.1 == 0 && r.3 <= free / 4 && (precision != Precision::Fp32 || r.2 == fma))
+        .find(|r| ws_size_checked(dev, p, dir, r.0).is_some());
+    eprintln!(
+        "meddpm-cuda: cudnnFind found no usable {} algorithm for conv {} -> {} k{} s{} ({precision:?}); find results \
+         (id, status, math, bytes, ms) {res:?}; heuristic {heur:?}; using {pick:?}",
+        dir.tag(),
+        cs.x,
+        cs.cout,
+        cs.k,
+        cs.stride
+    );
     match pick {
-        Some(&(id, _, math, ws, ms)) => Algo { id, math, ws, ms },
+        Some(&(id, _, math, _, _)) => Algo { id, math, ws: ws_size(dev, p, dir, id), ms: -2.0 },
         None => panic!(
-            "cuDNN found no usable {} algorithm for conv {} -> {} k{} s{} ({:?}); results (id, ok, math, bytes, ms): \
-             {res:?}",
+            "cuDNN has no usable {} algorithm for conv {} -> {} k{} s{} ({precision:?}); find results (id, status, \
+             math, bytes, ms) {res:?}; heuristic results {heur:?}",
             dir.tag(),
             cs.x,
             cs.cout,
             cs.k,
-            cs.stride,
-            precision
+            cs.stride
         ),
     }
+}
+
+/// cuDNN's heuristic ranking (cudnnGet*Algorithm_v7): (id, status, math, bytes, time).
+fn heuristic(dev: &Device, p: &Plan, dir: Dir) -> Vec<(u32, u32, u32, usize, f32)> {
+    const REQ: usize = 8;
+    let (h, c) = (dev.cudnn.0, p.conv[idx(dir)].0);
+    let mut n = 0i32;
+    let mut res = Vec::new();
+    unsafe {
+        match dir {
+            Dir::Fwd => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionFwdAlgoPerf_t>(); REQ];
+                let st = nsys::cudnnGetConvolutionForwardAlgorithm_v7(
+                    h,
+                    p.x.0,
+                    p.w.0,
+                    c,
+                    p.y.0,
+                    REQ as i32,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                );
+                if cudnn_ck(st, "heuristic").is_ok() {
+                    for q in &perf[..n as usize] {
+                        res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                    }
+                }
+            }
+            Dir::BwdData => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionBwdDataAlgoPerf_t>(); REQ];
+                let st = nsys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                    h,
+                    p.w.0,
+                    p.y.0,
+                    c,
+                    p.x.0,
+                    REQ as i32,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                );
+                if cudnn_ck(st, "heuristic").is_ok() {
+                    for q in &perf[..n as usize] {
+                        res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                    }
+                }
+            }
+            Dir::BwdFilter => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionBwdFilterAlgoPerf_t>(); REQ];
+                let st = nsys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                    h,
+                    p.x.0,
+                    p.y.0,
+                    c,
+                    p.w.0,
+                    REQ as i32,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                );
+                if cudnn_ck(st, "heuristic").is_ok() {
+                    for q in &perf[..n as usize] {
+                        res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                    }
+                }
+            }
+        }
+    }
+    res
+}
+
+fn ws_size_checked(dev: &Device, p: &Plan, dir: Dir, id: u32) -> Option<usize> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws_size(dev, p, dir, id))).ok()
 }
 
 /// out = conv(inp, w) + b.
@@ -474,13 +633,91 @@ pub(crate) fn forward(
     cs: ConvShape,
 ) {
     check_lens(cs, inp.len(), w.len(), out.len(), b.len());
+    *cache.fwd_calls.entry(cs).or_insert(0) += 1;
     let (xp, wp, yp) = (dev.ptr(inp), dev.ptr(w), dev.ptr_mut(out));
     let a = cache.algo(dev, Dir::Fwd, cs, xp, wp, yp);
+    let bp = dev.ptr(b);
+    let cl = cache.layout == Layout::Ndhwc;
+    let can_fuse = a.id == nsys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
+    let fused = match (can_fuse, cache.force_fused_bias, cache.plan(cs).fused_bias) {
+        (false, _, _) => false,
+        (true, Some(f), _) => f,
+        (true, None, Some(f)) => f,
+        (true, None, None) => {
+            // time both variants (second of two runs each) and keep the faster
+            let mut best = (f32::INFINITY, false);
+            for f in [false, true] {
+                let mut ms = f32::INFINITY;
+                for _ in 0..2 {
+                    let e0 = dev.stream.record_event(None).expect("cuEventRecord");
+                    if !run_forward(dev, cache, a, cs, f, xp, wp, bp, yp, cl) {
+                        ms = f32::INFINITY;
+                        break;
+                    }
+                    let e1 = dev.stream.record_event(None).expect("cuEventRecord");
+                    e1.synchronize().expect("cuEventSynchronize");
+                    ms = e0.elapsed_ms(&e1).unwrap_or(f32::INFINITY);
+                }
+                if ms < best.0 {
+                    best = (ms, f);
+                }
+            }
+            cache.plan(cs).fused_bias = Some(best.1);
+            best.1
+        }
+    };
+    if !run_forward(dev, cache, a, cs, fused, xp, wp, bp, yp, cl) {
+        cache.plan(cs).fused_bias = Some(false);
+        run_forward(dev, cache, a, cs, false, xp, wp, bp, yp, cl);
+    }
+}
+
+/// One forward: fused conv+bias through cuDNN, or cuDNN conv then our bias kernel. Returns false
+/// when cuDNN refuses the fused call (the caller falls back).
+#[allow(clippy::too_many_arguments)]
+fn run_forward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    a: Algo,
+    cs: ConvShape,
+    fused: bool,
+    xp: u64,
+    wp: u64,
+    bp: u64,
+    yp: u64,
+    cl: bool,
+) -> bool {
+    let act = cache.identity.0;
     let p = cache.plan(cs);
     let ws = dev.workspace(a.ws);
     let wsp = ws_ptr(dev, &ws);
     let (one, zero) = (1.0f32, 0.0f32);
     dev.bind();
+    if fused {
+        let st = unsafe {
+            nsys::cudnnConvolutionBiasActivationForward(
+                dev.cudnn.0,
+                &one as *const f32 as _,
+                p.x.0,
+                xp as _,
+                p.w.0,
+                wp as _,
+                p.conv[0].0,
+                fwd_algo(a.id),
+                wsp as _,
+                a.ws,
+                &zero as *const f32 as _,
+                p.y.0,
+                yp as _,
+                p.bias.0,
+                bp as _,
+                act,
+                p.y.0,
+                yp as _,
+            )
+        };
+        return st == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
+    }
     ck(
         unsafe {
             nsys::cudnnConvolutionForward(
@@ -503,13 +740,8 @@ pub(crate) fn forward(
     );
     drop(ws);
     let o = cs.out();
-    let cl = (cache.layout == Layout::Ndhwc) as i32;
-    use crate::device::Arg::*;
-    dev.launch1(
-        "add_channel_bias",
-        o.numel(),
-        &[P(yp), P(dev.ptr(b)), I(o.c as i32), L(o.s() as i64), L(o.numel() as i64), I(cl), I(0)],
-    );
+    crate::elementwise::add_channel_bias(dev, yp, bp, o, cl, false);
+    true
 }
 
 fn ws_ptr(dev: &Device, ws: &CudaSlice<u8>) -> u64 {

@@ -103,6 +103,20 @@ pub fn doctor() -> String {
             let _ = writeln!(r, "  {f} -> {real}");
         }
     }
+    // cuBLAS and cuBLASLt must come from one release: libcublas.so (unversioned, e.g. from
+    // /usr/local/cuda) pulls libcublasLt.so.13 from whichever folder comes first.
+    let dir = |f: &str| std::path::Path::new(f).parent().map(|d| d.to_path_buf());
+    let blas = loaded_library_files(&["libcublas."]);
+    let lt = loaded_library_files(&["libcublasLt."]);
+    if let (Some(b), Some(l)) = (blas.first(), lt.first()) {
+        if dir(b) != dir(l) {
+            let _ = writeln!(
+                r,
+                "  NOTE: libcublas and libcublasLt come from different folders ({b} and {l}); put a folder with \
+                 consistent `libcublas.so`/`libcublasLt.so` links first in LD_LIBRARY_PATH if results look wrong"
+            );
+        }
+    }
     let nccl = find_on_library_path("libnccl");
     let _ = writeln!(
         r,

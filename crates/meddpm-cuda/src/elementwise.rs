@@ -8,16 +8,29 @@ use meddpm::{Accum, Dims};
 
 use crate::device::{Arg::*, Device};
 
-/// NDHWC partial kernels give each of 32 lanes up to 16 channels.
-pub(crate) const MAX_CHANNELS_NDHWC: usize = 512;
+/// NDHWC partial kernels give each of 256 threads 4 channels (or 1 when C is not a multiple of 4).
+pub(crate) const MAX_CHANNELS_NDHWC: usize = 1024;
+
+/// Channels per thread of the NDHWC partial kernels for C channels.
+fn ndhwc_vec(c: usize) -> usize {
+    if c % 4 == 0 && c / 4 <= 256 {
+        4
+    } else {
+        assert!(
+            c <= 256,
+            "NDHWC channel reductions support C <= {MAX_CHANNELS_NDHWC} (a multiple of 4) or C <= 256, got {c}"
+        );
+        1
+    }
+}
 
 /// How the voxels of one (n, c) are cut into chunks for the stage-1 reductions:
 /// (voxels per chunk, number of chunks).
 pub(crate) fn chunking(x: Dims, cl: bool) -> (usize, usize) {
     let s = x.s();
     let len = if cl {
-        // about 16K elements per block, 8..256 voxels, a multiple of 8 (the block's voxel rows)
-        ((16384 / x.c.max(1)).clamp(8, 256) / 8) * 8
+        // about 16K elements per block
+        (16384 / x.c.max(1)).max(8)
     } else {
         4096
     };
@@ -57,17 +70,20 @@ pub(crate) fn launch_partial(dev: &Device, kind: Partial, x: Dims, groups: usize
     }
     push(I(len as i32));
     push(I(nchunks as i32));
-    let name = match (kind, cl) {
-        (Partial::Stats, false) => "chan_stats_ncdhw",
-        (Partial::Stats, true) => "chan_stats_ndhwc",
-        (Partial::GnBwd, false) => "chan_gnbwd_ncdhw",
-        (Partial::GnBwd, true) => "chan_gnbwd_ndhwc",
-        (Partial::Sum, false) => "chan_sum_ncdhw",
-        (Partial::Sum, true) => "chan_sum_ndhwc",
+    let vec4 = cl && ndhwc_vec(x.c) == 4;
+    let name = match (kind, cl, vec4) {
+        (Partial::Stats, false, _) => "chan_stats_ncdhw",
+        (Partial::Stats, true, false) => "chan_stats_ndhwc1",
+        (Partial::Stats, true, true) => "chan_stats_ndhwc4",
+        (Partial::GnBwd, false, _) => "chan_gnbwd_ncdhw",
+        (Partial::GnBwd, true, false) => "chan_gnbwd_ndhwc1",
+        (Partial::GnBwd, true, true) => "chan_gnbwd_ndhwc4",
+        (Partial::Sum, false, _) => "chan_sum_ncdhw",
+        (Partial::Sum, true, false) => "chan_sum_ndhwc1",
+        (Partial::Sum, true, true) => "chan_sum_ndhwc4",
     };
     if cl {
-        assert!(x.c <= MAX_CHANNELS_NDHWC, "NDHWC channel reductions support at most 512 channels, got {}", x.c);
-        dev.launch(name, (nchunks as u32, x.n as u32, 1), (32, 8, 1), &a[..k]);
+        dev.launch(name, (nchunks as u32, x.n as u32, 1), (256, 1, 1), &a[..k]);
     } else {
         dev.launch(name, (nchunks as u32, (x.n * x.c) as u32, 1), (256, 1, 1), &a[..k]);
     }

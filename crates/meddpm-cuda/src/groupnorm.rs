@@ -60,9 +60,10 @@ pub(crate) fn forward(
         assert_eq!(a.len(), x.numel(), "groupnorm+silu {x}: act length");
         dev.ptr_mut(a)
     });
+    let v4 = vec4_ok(x, cl);
     dev.launch1(
-        "gn_apply",
-        x.numel(),
+        if v4 { "gn_apply4" } else { "gn_apply" },
+        if v4 { x.numel() / 4 } else { x.numel() },
         &[
             P(xp),
             P(mp),
@@ -78,6 +79,16 @@ pub(crate) fn forward(
             I(cl as i32),
         ],
     );
+}
+
+/// Whether the 4-wide elementwise kernels apply: groups of four consecutive elements share the
+/// sample and are one channel (NCDHW, S % 4 == 0) or four consecutive channels (NDHWC, C % 4 == 0).
+fn vec4_ok(x: Dims, cl: bool) -> bool {
+    if cl {
+        x.c % 4 == 0
+    } else {
+        x.s() % 4 == 0
+    }
 }
 
 fn check(x: Dims, groups: usize, inp: usize, gamma: usize, stats: usize) {
@@ -133,9 +144,10 @@ pub(crate) fn backward(
             I(nchunks as i32),
         ],
     );
+    let v4 = vec4_ok(x, cl);
     dev.launch1(
-        "gn_bwd_apply",
-        x.numel(),
+        if v4 { "gn_bwd_apply4" } else { "gn_bwd_apply" },
+        if v4 { x.numel() / 4 } else { x.numel() },
         &[
             P(dp),
             P(xp),

@@ -114,6 +114,23 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).chosen(cs)
     }
 
+    /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) fusing the conv bias
+    /// into cuDNN. For tests and benchmarks.
+    pub fn set_conv_fused_bias(&self, mode: Option<bool>) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_fused_bias = mode;
+    }
+
+    /// Whether the forward of `cs` runs with the bias fused into cuDNN (None: not decided yet).
+    pub fn conv_fused_bias(&self, cs: &ConvShape) -> Option<bool> {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).fused_bias(cs)
+    }
+
+    /// Forward convolutions run per shape since the last call (which resets the counts).
+    pub fn take_conv_counts(&self) -> Vec<(ConvShape, u64)> {
+        let mut c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        c.fwd_calls.drain().collect()
+    }
+
     /// A timing event recorded on the backend's stream now.
     pub fn record_event(&self) -> cudarc::driver::CudaEvent {
         self.dev
