@@ -3,8 +3,11 @@
 //! Subcommands parse their arguments once into typed structs, pick a backend once (`--device`),
 //! and call a function generic over `meddpm::Backend`. Errors print as one chain with exit code 2.
 
+mod convert;
+mod eval;
 mod masks;
 mod preview;
+mod profile;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +36,13 @@ enum Cmd {
     Masks(masks::MasksArgs),
     /// PNG mid-slice previews of NIfTI volumes side by side.
     Preview(preview::PreviewArgs),
+    /// Convert a reference PyTorch checkpoint (.pt) to a safetensors state dict.
+    Convert(convert::ConvertArgs),
+    /// Synthesis quality: SSIM / MS-SSIM (MONAI definitions), PSNR, MAE, MMD, histograms.
+    Eval(eval::EvalArgs),
+    /// Where a training and a sampling step spend their time: per-op/kernel breakdown, Nsight
+    /// Compute counters, the optimization matrix, roofline.
+    Profile(profile::ProfileArgs),
     /// Report the compute devices and libraries meddpm can use.
     Doctor,
 }
@@ -45,6 +55,9 @@ fn main() {
         Cmd::Info(a) => run::info(a),
         Cmd::Masks(a) => masks::run(a),
         Cmd::Preview(a) => preview::run(a),
+        Cmd::Convert(a) => convert::run(a),
+        Cmd::Eval(a) => eval::run(a),
+        Cmd::Profile(a) => profile::run(a),
         Cmd::Doctor => run::doctor(),
     };
     if let Err(e) = r {

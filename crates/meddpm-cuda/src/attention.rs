@@ -48,7 +48,11 @@ fn views(qkv: u64, out: u64, att: u64, x: Dims, heads: usize, n: usize, cl: bool
 
 fn check(x: Dims, heads: usize, out: usize, att: usize, qkv: usize) {
     assert!(
-        heads > 0 && x.c % heads == 0 && out == x.numel() && qkv == 3 * x.numel() && att == x.n * heads * x.s() * x.s(),
+        heads > 0
+            && x.c.is_multiple_of(heads)
+            && out == x.numel()
+            && qkv == 3 * x.numel()
+            && att == x.n * heads * x.s() * x.s(),
         "attention {x} heads {heads}: lengths out {out} att {att} qkv {qkv}"
     );
 }

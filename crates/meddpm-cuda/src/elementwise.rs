@@ -13,7 +13,7 @@ pub(crate) const MAX_CHANNELS_NDHWC: usize = 1024;
 
 /// Channels per thread of the NDHWC partial kernels for C channels.
 fn ndhwc_vec(c: usize) -> usize {
-    if c % 4 == 0 && c / 4 <= 256 {
+    if c.is_multiple_of(4) && c / 4 <= 256 {
         4
     } else {
         assert!(

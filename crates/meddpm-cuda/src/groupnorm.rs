@@ -85,15 +85,15 @@ pub(crate) fn forward(
 /// sample and are one channel (NCDHW, S % 4 == 0) or four consecutive channels (NDHWC, C % 4 == 0).
 fn vec4_ok(x: Dims, cl: bool) -> bool {
     if cl {
-        x.c % 4 == 0
+        x.c.is_multiple_of(4)
     } else {
-        x.s() % 4 == 0
+        x.s().is_multiple_of(4)
     }
 }
 
 fn check(x: Dims, groups: usize, inp: usize, gamma: usize, stats: usize) {
     assert!(
-        groups > 0 && x.c % groups == 0 && inp == x.numel() && gamma == x.c && stats == x.n * groups,
+        groups > 0 && x.c.is_multiple_of(groups) && inp == x.numel() && gamma == x.c && stats == x.n * groups,
         "groupnorm {x} groups {groups}: lengths inp {inp} gamma {gamma} mean/rstd {stats}"
     );
 }

@@ -612,7 +612,7 @@ impl<'a> Unpickler<'a> {
     }
 
     fn pairs_to_dict(&self, items: Vec<Val>) -> Result<Val> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.err("odd number of items for a dict"));
         }
         let mut d = Vec::with_capacity(items.len() / 2);
@@ -624,7 +624,7 @@ impl<'a> Unpickler<'a> {
     }
 
     fn set_items(&mut self, items: Vec<Val>) -> Result<()> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.err("odd number of items for SETITEMS"));
         }
         let d = match self.top()? {
@@ -1172,7 +1172,7 @@ pub fn infer_config_from_shapes(dict: &[(String, Vec<usize>)], depth: usize, siz
         groups: 32,
     };
     let f = 1usize << (cfg.levels() - 1);
-    if depth % f != 0 || size % f != 0 || depth == 0 || size == 0 {
+    if !depth.is_multiple_of(f) || !size.is_multiple_of(f) || depth == 0 || size == 0 {
         return Err(Error::Config(format!(
             "depth {depth} and size {size} must be positive multiples of {f} for a {}-level U-Net",
             cfg.levels()

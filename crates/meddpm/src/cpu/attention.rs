@@ -16,7 +16,7 @@ use super::float::{gemm, Float, Mat, MatMut};
 use crate::shape::Dims;
 
 fn check(qkv: usize, att: usize, out: usize, x: &Dims, heads: usize) {
-    assert!(heads > 0 && x.c % heads == 0, "attention: {} channels not divisible into {heads} heads", x.c);
+    assert!(heads > 0 && x.c.is_multiple_of(heads), "attention: {} channels not divisible into {heads} heads", x.c);
     assert_eq!(qkv, 3 * x.numel(), "attention: qkv length vs 3 × {x}");
     assert_eq!(out, x.numel(), "attention: out length vs {x}");
     assert_eq!(att, x.n * heads * x.s() * x.s(), "attention: att length vs N·heads·T² for {x}");

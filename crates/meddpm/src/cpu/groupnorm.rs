@@ -18,7 +18,7 @@ pub const EPS: f64 = 1e-5;
 
 fn check(len: usize, x: &Dims, groups: usize) {
     assert_eq!(len, x.numel(), "groupnorm: buffer length vs shape {x}");
-    assert!(groups > 0 && x.c % groups == 0, "groupnorm: {} channels not divisible into {groups} groups", x.c);
+    assert!(groups > 0 && x.c.is_multiple_of(groups), "groupnorm: {} channels not divisible into {groups} groups", x.c);
 }
 
 /// out = GroupNorm(inp); mean and rstd (length N·G) are saved for backward.

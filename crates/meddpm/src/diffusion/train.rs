@@ -173,7 +173,7 @@ impl<B: Backend> Trainer<B> {
             be.adam_step(p, g, m, v, h);
         }
         net.zero_grads(be);
-        if self.step % self.tc.ema_every == 0 {
+        if self.step.is_multiple_of(self.tc.ema_every) {
             for (e, p) in self.ema.iter_mut().zip(&net.params) {
                 if self.step < self.tc.ema_start {
                     be.copy(e, p);

@@ -138,10 +138,10 @@ impl UNetConfig {
                 ));
             }
         }
-        if self.model_channels % self.groups != 0 {
+        if !self.model_channels.is_multiple_of(self.groups) {
             return bad(format!("groups = {} must divide model_channels = {}", self.groups, self.model_channels));
         }
-        if self.model_channels % 2 != 0 {
+        if !self.model_channels.is_multiple_of(2) {
             return bad(format!("model_channels = {} must be even (sinusoidal embedding)", self.model_channels));
         }
         for ds in &self.attention_ds {
