@@ -5,7 +5,8 @@ What it writes (into OUTDIR, default testdata/torch):
     where sd/sd2 are GaussianDiffusion state dicts (13 schedule buffers + ``denoise_fn.*``) of the
     MICRO config below, with different random values; tensors live on cuda:0 when a GPU is present
     (so the storages carry the 'cuda:0' location tag, like the released checkpoints).
-  * ``micro_bare.pt``: a bare UNet state dict (no ``denoise_fn.`` prefix), CPU storages.
+  * ``micro_bare.pt``: a bare UNet state dict (no ``denoise_fn.`` prefix) of the NANO config,
+    CPU storages.
   * ``misc.pt``: an OrderedDict exercising the format: transposed / sliced (offset + strides) /
     expanded (stride 0) tensors, two tensors sharing one storage at different offsets, float64,
     float16, bfloat16, int64, int32, uint8 and bool tensors, a 0-d scalar, an empty tensor and an
@@ -13,7 +14,12 @@ What it writes (into OUTDIR, default testdata/torch):
   * ``legacy.pt``: a pre-1.6 (non-zip) torch.save file, which the reader must reject clearly.
   * ``expected.safetensors``: for every tensor above the expected values as contiguous float32
     (``t.float()`` of the original), under ``<file stem>/<dict>/<key>`` with dict "model", "ema"
-    or "" (bare). Metadata "order" (JSON {stem: {dict: [keys in file order]}}), "steps"
+    or "" (bare); the schedule buffers of "ema" equal those of "model" and are stored once.
+    In micro_ckpt the two dicts' schedule buffers are the same tensors, so the file holds each
+    buffer storage once and both dicts reference it. "order" lists the keys of micro_ckpt/model and misc; micro_ckpt/ema has the same order as
+    model, micro_bare the UNet's parameter order. The bare dict keeps the ``_metadata`` attribute
+    that ``state_dict()`` attaches (a pickle BUILD on the OrderedDict); the checkpoint's dicts
+    are plain OrderedDicts. Metadata "order" (JSON {stem: {dict: [keys in file order]}}), "steps"
     (JSON {stem: step or null}), "micro_config" (JSON, UNetConfig field names).
 
 Why: reference data for the reader's tests, written by PyTorch itself (spec §4.1).
@@ -31,13 +37,16 @@ from safetensors.torch import save_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import medddpm_ref as ref  # noqa: E402
 
-MICRO = dict(depth=4, size=4, in_channels=3, out_channels=1, model_channels=2, channel_mult=[1, 2],
+MICRO = dict(depth=4, size=4, in_channels=3, out_channels=1, model_channels=2, channel_mult=[1, 1],
              num_res_blocks=1, attention_ds=[2], num_heads=1, groups=2)
+# The bare file only needs to differ in layout (no prefix, no buffers): one level, 2 -> 1 channels.
+NANO = dict(depth=2, size=2, in_channels=2, out_channels=1, model_channels=2, channel_mult=[1],
+            num_res_blocks=1, attention_ds=[], num_heads=1, groups=2)
 
 
-def random_diffusion(seed):
+def random_diffusion(seed, cfg=MICRO):
     torch.manual_seed(seed)
-    d = ref.GaussianDiffusion(ref.UNetModel(MICRO), timesteps=250)
+    d = ref.GaussianDiffusion(ref.UNetModel(cfg), timesteps=250)
     with torch.no_grad():
         for p in d.parameters():
             p.copy_(torch.randn(p.shape) * 0.5)
@@ -52,22 +61,26 @@ def main():
     dev = "cuda:0" if torch.cuda.is_available() else "cpu"
     expected, order, steps = {}, {}, {}
 
-    def record(stem, dname, sd):
-        order.setdefault(stem, {})[dname] = list(sd.keys())
+    def record(stem, dname, sd, skip=(), keep_order=True):
+        if keep_order:
+            order.setdefault(stem, {})[dname] = list(sd.keys())
         for k, v in sd.items():
-            expected[f"{stem}/{dname}/{k}"] = v.detach().cpu().float().contiguous().clone()
+            if k not in skip:
+                expected[f"{stem}/{dname}/{k}"] = v.detach().cpu().float().contiguous().clone()
 
     sd = OrderedDict((k, v.to(dev)) for k, v in random_diffusion(1).state_dict().items())
     sd2 = OrderedDict((k, v.to(dev)) for k, v in random_diffusion(2).state_dict().items())
-    sd._metadata = random_diffusion(1).state_dict()._metadata  # as a real state_dict() has
+    for k in ref.schedule_buffers(250):  # share the buffer storages between the two dicts
+        sd2[k] = sd[k]
     torch.save({"step": 123, "model": sd, "ema": sd2}, os.path.join(a.out, "micro_ckpt.pt"))
     record("micro_ckpt", "model", sd)
-    record("micro_ckpt", "ema", sd2)
+    # the 13 buffers are the same in both dicts: stored once (under "model")
+    record("micro_ckpt", "ema", sd2, skip=set(ref.schedule_buffers(250)), keep_order=False)
     steps["micro_ckpt"] = 123
 
-    bare = random_diffusion(3).denoise_fn.state_dict()
+    bare = random_diffusion(3, NANO).denoise_fn.state_dict()
     torch.save(bare, os.path.join(a.out, "micro_bare.pt"))
-    record("micro_bare", "", bare)
+    record("micro_bare", "", bare, keep_order=False)
     steps["micro_bare"] = None
 
     g = torch.Generator().manual_seed(9)
@@ -102,6 +115,7 @@ def main():
 
     meta = {"order": json.dumps(order), "steps": json.dumps(steps),
             "micro_config": json.dumps({f: MICRO[f] for f in ref.CONFIG_FIELDS}),
+            "nano_config": json.dumps({f: NANO[f] for f in ref.CONFIG_FIELDS}),
             "torch_version": torch.__version__, "device": dev}
     save_file(expected, os.path.join(a.out, "expected.safetensors"), metadata=meta)
     total = 0

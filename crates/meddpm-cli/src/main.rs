@@ -3,6 +3,8 @@
 //! Subcommands parse their arguments once into typed structs, pick a backend once (`--device`),
 //! and call a function generic over `meddpm::Backend`. Errors print as one chain with exit code 2.
 
+mod masks;
+mod preview;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +29,10 @@ enum Cmd {
     Sample(run::SampleArgs),
     /// Print a model configuration: parameters, FLOPs, planned memory.
     Info(run::InfoArgs),
+    /// Make new conditioning masks: tumour scaling and shifting (the reference's augmentation).
+    Masks(masks::MasksArgs),
+    /// PNG mid-slice previews of NIfTI volumes side by side.
+    Preview(preview::PreviewArgs),
     /// Report the compute devices and libraries meddpm can use.
     Doctor,
 }
@@ -37,6 +43,8 @@ fn main() {
         Cmd::Train(a) => run::train(a),
         Cmd::Sample(a) => run::sample(a),
         Cmd::Info(a) => run::info(a),
+        Cmd::Masks(a) => masks::run(a),
+        Cmd::Preview(a) => preview::run(a),
         Cmd::Doctor => run::doctor(),
     };
     if let Err(e) = r {

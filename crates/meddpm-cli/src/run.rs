@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::{save_trainer, Checkpoint};
 use meddpm::cpu::CpuBackend;
+use meddpm::data::{preview, Convention, Dataset, Loader, Volume};
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
 use meddpm::model::{cost, UNet, UNetConfig};
 use meddpm::{Backend, Layout, Precision};
@@ -125,8 +126,8 @@ macro_rules! with_backend {
                 $body
             }
             Device::Cuda(i) => {
-                let _ = ($args.precision(), $args.layout());
-                anyhow::bail!("cuda:{i}: the CUDA backend is not wired into the CLI yet")
+                let $be = meddpm_cuda::CudaBackend::new(i, $args.precision(), $args.layout())?;
+                $body
             }
         }
     }};
@@ -153,11 +154,72 @@ pub struct RunConfig {
     pub out: PathBuf,
     /// Sample one volume with the EMA weights at the end.
     pub sample_at_end: bool,
+    /// Folder of mask NIfTIs (none: the built-in demo data).
+    pub masks: Option<PathBuf>,
+    /// Image folder(s) paired with the masks by the digits in file names (BraTS: 4, in
+    /// T1, T1ce, T2, FLAIR order).
+    pub images: Vec<PathBuf>,
+    /// CSV manifest `mask,image[,image...]` instead of folders.
+    pub manifest: Option<PathBuf>,
+    /// Data convention.
+    pub convention: ConventionName,
+    /// Background decoding threads.
+    pub workers: usize,
+}
+
+/// Named data conventions (see `meddpm::data::convention`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConventionName {
+    /// Whole-head, image scaled by one global min-max (default).
+    WholeHead,
+    /// Whole-head exactly as the reference: per-axial-slice min-max of the image.
+    WholeHeadReference,
+    /// BraTS 4 modalities, preprocessed inputs.
+    Brats,
+    /// BraTS 4 modalities, raw 240×240×155 inputs: crop, rescale and brain label on load.
+    BratsRaw,
+}
+
+impl ConventionName {
+    /// The convention for `unet`, checked against its channel counts.
+    pub fn for_model(self, unet: &UNetConfig) -> Result<Convention> {
+        let mut c = match self {
+            ConventionName::WholeHead => Convention::whole_head(),
+            ConventionName::WholeHeadReference => Convention::whole_head_reference(),
+            ConventionName::Brats => Convention::brats(),
+            ConventionName::BratsRaw => Convention { brats_preprocess: true, ..Convention::brats() },
+        };
+        if c.preset == meddpm::data::Preset::WholeHead {
+            c.num_labels = unet.cond_channels() + 1;
+        }
+        if c.image_channels() != unet.out_channels || c.cond_channels() != unet.cond_channels() {
+            bail!(
+                "the {self:?} data convention gives {} image and {} condition channels; the model has {} out and {} in \
+                 channels (in = out + condition)",
+                c.image_channels(),
+                c.cond_channels(),
+                unet.out_channels,
+                unet.in_channels
+            );
+        }
+        Ok(c)
+    }
 }
 
 impl Default for RunConfig {
     fn default() -> Self {
-        RunConfig { steps: 200, checkpoint_every: 100, out: PathBuf::from("runs/demo"), sample_at_end: true }
+        RunConfig {
+            steps: 200,
+            checkpoint_every: 100,
+            out: PathBuf::from("runs/demo"),
+            sample_at_end: true,
+            masks: None,
+            images: Vec::new(),
+            manifest: None,
+            convention: ConventionName::WholeHead,
+            workers: 2,
+        }
     }
 }
 
@@ -189,6 +251,17 @@ pub struct TrainArgs {
     /// Do not sample a volume at the end.
     #[arg(long)]
     pub no_sample: bool,
+    /// Folder of mask NIfTIs (default: the built-in MNI152-derived demo pairs).
+    #[arg(long)]
+    pub masks: Option<PathBuf>,
+    /// Image folder(s) paired with --masks (BraTS: four, T1 T1ce T2 FLAIR).
+    #[arg(long, num_args = 1..)]
+    pub images: Vec<PathBuf>,
+    /// CSV manifest (mask,image[,image...]) instead of folders.
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    pub convention: Option<ConventionName>,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
@@ -231,6 +304,14 @@ fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
     if a.no_sample {
         run.sample_at_end = false;
     }
+    if a.masks.is_some() || a.manifest.is_some() {
+        run.masks = a.masks.clone();
+        run.images = a.images.clone();
+        run.manifest = a.manifest.clone();
+    }
+    if let Some(c) = a.convention {
+        run.convention = c;
+    }
     unet.validate()?;
     tc.validate()?;
     Ok((unet, tc, run))
@@ -241,21 +322,35 @@ pub fn train(a: &TrainArgs) -> Result<()> {
     with_backend!(a.backend, be => train_on(&be, a, unet, tc, run))
 }
 
-/// Host (image, cond) batches for training: the built-in phantom pairs for now.
-struct Data {
-    dims: [usize; 3],
-    batch: usize,
-    next: u64,
+/// The dataset a run trains on: folders, a manifest, or the built-in demo pairs.
+fn open_dataset(run: &RunConfig, unet: &UNetConfig) -> Result<Dataset> {
+    let size = [unet.depth, unet.size, unet.size];
+    let conv = run.convention.for_model(unet)?;
+    Ok(match (&run.masks, &run.manifest) {
+        (Some(m), _) => Dataset::from_folders(m, &run.images, conv, size)?,
+        (None, Some(csv)) => Dataset::from_manifest(csv, conv, size)?,
+        (None, None) => {
+            if unet.cond_channels() != 2 || unet.out_channels != 1 {
+                bail!("the built-in demo data are whole-head (1 image, 2 condition channels); give --masks/--images");
+            }
+            meddpm::data::demo::dataset_at(size)?
+        }
+    })
 }
 
-impl Data {
-    fn next_batch(&mut self) -> Result<(Vec<f32>, Vec<f32>)> {
+/// Host (image, cond) batches from the loader.
+struct Batches {
+    loader: Loader,
+    batch: usize,
+}
+
+impl Batches {
+    fn next_batch(&mut self) -> meddpm::Result<(Vec<f32>, Vec<f32>)> {
         let (mut img, mut cond) = (Vec::new(), Vec::new());
         for _ in 0..self.batch {
-            let (i, c) = meddpm::phantom::pair(self.dims[0], self.dims[1], self.dims[2], (self.next % 4) as u32);
-            img.extend(i);
-            cond.extend(c);
-            self.next += 1;
+            let s = self.loader.next()?;
+            img.extend(s.image);
+            cond.extend(s.cond);
         }
         Ok((img, cond))
     }
@@ -314,15 +409,24 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
     );
     std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
     let ckpt = run.out.join("checkpoint.safetensors");
-    let mut data =
-        Data { dims: [cfg.depth, cfg.size, cfg.size], batch: tr.tc.batch, next: tr.draws * tr.tc.batch as u64 };
+    let dataset = open_dataset(&run, &cfg)?;
+    let source = match (&run.masks, &run.manifest) {
+        (Some(m), _) => m.display().to_string(),
+        (None, Some(c)) => c.display().to_string(),
+        (None, None) => "built-in demo pairs (MNI152-derived, 32³)".into(),
+    };
+    println!("data: {} pairs from {source}, {:?} convention; checking every pair…", dataset.len(), run.convention);
+    dataset.validate()?;
+    let consumed = tr.draws * tr.tc.batch as u64;
+    let loader = Loader::with_options(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), consumed);
+    let mut data = Batches { loader, batch: tr.tc.batch };
     let mut log = String::new();
     let t0 = Instant::now();
     let start = tr.step;
     let pb = bar(run.steps.saturating_sub(start), "train");
     let mut recent = Vec::new();
     while tr.step < run.steps {
-        let loss = tr.train_step(be, || data.next_batch().map_err(|e| meddpm::Error::Backend(e.to_string())))?;
+        let loss = tr.train_step(be, || data.next_batch())?;
         if !loss.is_finite() {
             bail!("loss became {loss} at step {}; last good checkpoint: {}", tr.step, ckpt.display());
         }
@@ -353,15 +457,50 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
     );
     println!("checkpoint: {}\nloss log:   {}", ckpt.display(), log_path.display());
     if run.sample_at_end {
-        let (_, cond) = meddpm::phantom::pair(cfg.depth, cfg.size, cfg.size, 0);
+        let (cond, mask) = dataset.condition(0)?;
+        let (_, real) = dataset.load(0)?;
         let sched = Schedule::cosine(tr.tc.timesteps);
         let seed = tr.tc.seed;
         let vol = tr.with_ema(|net| sample_volume(be, net, &sched, &cond, seed))?;
-        let path = run.out.join("sample_0.safetensors");
-        write_sample(&path, &vol, [cfg.depth, cfg.size, cfg.size])?;
-        println!("sample:     {}", path.display());
+        let paths = write_outputs(&run.out.join("sample_0"), &vol, &cfg, dataset.convention(), &mask, &real)?;
+        for p in paths {
+            println!("sample:     {}", p.display());
+        }
     }
     Ok(())
+}
+
+/// Write a generated (C, D, H, W) volume as NIfTI on the mask's grid (one file per channel:
+/// `<stem>.nii.gz`, or `<stem>_<modality>.nii.gz` for BraTS) plus a PNG preview
+/// (mask | generated | real when given). Returns the files written.
+fn write_outputs(
+    stem: &Path,
+    vol: &[f32],
+    cfg: &UNetConfig,
+    conv: &Convention,
+    mask: &Volume,
+    real: &[Volume],
+) -> Result<Vec<PathBuf>> {
+    let size = [cfg.depth, cfg.size, cfg.size];
+    let outs = conv.output_volumes(vol, cfg.out_channels, size, mask);
+    let mut written = Vec::new();
+    let names = ["t1", "t1ce", "t2", "flair"];
+    for (i, v) in outs.iter().enumerate() {
+        let path = if outs.len() == 1 {
+            stem.with_extension("nii.gz")
+        } else {
+            PathBuf::from(format!("{}_{}.nii.gz", stem.display(), names.get(i).copied().unwrap_or("ch")))
+        };
+        meddpm::data::write_volume(&path, v)?;
+        written.push(path);
+    }
+    let png = stem.with_extension("png");
+    let mut panel: Vec<(&Volume, preview::Kind)> = vec![(mask, preview::Kind::Labels)];
+    panel.extend(outs.iter().map(|v| (v, preview::Kind::Intensity)));
+    panel.extend(real.iter().map(|v| (v, preview::Kind::Intensity)));
+    preview::write_png(&png, &panel)?;
+    written.push(png);
+    Ok(written)
 }
 
 fn sample_volume<B: Backend>(
@@ -378,15 +517,6 @@ fn sample_volume<B: Backend>(
     Ok(v)
 }
 
-/// Write a sampled volume (C, D, H, W) as a safetensors tensor (NIfTI output comes with the data layer).
-fn write_sample(path: &Path, vol: &[f32], dhw: [usize; 3]) -> Result<()> {
-    let c = vol.len() / (dhw[0] * dhw[1] * dhw[2]);
-    let t = vec![("sample".to_string(), vec![c, dhw[0], dhw[1], dhw[2]], vol.to_vec())];
-    let bytes = meddpm::checkpoint::native::serialize(&t, Default::default())?;
-    meddpm::checkpoint::write_atomic(path, &bytes)?;
-    Ok(())
-}
-
 #[derive(clap::Args, Debug)]
 pub struct SampleArgs {
     /// A meddpm checkpoint or state dict (.safetensors).
@@ -399,8 +529,16 @@ pub struct SampleArgs {
     pub seed: u64,
     #[arg(long, default_value_t = 250)]
     pub timesteps: usize,
-    /// Output file.
-    #[arg(long, default_value = "sample.safetensors")]
+    /// Conditioning mask (NIfTI). Default: the first built-in demo mask.
+    #[arg(long)]
+    pub mask: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "whole-head")]
+    pub convention: ConventionName,
+    /// Volumes to draw (seeds seed, seed+1, ...).
+    #[arg(long, default_value_t = 1)]
+    pub num_samples: u64,
+    /// Output stem: writes <out>.nii.gz (or <out>_<i>.nii.gz) and a PNG preview beside it.
+    #[arg(long, default_value = "sample")]
     pub out: PathBuf,
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -425,12 +563,28 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, ck: &Checkpoint) -> Result<()> 
     };
     let specs = net.specs.clone();
     net.set_params(be, &ck.group(group, &specs)?)?;
-    let (_, cond) = meddpm::phantom::pair(cfg.depth, cfg.size, cfg.size, 0);
+    let size = [cfg.depth, cfg.size, cfg.size];
+    let conv = a.convention.for_model(&cfg)?;
+    let (cond, mask) = match &a.mask {
+        Some(m) => meddpm::data::load_condition(m, &conv, size)?,
+        None => meddpm::data::demo::dataset_at(size)?.condition(0)?,
+    };
     let sched = Schedule::cosine(a.timesteps);
-    println!("meddpm sample on {}: {} steps, seed {}", be.describe(), a.timesteps, a.seed);
-    let vol = sample_volume(be, &mut net, &sched, &cond, a.seed)?;
-    write_sample(&a.out, &vol, [cfg.depth, cfg.size, cfg.size])?;
-    println!("sample: {}", a.out.display());
+    println!(
+        "meddpm sample on {}: {} steps, {} volume(s) from seed {}",
+        be.describe(),
+        a.timesteps,
+        a.num_samples,
+        a.seed
+    );
+    for k in 0..a.num_samples {
+        let t0 = Instant::now();
+        let vol = sample_volume(be, &mut net, &sched, &cond, a.seed + k)?;
+        let stem = if a.num_samples == 1 { a.out.clone() } else { PathBuf::from(format!("{}_{k}", a.out.display())) };
+        let paths = write_outputs(&stem, &vol, &cfg, &conv, &mask, &[])?;
+        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        println!("seed {}: {:.1} s → {}", a.seed + k, t0.elapsed().as_secs_f64(), names.join(", "));
+    }
     Ok(())
 }
 

@@ -1,12 +1,459 @@
-//! meddpm-cuda: the only crate that names cudarc types or launches kernels. Libraries are loaded
-//! at run time, so this crate builds everywhere and reports "no CUDA device" where there is none.
+//! meddpm-cuda: the CUDA backend of meddpm — the only crate that names cudarc types or launches
+//! kernels. [`CudaBackend`] implements [`meddpm::Backend`] (crates/meddpm/src/backend.rs holds the
+//! binding semantics; the CPU backend is the executable spec the parity tests compare against).
+//!
+//! - cuDNN (legacy N-d API) for 3-D convolutions, algorithms chosen by cudnnFind once per shape;
+//!   cuBLAS for linear layers and the attention GEMMs; NVRTC kernels of our own (kernels/*.cu) for
+//!   everything else, each supporting NCDHW and NDHWC.
+//! - Two switches: [`Precision`] (`Fp32`: FMA math everywhere; `Tf32`: tensor-op math in cuDNN
+//!   and cuBLAS) and [`Layout`] (NDHWC keeps data channels-last end to end).
+//! - Libraries are loaded at run time, so this crate builds everywhere; on a machine without a GPU
+//!   [`CudaBackend::new`] returns `Error::Backend("no CUDA device: ...")`.
+//!
+//! Modules mirror the CPU twin: conv3d, groupnorm, silu, linear, attention, upsample,
+//! elementwise, loss, diffusion, optim; device (context, stream, handles, kernels), doctor.
+
+// Kernel launchers mirror the trait's long argument lists.
+#![allow(clippy::too_many_arguments)]
+
+mod attention;
+mod conv3d;
+pub mod device;
+mod diffusion;
+pub mod doctor;
+mod elementwise;
+mod groupnorm;
+mod linear;
+mod loss;
+mod optim;
+mod silu;
+mod upsample;
+
+use std::sync::Mutex;
+
+use cudarc::driver::CudaSlice;
+use meddpm::backend::{AdamStep, DdpmCoefs};
+use meddpm::rng::Philox;
+use meddpm::{Accum, Backend, ConvShape, Dims, Error, Layout, LossKind, Precision, Result};
+
+pub use conv3d::Algo;
+pub use device::{compile_kernels, DeviceInfo};
+pub use doctor::{doctor, MIN_CUDNN_TF32};
+
+use device::Device;
 
 /// Probe for a usable CUDA driver and device; `Err` says why not.
 pub fn probe() -> Result<String, String> {
-    let r = std::panic::catch_unwind(|| cudarc::driver::CudaContext::new(0));
-    match r {
-        Ok(Ok(ctx)) => Ok(format!("CUDA device 0: {}", ctx.name().unwrap_or_default())),
-        Ok(Err(e)) => Err(format!("no CUDA device: {e}")),
-        Err(_) => Err("no CUDA device: the CUDA driver library could not be loaded".into()),
+    match Device::new(0) {
+        Ok(d) => Ok(format!(
+            "CUDA device 0: {} (sm_{}{}, {} SMs), cuDNN {}",
+            d.info.name,
+            d.info.cc.0,
+            d.info.cc.1,
+            d.info.sms,
+            d.info.cudnn_string()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The CUDA backend: one device, one stream, one precision and layout.
+pub struct CudaBackend {
+    dev: Device,
+    precision: Precision,
+    layout: Layout,
+    conv: Mutex<conv3d::ConvCache>,
+}
+
+impl CudaBackend {
+    /// Open device `ordinal` with the given math precision and activation layout.
+    pub fn new(ordinal: usize, precision: Precision, layout: Layout) -> Result<Self> {
+        let dev = Device::new(ordinal)?;
+        let v = dev.info.cudnn_version;
+        if precision == Precision::Tf32 && v < MIN_CUDNN_TF32 {
+            return Err(Error::Backend(format!(
+                "cuDNN {} was loaded, which has known wrong-result bugs for TF32 3-D convolutions; TF32 needs cuDNN \
+                 >= {}. Put a folder holding `libcudnn.so -> <site-packages>/nvidia/cudnn/lib/libcudnn.so.9` first in \
+                 LD_LIBRARY_PATH (see scripts/gpu-check.sh and `meddpm doctor`), or use --precision fp32",
+                dev.info.cudnn_string(),
+                device::version_string(MIN_CUDNN_TF32)
+            )));
+        }
+        let math = match precision {
+            Precision::Fp32 => cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
+            Precision::Tf32 => cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+        };
+        device::cublas_ck(unsafe { cudarc::cublas::sys::cublasSetMathMode(dev.blas.0, math) }, "cublasSetMathMode")
+            .map_err(Error::Backend)?;
+        let conv = Mutex::new(conv3d::ConvCache::new(&dev, layout, precision));
+        static ANNOUNCED: std::sync::Once = std::sync::Once::new();
+        ANNOUNCED.call_once(|| {
+            let files = doctor::loaded_library_files(&["libcudnn.so"]);
+            eprintln!(
+                "meddpm-cuda: {} (sm_{}{}), cuDNN {} from {}",
+                dev.info.name,
+                dev.info.cc.0,
+                dev.info.cc.1,
+                dev.info.cudnn_string(),
+                files.first().map(|s| s.as_str()).unwrap_or("?")
+            );
+        });
+        Ok(CudaBackend { dev, precision, layout, conv })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.dev.info
+    }
+
+    fn cl(&self) -> bool {
+        self.layout == Layout::Ndhwc
+    }
+
+    /// The cuDNN algorithms chosen so far for a conv shape: [forward, backward-data, backward-filter].
+    pub fn conv_algos(&self, cs: &ConvShape) -> [Option<Algo>; 3] {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).chosen(cs)
+    }
+
+    /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) fusing the conv bias
+    /// into cuDNN. For tests and benchmarks.
+    pub fn set_conv_fused_bias(&self, mode: Option<bool>) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_fused_bias = mode;
+    }
+
+    /// Whether the forward of `cs` runs with the bias fused into cuDNN (None: not decided yet).
+    pub fn conv_fused_bias(&self, cs: &ConvShape) -> Option<bool> {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).fused_bias(cs)
+    }
+
+    /// Forward convolutions run per shape since the last call (which resets the counts).
+    pub fn take_conv_counts(&self) -> Vec<(ConvShape, u64)> {
+        let mut c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        c.fwd_calls.drain().collect()
+    }
+
+    /// A timing event recorded on the backend's stream now.
+    pub fn record_event(&self) -> cudarc::driver::CudaEvent {
+        self.dev
+            .stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap_or_else(|e| panic!("cuEventRecord: {e}"))
+    }
+
+    /// Bytes of device memory (free, total).
+    pub fn mem_info(&self) -> (usize, usize) {
+        self.dev.ctx.mem_get_info().unwrap_or((0, 0))
+    }
+}
+
+/// NCDHW host data → NDHWC order.
+fn to_ndhwc(src: &[f32], x: Dims, dst: &mut [f32]) {
+    let (c, s) = (x.c, x.s());
+    for n in 0..x.n {
+        for ch in 0..c {
+            let from = &src[(n * c + ch) * s..(n * c + ch + 1) * s];
+            for (v, &val) in from.iter().enumerate() {
+                dst[(n * s + v) * c + ch] = val;
+            }
+        }
+    }
+}
+
+/// NDHWC order → NCDHW host data.
+fn from_ndhwc(src: &[f32], x: Dims, dst: &mut [f32]) {
+    let (c, s) = (x.c, x.s());
+    for n in 0..x.n {
+        for ch in 0..c {
+            let to = &mut dst[(n * c + ch) * s..(n * c + ch + 1) * s];
+            for (v, o) in to.iter_mut().enumerate() {
+                *o = src[(n * s + v) * c + ch];
+            }
+        }
+    }
+}
+
+/// A 5-D conv weight (Cout, Cin, k, k, k) seen as an activation (N = Cout, C = Cin, D, H, W): the
+/// channels-last weight (Cout, kD, kH, kW, Cin) is exactly its NDHWC order.
+fn weight_dims(shape: &[usize]) -> Option<Dims> {
+    (shape.len() == 5).then(|| Dims::new(shape[0], shape[1], shape[2], shape[3], shape[4]))
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaSlice<f32>;
+
+    fn describe(&self) -> String {
+        let i = &self.dev.info;
+        format!(
+            "CUDA {} (sm_{}{}, {} SMs), driver {}.{}, cuDNN {}, cuBLAS {}, NVRTC {}.{}; precision {:?}, layout {:?}",
+            i.name,
+            i.cc.0,
+            i.cc.1,
+            i.sms,
+            i.driver_version / 1000,
+            (i.driver_version % 1000) / 10,
+            i.cudnn_string(),
+            i.cublas_version,
+            i.nvrtc_version.0,
+            i.nvrtc_version.1,
+            self.precision,
+            self.layout
+        )
+    }
+    fn layout(&self) -> Layout {
+        self.layout
+    }
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn alloc(&self, len: usize) -> Result<Self::Buf> {
+        self.dev.alloc_f32(len)
+    }
+    fn len(&self, b: &Self::Buf) -> usize {
+        b.len()
+    }
+    fn upload(&self, host: &[f32], dst: &mut Self::Buf) {
+        assert_eq!(host.len(), dst.len(), "upload: host {} elements, device buffer {}", host.len(), dst.len());
+        self.dev.stream.memcpy_htod(host, dst).unwrap_or_else(|e| panic!("upload: {e}"));
+    }
+    fn download(&self, src: &Self::Buf, host: &mut [f32]) {
+        assert_eq!(host.len(), src.len(), "download: host {} elements, device buffer {}", host.len(), src.len());
+        self.dev.stream.memcpy_dtoh(src, host).unwrap_or_else(|e| panic!("download: {e}"));
+        self.dev.sync();
+    }
+    fn upload_act(&self, host_ncdhw: &[f32], x: Dims, dst: &mut Self::Buf) {
+        assert_eq!(host_ncdhw.len(), x.numel(), "upload_act {x}: host length {}", host_ncdhw.len());
+        if self.cl() {
+            let mut t = vec![0f32; x.numel()];
+            to_ndhwc(host_ncdhw, x, &mut t);
+            self.upload(&t, dst);
+        } else {
+            self.upload(host_ncdhw, dst);
+        }
+    }
+    fn download_act(&self, src: &Self::Buf, x: Dims, host_ncdhw: &mut [f32]) {
+        assert_eq!(host_ncdhw.len(), x.numel(), "download_act {x}: host length {}", host_ncdhw.len());
+        if self.cl() {
+            let mut t = vec![0f32; x.numel()];
+            self.download(src, &mut t);
+            from_ndhwc(&t, x, host_ncdhw);
+        } else {
+            self.download(src, host_ncdhw);
+        }
+    }
+    fn upload_param(&self, host: &[f32], torch_shape: &[usize], dst: &mut Self::Buf) {
+        let n: usize = torch_shape.iter().product();
+        assert_eq!(host.len(), n, "upload_param {torch_shape:?}: host length {}", host.len());
+        match (self.cl(), weight_dims(torch_shape)) {
+            (true, Some(wd)) => self.upload_act(host, wd, dst),
+            _ => self.upload(host, dst),
+        }
+    }
+    fn download_param(&self, src: &Self::Buf, torch_shape: &[usize], host: &mut [f32]) {
+        let n: usize = torch_shape.iter().product();
+        assert_eq!(host.len(), n, "download_param {torch_shape:?}: host length {}", host.len());
+        match (self.cl(), weight_dims(torch_shape)) {
+            (true, Some(wd)) => self.download_act(src, wd, host),
+            _ => self.download(src, host),
+        }
+    }
+    fn zero(&self, b: &mut Self::Buf) {
+        self.dev.stream.memset_zeros(b).unwrap_or_else(|e| panic!("memset: {e}"));
+    }
+    fn copy(&self, dst: &mut Self::Buf, src: &Self::Buf) {
+        assert_eq!(dst.len(), src.len(), "copy: lengths {} and {}", dst.len(), src.len());
+        self.dev.stream.memcpy_dtod(src, dst).unwrap_or_else(|e| panic!("copy: {e}"));
+    }
+    fn sync(&self) {
+        self.dev.sync();
+    }
+
+    fn conv3d_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, cs: ConvShape) {
+        let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        conv3d::forward(&self.dev, &mut cache, out, inp, w, b, cs);
+    }
+    fn conv3d_backward(
+        &self,
+        dinp: Option<(&mut Self::Buf, Accum)>,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        cs: ConvShape,
+    ) {
+        let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        conv3d::backward(&self.dev, &mut cache, dinp, dw, db, dout, inp, w, cs);
+    }
+
+    fn groupnorm_forward(
+        &self,
+        out: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        groupnorm::forward(&self.dev, out, None, mean, rstd, inp, gamma, beta, x, groups, self.cl());
+    }
+    fn groupnorm_backward(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        groupnorm::backward(&self.dev, dinp, dgamma, dbeta, dout, None, inp, mean, rstd, gamma, x, groups, self.cl());
+    }
+    fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) {
+        silu::forward(&self.dev, out, inp);
+    }
+    fn silu_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, inp: &Self::Buf) {
+        silu::backward(&self.dev, dinp, dout, inp);
+    }
+    fn groupnorm_silu_forward(
+        &self,
+        gn_out: &mut Self::Buf,
+        out: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        groupnorm::forward(&self.dev, gn_out, Some(out), mean, rstd, inp, gamma, beta, x, groups, self.cl());
+    }
+    fn groupnorm_silu_backward(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        _tmp: &mut Self::Buf,
+        dout: &Self::Buf,
+        gn_out: &Self::Buf,
+        inp: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        let cl = self.cl();
+        groupnorm::backward(&self.dev, dinp, dgamma, dbeta, dout, Some(gn_out), inp, mean, rstd, gamma, x, groups, cl);
+    }
+
+    fn linear_forward(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        n: usize,
+        i: usize,
+        o: usize,
+    ) {
+        linear::forward(&self.dev, out, inp, w, b, n, i, o);
+    }
+    fn linear_backward(
+        &self,
+        dinp: Option<(&mut Self::Buf, Accum)>,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        n: usize,
+        i: usize,
+        o: usize,
+    ) {
+        linear::backward(&self.dev, dinp, dw, db, dout, inp, w, n, i, o);
+    }
+
+    fn attention_forward(&self, out: &mut Self::Buf, att: &mut Self::Buf, qkv: &Self::Buf, x: Dims, heads: usize) {
+        attention::forward(&self.dev, out, att, qkv, x, heads, self.cl());
+    }
+    fn attention_backward(
+        &self,
+        dqkv: &mut Self::Buf,
+        datt: &mut Self::Buf,
+        dout: &Self::Buf,
+        qkv: &Self::Buf,
+        att: &Self::Buf,
+        x: Dims,
+        heads: usize,
+    ) {
+        attention::backward(&self.dev, dqkv, datt, dout, qkv, att, x, heads, self.cl());
+    }
+
+    fn upsample_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, x: Dims) {
+        upsample::forward(&self.dev, out, inp, x, self.cl());
+    }
+    fn upsample_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, x: Dims) {
+        upsample::backward(&self.dev, dinp, dout, x, self.cl());
+    }
+
+    fn add_assign(&self, dst: &mut Self::Buf, src: &Self::Buf) {
+        elementwise::add_assign(&self.dev, dst, src);
+    }
+    fn scale(&self, buf: &mut Self::Buf, s: f32) {
+        elementwise::scale(&self.dev, buf, s);
+    }
+    fn add_channel_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, xd: Dims) {
+        assert!(x.len() == xd.numel() && bias.len() == xd.n * xd.c, "add_channel_bias {xd}: lengths");
+        let (xp, bp) = (self.dev.ptr_mut(x), self.dev.ptr(bias));
+        elementwise::add_channel_bias(&self.dev, xp, bp, xd, self.cl(), true);
+    }
+    fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims) {
+        assert_eq!(dbias.len(), xd.n * xd.c, "channel_sum {xd}: dbias length");
+        let out = self.dev.ptr_mut(dbias);
+        elementwise::channel_sums(&self.dev, dx, xd, self.cl(), elementwise::SumTo::PerSample(out));
+    }
+    fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize) {
+        elementwise::concat(&self.dev, out, a, b, x, ca, cb, self.cl());
+    }
+    fn split_channels(
+        &self,
+        da: (&mut Self::Buf, Accum),
+        db: (&mut Self::Buf, Accum),
+        dout: &Self::Buf,
+        x: Dims,
+        ca: usize,
+        cb: usize,
+    ) {
+        elementwise::split(&self.dev, da, db, dout, x, ca, cb, self.cl());
+    }
+
+    fn loss_forward(&self, loss: &mut Self::Buf, pred: &Self::Buf, target: &Self::Buf, kind: LossKind) {
+        loss::forward(&self.dev, loss, pred, target, kind);
+    }
+    fn loss_backward(&self, dpred: &mut Self::Buf, pred: &Self::Buf, target: &Self::Buf, kind: LossKind, scale: f32) {
+        loss::backward(&self.dev, dpred, pred, target, kind, scale);
+    }
+
+    fn randn(&self, out: &mut Self::Buf, rng: Philox, offset: u64, x: Dims) {
+        diffusion::randn(&self.dev, out, rng, offset, x, self.cl());
+    }
+    fn q_sample(&self, xt: &mut Self::Buf, x0: &Self::Buf, eps: &Self::Buf, a: &[f32], b: &[f32], x: Dims) {
+        diffusion::q_sample(&self.dev, xt, x0, eps, a, b, x);
+    }
+    fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims) {
+        diffusion::ddpm_step(&self.dev, x, eps, z, coefs, xd);
+    }
+
+    fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep) {
+        optim::adam(&self.dev, p, g, m, v, h);
+    }
+    fn ema_update(&self, ema: &mut Self::Buf, p: &Self::Buf, decay: f32) {
+        optim::ema(&self.dev, ema, p, decay);
     }
 }

@@ -110,10 +110,11 @@ fn conv_case(name: &str, cs: ConvShape, seed: u64) {
 
     // One output plane per im2col slab must give the same results as one slab.
     let mut out1 = vec![0.0; o.numel()];
-    conv3d::conv3d_forward_budget(&mut out1, &x, &w, &b, cs, 1);
+    conv3d::conv3d_forward_with(&mut out1, &x, &w, &b, cs, &mut conv3d::ConvScratch::new(1));
     compare(&format!("{name} forward, 1-plane slabs"), &out1, &fwd(&x, &w, &b), EXACT).unwrap();
     let (mut dx4, mut dw4, mut db4) = (px.clone(), vec![0.0; w.len()], vec![0.0; b.len()]);
-    conv3d::conv3d_backward_budget(Some((&mut dx4, Accum::Overwrite)), &mut dw4, &mut db4, &r, &x, &w, cs, 1);
+    let mut scratch = conv3d::ConvScratch::new(1);
+    conv3d::conv3d_backward_with(Some((&mut dx4, Accum::Overwrite)), &mut dw4, &mut db4, &r, &x, &w, cs, &mut scratch);
     compare(&format!("{name} dinp, 1-plane slabs"), &dx4, &dx, EXACT).unwrap();
     compare(&format!("{name} dw, 1-plane slabs"), &dw4, &dw, EXACT).unwrap();
 }
@@ -127,6 +128,9 @@ fn conv3d_k3_s1() {
 fn conv3d_k3_s2_odd() {
     conv_case("conv k3 s2", ConvShape::new(Dims::new(2, 3, 5, 6, 7), 4, 3, 2), 2);
     conv_case("conv k3 s2 even", ConvShape::new(Dims::new(1, 2, 4, 6, 2), 3, 3, 2), 3);
+    // Axes of length 1 and 2: some kernel taps fall entirely into the padding.
+    conv_case("conv k3 s2 tiny", ConvShape::new(Dims::new(1, 2, 1, 2, 3), 3, 3, 2), 6);
+    conv_case("conv k3 s1 tiny", ConvShape::new(Dims::new(2, 2, 1, 2, 1), 2, 3, 1), 7);
 }
 
 #[test]
@@ -638,6 +642,13 @@ fn backend_dispatch_matches_f64() {
     conv3d::conv3d_forward(&mut out, &x, &w, &b, cs);
     let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; 8]);
     conv3d::conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &r, &x, &w, cs);
+    // Dirty this thread's cached im2col scratch with a larger conv first: stale contents must not leak.
+    let big = ConvShape::new(Dims::new(1, 5, 7, 7, 7), 3, 3, 1);
+    let (bx, bw) = (randn_f32(25, 4, big.x.numel(), 1.0), randn_f32(25, 5, big.w_len(), 1.0));
+    let (mut bo, mut bdx, mut bdw, mut bdb) =
+        (vec![0f32; big.out().numel()], vec![0f32; bx.len()], vec![0f32; bw.len()], vec![0f32; 3]);
+    be.conv3d_forward(&mut bo, &bx, &bw, &[1.0; 3].to_vec(), big);
+    be.conv3d_backward(Some((&mut bdx, Accum::Add)), &mut bdw, &mut bdb, &bo, &bx, &bw, big);
     let (x32, w32, b32, r32) = (to_f32(&x), to_f32(&w), to_f32(&b), to_f32(&r));
     let mut out32 = vec![0f32; r.len()];
     be.conv3d_forward(&mut out32, &x32, &w32, &b32, cs);
@@ -673,27 +684,49 @@ fn bench_conv3d_16x16_32cubed() {
     let b = vec![0f32; 16];
     let mut out = vec![0f32; cs.out().numel()];
     let (mut dx, mut dw, mut db) = (vec![0f32; x.len()], vec![0f32; w.len()], vec![0f32; 16]);
-    let reps = 10;
-    for _ in 0..2 {
-        be.conv3d_forward(&mut out, &x, &w, &b, cs);
-        be.conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &out, &x, &w, cs);
-    }
-    let t = std::time::Instant::now();
-    for _ in 0..reps {
-        be.conv3d_forward(&mut out, &x, &w, &b, cs);
-    }
-    let f = t.elapsed().as_secs_f64() / reps as f64;
-    let t = std::time::Instant::now();
-    for _ in 0..reps {
-        be.conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &out, &x, &w, cs);
-    }
-    let bw = t.elapsed().as_secs_f64() / reps as f64;
+    // Process CPU seconds (user + system, all threads) from /proc/self/stat; 0 where unavailable.
+    let cpu_s = || -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let after = stat.rsplit(')').next().unwrap_or("");
+        let f: Vec<f64> = after.split_whitespace().map(|v| v.parse().unwrap_or(0.0)).collect();
+        if f.len() > 13 {
+            (f[11] + f[12]) / 100.0
+        } else {
+            0.0
+        }
+    };
+    // Min and median of 10 runs each (the min is robust to other processes on a shared machine),
+    // and CPU time per run (what the work costs regardless of contention).
+    let time = |f: &mut dyn FnMut()| {
+        f();
+        let c0 = cpu_s();
+        let mut t: Vec<f64> = (0..10)
+            .map(|_| {
+                let t0 = std::time::Instant::now();
+                f();
+                t0.elapsed().as_secs_f64()
+            })
+            .collect();
+        let cpu = (cpu_s() - c0) / 10.0;
+        t.sort_by(f64::total_cmp);
+        (t[0], t[5], cpu)
+    };
+    let (f, fm, fc) = time(&mut || be.conv3d_forward(&mut out, &x, &w, &b, cs));
+    let dout = randn_f32(27, 2, cs.out().numel(), 1.0);
+    let (bw, bm, bc) =
+        time(&mut || be.conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &dout, &x, &w, cs));
     println!(
-        "conv3d 16->16 k3 at 32^3 ({} threads): forward {:.2} ms ({:.1} GFLOP/s), backward {:.2} ms ({:.1} GFLOP/s)",
+        "conv3d 16->16 k3 at 32^3 ({} threads): forward min {:.2} ms / median {:.2} ms / CPU {:.1} ms \
+         ({:.1} GFLOP/s at min), backward (data + filter + bias) min {:.2} ms / median {:.2} ms / \
+         CPU {:.1} ms ({:.1} GFLOP/s at min)",
         rayon::current_num_threads(),
         f * 1e3,
+        fm * 1e3,
+        fc * 1e3,
         cs.flops() / f / 1e9,
         bw * 1e3,
+        bm * 1e3,
+        bc * 1e3,
         2.0 * cs.flops() / bw / 1e9
     );
 }

@@ -11,8 +11,11 @@
 //! products: `dW += dout[n]·colᵀ`, `dcol = Wᵀ·dout[n]` scattered back by col2im (the exact adjoint
 //! of im2col). A 1×1×1 stride-1 conv needs no im2col: `col` is the input itself.
 //!
-//! Scratch: `col` (and `dcol`) are allocated per call, for a slab of whole output depth planes
-//! sized so a slab holds at most [`COL_BUDGET`] elements; large volumes are done slab by slab.
+//! Scratch: `col` (and `dcol`) live in a [`ConvScratch`] and cover a slab of whole output depth
+//! planes, sized so a slab holds at most `budget` elements ([`COL_BUDGET`] by default); large
+//! volumes are done slab by slab. [`conv3d_forward`] / [`conv3d_backward`] allocate a fresh
+//! scratch per call; `CpuBackend` keeps one per thread, because first-touching a fresh 64 MiB
+//! buffer costs about as much as the convolution itself.
 
 use rayon::prelude::*;
 
@@ -22,6 +25,27 @@ use crate::shape::ConvShape;
 
 /// Largest im2col slab, in elements (64 MiB of f32).
 pub const COL_BUDGET: usize = 1 << 24;
+
+/// Reusable im2col buffers; they only grow. Contents between calls are meaningless.
+pub struct ConvScratch<T> {
+    /// Largest slab in elements (at least one output depth plane is always done at once).
+    pub budget: usize,
+    col: Vec<T>,
+    dcol: Vec<T>,
+}
+
+impl<T: Float> ConvScratch<T> {
+    pub fn new(budget: usize) -> Self {
+        ConvScratch { budget, col: Vec::new(), dcol: Vec::new() }
+    }
+}
+
+fn grow<T: Float>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    if v.len() < len {
+        v.resize(len, T::zero());
+    }
+    &mut v[..len]
+}
 
 /// Output depth planes per im2col slab of at most `budget` elements (at least one plane).
 fn slab_planes(cs: &ConvShape, budget: usize) -> usize {
@@ -42,27 +66,36 @@ fn check(cs: &ConvShape, inp: usize, w: usize, out: usize) {
     assert_eq!(out, cs.out().numel(), "conv3d: output length vs shape {}", cs.out());
 }
 
+/// Output indices `lo..hi` along one axis whose input index o·s + kk − p lies inside 0..n.
+fn valid_range(o_len: usize, n: usize, s: usize, kk: usize, p: usize) -> (usize, usize) {
+    let lo = if kk >= p { 0 } else { (p - kk).div_ceil(s) };
+    let hi = if n + p < kk + 1 { 0 } else { (n - 1 + p - kk) / s + 1 };
+    (lo.min(o_len), hi.min(o_len).max(lo.min(o_len)))
+}
+
 /// Fill `col` (Cin·k³ rows × planes·Ho·Wo columns) for output depth planes
 /// `od0 .. od0 + planes` of one batch element `x` (Cin × D·H·W).
 pub fn im2col<T: Float>(col: &mut [T], x: &[T], cs: &ConvShape, od0: usize, planes: usize) {
-    let (k, s, p) = (cs.k, cs.stride, cs.pad() as isize);
-    let (d, h, w) = (cs.x.d as isize, cs.x.h as isize, cs.x.w as isize);
-    let o = cs.out();
-    let len = planes * o.h * o.w;
-    col.par_chunks_mut(len).enumerate().for_each(|(r, row)| {
+    let (k, s, p) = (cs.k, cs.stride, cs.pad());
+    let (i, o) = (cs.x, cs.out());
+    col.par_chunks_mut(planes * o.h * o.w).enumerate().for_each(|(r, row)| {
         let (ci, kd, kh, kw) = (r / (k * k * k), (r / (k * k)) % k, (r / k) % k, r % k);
-        let xc = &x[ci * cs.x.s()..(ci + 1) * cs.x.s()];
-        let mut j = 0;
-        for od in od0..od0 + planes {
-            let id = (od * s + kd) as isize - p;
-            for oh in 0..o.h {
-                let ih = (oh * s + kh) as isize - p;
-                let inside = id >= 0 && id < d && ih >= 0 && ih < h;
-                for ow in 0..o.w {
-                    let iw = (ow * s + kw) as isize - p;
-                    row[j] =
-                        if inside && iw >= 0 && iw < w { xc[((id * h + ih) * w + iw) as usize] } else { T::zero() };
-                    j += 1;
+        let xc = &x[ci * i.s()..(ci + 1) * i.s()];
+        let (d_lo, d_hi) = valid_range(o.d, i.d, s, kd, p);
+        let (h_lo, h_hi) = valid_range(o.h, i.h, s, kh, p);
+        let (w_lo, w_hi) = valid_range(o.w, i.w, s, kw, p);
+        for (od, plane) in (od0..od0 + planes).zip(row.chunks_mut(o.h * o.w)) {
+            for (oh, line) in plane.chunks_mut(o.w).enumerate() {
+                if od < d_lo || od >= d_hi || oh < h_lo || oh >= h_hi {
+                    line.fill(T::zero());
+                    continue;
+                }
+                // Input row (id, ih); ow reads iw = ow·s + kw − p.
+                let base = ((od * s + kd - p) * i.h + oh * s + kh - p) * i.w;
+                line[..w_lo].fill(T::zero());
+                line[w_hi..].fill(T::zero());
+                for (ow, v) in line.iter_mut().enumerate().take(w_hi).skip(w_lo) {
+                    *v = xc[base + ow * s + kw - p];
                 }
             }
         }
@@ -71,28 +104,25 @@ pub fn im2col<T: Float>(col: &mut [T], x: &[T], cs: &ConvShape, od0: usize, plan
 
 /// Adjoint of [`im2col`]: `dx += col2im(dcol)` for the same slab.
 pub fn col2im_add<T: Float>(dx: &mut [T], dcol: &[T], cs: &ConvShape, od0: usize, planes: usize) {
-    let (k, s, p) = (cs.k, cs.stride, cs.pad() as isize);
-    let (d, h, w) = (cs.x.d as isize, cs.x.h as isize, cs.x.w as isize);
-    let o = cs.out();
-    let len = planes * o.h * o.w;
-    let k3 = k * k * k;
+    let (k, s, p) = (cs.k, cs.stride, cs.pad());
+    let (i, o) = (cs.x, cs.out());
+    let (k3, len) = (k * k * k, planes * o.h * o.w);
     // One task per input channel: channel ci owns rows ci·k³ .. (ci+1)·k³ of dcol.
-    dx.par_chunks_mut(cs.x.s()).enumerate().for_each(|(ci, dxc)| {
+    dx.par_chunks_mut(i.s()).enumerate().for_each(|(ci, dxc)| {
         for t in 0..k3 {
             let (kd, kh, kw) = (t / (k * k), (t / k) % k, t % k);
             let row = &dcol[(ci * k3 + t) * len..(ci * k3 + t + 1) * len];
-            let mut j = 0;
-            for od in od0..od0 + planes {
-                let id = (od * s + kd) as isize - p;
-                for oh in 0..o.h {
-                    let ih = (oh * s + kh) as isize - p;
-                    let inside = id >= 0 && id < d && ih >= 0 && ih < h;
-                    for ow in 0..o.w {
-                        let iw = (ow * s + kw) as isize - p;
-                        if inside && iw >= 0 && iw < w {
-                            dxc[((id * h + ih) * w + iw) as usize] += row[j];
-                        }
-                        j += 1;
+            let (d_lo, d_hi) = valid_range(o.d, i.d, s, kd, p);
+            let (h_lo, h_hi) = valid_range(o.h, i.h, s, kh, p);
+            let (w_lo, w_hi) = valid_range(o.w, i.w, s, kw, p);
+            for (od, plane) in (od0..od0 + planes).zip(row.chunks(o.h * o.w)) {
+                if od < d_lo || od >= d_hi {
+                    continue;
+                }
+                for (oh, line) in plane.chunks(o.w).enumerate().take(h_hi).skip(h_lo) {
+                    let base = ((od * s + kd - p) * i.h + oh * s + kh - p) * i.w;
+                    for (ow, &v) in line.iter().enumerate().take(w_hi).skip(w_lo) {
+                        dxc[base + ow * s + kw - p] += v;
                     }
                 }
             }
@@ -102,18 +132,25 @@ pub fn col2im_add<T: Float>(dx: &mut [T], dcol: &[T], cs: &ConvShape, od0: usize
 
 /// out[N, Cout, Do, Ho, Wo] = conv(inp, w) + b.
 pub fn conv3d_forward<T: Float>(out: &mut [T], inp: &[T], w: &[T], b: &[T], cs: ConvShape) {
-    conv3d_forward_budget(out, inp, w, b, cs, COL_BUDGET);
+    conv3d_forward_with(out, inp, w, b, cs, &mut ConvScratch::new(COL_BUDGET));
 }
 
-/// [`conv3d_forward`] with an explicit im2col slab budget (tests use a tiny one to force slabs).
-pub fn conv3d_forward_budget<T: Float>(out: &mut [T], inp: &[T], w: &[T], b: &[T], cs: ConvShape, budget: usize) {
+/// [`conv3d_forward`] with caller-provided scratch (and its slab budget).
+pub fn conv3d_forward_with<T: Float>(
+    out: &mut [T],
+    inp: &[T],
+    w: &[T],
+    b: &[T],
+    cs: ConvShape,
+    scratch: &mut ConvScratch<T>,
+) {
     check(&cs, inp.len(), w.len(), out.len());
     assert_eq!(b.len(), cs.cout, "conv3d: bias length vs Cout");
     let o = cs.out();
     let (cin, so, rows) = (cs.x.c, o.s(), cs.x.c * cs.k * cs.k * cs.k);
     let wm = Mat::dense(w, cs.cout, rows);
-    let planes = slab_planes(&cs, budget);
-    let mut col = if is_pointwise(&cs) { Vec::new() } else { vec![T::zero(); rows * planes * o.h * o.w] };
+    let planes = slab_planes(&cs, scratch.budget);
+    let col = if is_pointwise(&cs) { &mut [][..] } else { grow(&mut scratch.col, rows * planes * o.h * o.w) };
     for n in 0..cs.x.n {
         let xn = &inp[n * cin * cs.x.s()..(n + 1) * cin * cs.x.s()];
         let on = &mut out[n * cs.cout * so..(n + 1) * cs.cout * so];
@@ -146,12 +183,12 @@ pub fn conv3d_backward<T: Float>(
     w: &[T],
     cs: ConvShape,
 ) {
-    conv3d_backward_budget(dinp, dw, db, dout, inp, w, cs, COL_BUDGET);
+    conv3d_backward_with(dinp, dw, db, dout, inp, w, cs, &mut ConvScratch::new(COL_BUDGET));
 }
 
-/// [`conv3d_backward`] with an explicit im2col slab budget.
+/// [`conv3d_backward`] with caller-provided scratch (and its slab budget).
 #[allow(clippy::too_many_arguments)]
-pub fn conv3d_backward_budget<T: Float>(
+pub fn conv3d_backward_with<T: Float>(
     dinp: Option<(&mut [T], Accum)>,
     dw: &mut [T],
     db: &mut [T],
@@ -159,7 +196,7 @@ pub fn conv3d_backward_budget<T: Float>(
     inp: &[T],
     w: &[T],
     cs: ConvShape,
-    budget: usize,
+    scratch: &mut ConvScratch<T>,
 ) {
     check(&cs, inp.len(), w.len(), dout.len());
     assert_eq!(dw.len(), w.len(), "conv3d: dw length vs w");
@@ -204,9 +241,10 @@ pub fn conv3d_backward_budget<T: Float>(
     if let (Some(d), Accum::Overwrite) = (dinp.as_deref_mut(), acc) {
         d.fill(T::zero());
     }
-    let planes = slab_planes(&cs, budget);
-    let mut col = vec![T::zero(); rows * planes * o.h * o.w];
-    let mut dcol = if dinp.is_some() { vec![T::zero(); col.len()] } else { Vec::new() };
+    let planes = slab_planes(&cs, scratch.budget);
+    let slab = rows * planes * o.h * o.w;
+    let col = grow(&mut scratch.col, slab);
+    let dcol = if dinp.is_some() { grow(&mut scratch.dcol, slab) } else { &mut [][..] };
     for n in 0..cs.x.n {
         let xn = &inp[n * cin * si..(n + 1) * cin * si];
         let gn = &dout[n * cs.cout * so..(n + 1) * cs.cout * so];

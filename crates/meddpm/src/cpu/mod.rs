@@ -5,7 +5,8 @@
 //! generic over [`float::Float`] so the gradient checks run the very same code in f64.
 //! Buffers are `Vec<f32>` in PyTorch's layouts, so uploads and downloads are plain copies.
 //! Threads: rayon's global pool (outer loops) and the `gemm` crate's rayon parallelism.
-//! Allocation: besides `alloc`, conv3d allocates its im2col scratch per call (see `conv3d.rs`).
+//! Allocation: besides `alloc`, conv3d grows a per-thread im2col scratch (at most 2 × 64 MiB per
+//! calling thread, kept for reuse; see `conv3d.rs`).
 
 pub mod attention;
 pub mod conv3d;
@@ -23,6 +24,12 @@ use crate::backend::{Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Prec
 use crate::rng::Philox;
 use crate::shape::{ConvShape, Dims};
 use crate::Result;
+
+thread_local! {
+    /// im2col scratch of the convolutions run from this thread.
+    static CONV_SCRATCH: std::cell::RefCell<conv3d::ConvScratch<f32>> =
+        std::cell::RefCell::new(conv3d::ConvScratch::new(conv3d::COL_BUDGET));
+}
 
 /// The CPU reference backend (fp32, NCDHW, rayon).
 #[derive(Clone, Copy, Debug, Default)]
@@ -91,7 +98,7 @@ impl Backend for CpuBackend {
     fn sync(&self) {}
 
     fn conv3d_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, w: &Vec<f32>, b: &Vec<f32>, cs: ConvShape) {
-        conv3d::conv3d_forward(out, inp, w, b, cs);
+        CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_with(out, inp, w, b, cs, s));
     }
     fn conv3d_backward(
         &self,
@@ -104,7 +111,7 @@ impl Backend for CpuBackend {
         cs: ConvShape,
     ) {
         let dinp = dinp.map(|(d, a)| (d.as_mut_slice(), a));
-        conv3d::conv3d_backward(dinp, dw, db, dout, inp, w, cs);
+        CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_backward_with(dinp, dw, db, dout, inp, w, cs, s));
     }
 
     fn groupnorm_forward(

@@ -1,1 +1,66 @@
-//! (being written)
+//! Data: NIfTI in and out, Med-DDPM's data conventions, datasets, the loader, mask augmentation,
+//! previews and the built-in demo data (spec §5, `dataset.py`, `dataset_brats.py`,
+//! `preprocess_brats_data.py`, `sample*.py`, `mask_generator.ipynb` of the reference).
+//!
+//! - `nifti`       [`Volume`], [`read_volume`], [`write_volume`] over the `nifti` crate
+//! - `convention`  whole-head / BraTS conventions: masks → condition, images → [−1, 1], layouts
+//! - `resize`      torchio-style trilinear and nearest resizing
+//! - `dataset`     mask/image pairing (folders or CSV), [`Dataset::get`], [`Dataset::validate`]
+//! - `loader`      [`Loader`]: seeded endless shuffling with background decoding threads
+//! - `masks`       tumour scaling and shifting (new conditioning masks)
+//! - `preview`     PNG mid-slice previews
+//! - `demo`        the embedded MNI152-derived demo pairs
+//!
+//! Tensor layout everywhere: (C, D, H, W) with (D, H, W) = NIfTI (Z, Y, X), C-order, which is
+//! exactly a NIfTI volume's own x-fastest voxel order, channel after channel.
+
+pub mod convention;
+pub mod dataset;
+pub mod demo;
+pub mod loader;
+pub mod masks;
+pub mod nifti;
+pub mod preview;
+pub mod resize;
+
+pub use convention::{Convention, ImageScaling, MaskResize, Preset};
+pub use dataset::{Dataset, Pair, Source};
+pub use loader::Loader;
+pub use nifti::{read_volume, write_labels, write_volume, Volume};
+
+/// One training example as model tensors, ready to upload as a batch of one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// (image_channels, D, H, W), values in [−1, 1].
+    pub image: Vec<f32>,
+    /// (cond_channels, D, H, W): {−1, +1} whole-head, {0, 1} BraTS (fractional at resized edges).
+    pub cond: Vec<f32>,
+    pub image_channels: usize,
+    pub cond_channels: usize,
+    /// (D, H, W).
+    pub dims: [usize; 3],
+    /// Index of the pair in its dataset.
+    pub index: usize,
+}
+
+/// Read a mask file and build its condition tensor at `size_dhw` (for sampling); returns the
+/// mask too, whose grid and header the generated volumes are written back on
+/// ([`Convention::output_volumes`], then [`write_volume`]). BraTS masks must already be
+/// preprocessed (labels 0..4 including the brain label).
+pub fn load_condition(
+    path: &std::path::Path,
+    convention: &Convention,
+    size_dhw: [usize; 3],
+) -> crate::Result<(Vec<f32>, Volume)> {
+    convention.validate()?;
+    let mask = read_volume(path)?;
+    let cond = convention.cond_tensor(&mask, size_dhw, path)?;
+    Ok((cond, mask))
+}
+
+impl Sample {
+    /// Voxels per channel D·H·W.
+    pub fn voxels(&self) -> usize {
+        self.dims[0] * self.dims[1] * self.dims[2]
+    }
+}

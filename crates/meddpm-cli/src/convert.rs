@@ -1,0 +1,159 @@
+//! `meddpm convert in.pt out.safetensors [--weights ema|model]`: turn a reference Med-DDPM PyTorch
+//! checkpoint (spec §4.1: `torch.save({'step', 'model', 'ema'})`, or a bare state dict such as the
+//! fast-sampling net) into a safetensors state dict with PyTorch's own key names, which both
+//! meddpm (`Checkpoint::read`) and PyTorch (`load_state_dict`) accept as it is.
+//!
+//! The configuration is inferred from the tensor shapes; what shapes cannot tell (volume size,
+//! heads, GroupNorm groups) defaults to the reference (128³ for the whole-head topology,
+//! 144×192×192 for BraTS, 1 head, 32 groups) or comes from the flags. The output is written
+//! atomically: on any error an existing output file is left as it was.
+
+use anyhow::{bail, Context, Result};
+use meddpm::checkpoint::torch;
+use meddpm::model::UNetConfig;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Which weights of a training checkpoint to convert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Weights {
+    /// The EMA weights (what the reference samples with).
+    Ema,
+    /// The online (training) weights.
+    Model,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConvertArgs {
+    /// PyTorch checkpoint: torch.save of {'step', 'model', 'ema'} or of a bare state dict.
+    pub input: PathBuf,
+    /// safetensors file to write (replaced atomically, only once the conversion succeeded).
+    pub output: PathBuf,
+    /// Weights to take from a training checkpoint (ignored for a bare state dict).
+    #[arg(long, value_enum, default_value = "ema")]
+    pub weights: Weights,
+    /// Volume depth D for the stored config [default: 128 whole-head, 144 BraTS].
+    #[arg(long)]
+    pub depth: Option<usize>,
+    /// Volume height = width for the stored config [default: 128 whole-head, 192 BraTS].
+    #[arg(long)]
+    pub size: Option<usize>,
+    /// Attention heads (not visible in the weights).
+    #[arg(long, default_value_t = 1)]
+    pub heads: usize,
+    /// GroupNorm groups (not visible in the weights).
+    #[arg(long, default_value_t = 32)]
+    pub groups: usize,
+    /// Write GaussianDiffusion keys (`denoise_fn.` + the 13 schedule buffers) instead of U-Net keys.
+    #[arg(long)]
+    pub diffusion_keys: bool,
+}
+
+pub fn run(a: &ConvertArgs) -> Result<()> {
+    let ck = torch::read_state_dicts(&a.input)?;
+    let which = if ck.dicts.contains_key("") {
+        ""
+    } else {
+        match a.weights {
+            Weights::Ema => "ema",
+            Weights::Model => "model",
+        }
+    };
+    let (name, dict) = ck.dict(Some(which))?;
+
+    // Infer the topology with a placeholder volume, then put the real size in.
+    let probe = torch::infer_config(dict, 1 << 16, 1 << 16)
+        .with_context(|| format!("{}: cannot infer the U-Net configuration", a.input.display()))?;
+    let same_topology = |r: &UNetConfig| UNetConfig { depth: r.depth, size: r.size, ..probe.clone() } == *r;
+    let (def_depth, def_size) = if same_topology(&UNetConfig::whole_head()) {
+        (Some(128), Some(128))
+    } else if same_topology(&UNetConfig::brats()) {
+        (Some(144), Some(192))
+    } else {
+        (None, None)
+    };
+    let (Some(depth), Some(size)) = (a.depth.or(def_depth), a.size.or(def_size)) else {
+        bail!(
+            "{}: the weights are not the whole-head or BraTS topology (inferred {probe:?}); pass --depth and --size",
+            a.input.display()
+        );
+    };
+    let cfg = UNetConfig { depth, size, num_heads: a.heads, groups: a.groups, ..probe };
+    cfg.validate()?;
+
+    let mapped = ck.to_unet(Some(name), &cfg)?;
+    for w in &mapped.warnings {
+        eprintln!("warning: {}: {w}", a.input.display());
+    }
+    let mut meta = BTreeMap::new();
+    meta.insert("source".to_string(), a.input.display().to_string());
+    meta.insert("source_dict".to_string(), if name.is_empty() { "(bare)".to_string() } else { name.to_string() });
+    if let Some(step) = ck.step {
+        meta.insert("step".to_string(), step.to_string());
+    }
+    torch::export_safetensors(&a.output, &cfg, &mapped.params, a.diffusion_keys, meta)?;
+    let n: usize = mapped.params.iter().map(|p| p.len()).sum();
+    println!(
+        "wrote {}: {} tensors, {n} parameters, from {} {}{}; config: in {} out {} model_channels {} channel_mult {:?} num_res_blocks {} attention_ds {:?} volume {}x{}x{}",
+        a.output.display(),
+        mapped.params.len() + if a.diffusion_keys { 13 } else { 0 },
+        a.input.display(),
+        if name.is_empty() { "(bare state dict)".to_string() } else { format!("'{name}'") },
+        ck.step.map(|s| format!(" at step {s}")).unwrap_or_default(),
+        cfg.in_channels,
+        cfg.out_channels,
+        cfg.model_channels,
+        cfg.channel_mult,
+        cfg.num_res_blocks,
+        cfg.attention_ds,
+        cfg.depth,
+        cfg.size,
+        cfg.size,
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn fixture(p: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/torch").join(p)
+    }
+
+    #[test]
+    fn converts_the_micro_checkpoint_and_keeps_output_on_error() {
+        let dir = std::env::temp_dir().join(format!("meddpm-convert-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("w.safetensors");
+        let args = |input: &str, weights| ConvertArgs {
+            input: fixture(input),
+            output: out.clone(),
+            weights,
+            depth: Some(4),
+            size: Some(4),
+            heads: 1,
+            groups: 2,
+            diffusion_keys: false,
+        };
+        run(&args("micro_ckpt.pt", Weights::Model)).unwrap();
+        let ck = meddpm::checkpoint::Checkpoint::read(&out).unwrap();
+        let cfg = ck.unet.clone().expect("config stored");
+        assert_eq!((cfg.channel_mult.clone(), cfg.attention_ds.clone(), cfg.groups), (vec![1, 1], vec![2], 2));
+        // the values are the 'model' dict's, under U-Net keys
+        let src = torch::read_state_dicts(fixture("micro_ckpt.pt")).unwrap();
+        for (k, shape, v) in src.dicts["model"].iter().filter(|e| e.0.starts_with("denoise_fn.")) {
+            let (s, w) = &ck.tensors[k.strip_prefix("denoise_fn.").unwrap()];
+            assert_eq!((s, w), (shape, v), "{k}");
+        }
+        // a failing conversion (no topology default, no --depth) leaves the output as it was
+        let before = std::fs::read(&out).unwrap();
+        let e = run(&ConvertArgs { depth: None, ..args("micro_ckpt.pt", Weights::Ema) }).unwrap_err().to_string();
+        assert!(e.contains("--depth"), "{e}");
+        let e = run(&args("legacy.pt", Weights::Ema)).unwrap_err().to_string();
+        assert!(e.contains("legacy"), "{e}");
+        assert_eq!(std::fs::read(&out).unwrap(), before);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

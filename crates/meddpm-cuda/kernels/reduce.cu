@@ -1,0 +1,184 @@
+// reduce.cu: per-channel partial reductions over the voxels of an activation, parallel over the
+// whole volume (many blocks per channel and group), and their finalisers. Used by GroupNorm
+// (statistics and backward sums), channel_sum and the conv bias gradient.
+//
+// Stage 1 (`chan_partial_*`): the voxels are cut into chunks; one block reduces one chunk of one
+// sample for one channel (NCDHW) or for all channels (NDHWC) and writes two floats per
+// (n, chunk, c) to part[((n*nchunks + chunk)*C + c)*2 + {0,1}]:
+//   OP_STATS: (mean, M2) of x over the chunk's voxels (sums shifted by the chunk's first value,
+//             so large means do not cancel the variance);
+//   OP_GNBWD: (sum g, sum g*(x - mu_group)) with g = dout, or dout*silu'(y) when y is given;
+//   OP_SUM:   (sum x, 0).
+// Stage 2 combines the chunks in double precision (see groupnorm.cu and chan_sum_finalize).
+
+#define OP_STATS 0
+#define OP_GNBWD 1
+#define OP_SUM 2
+
+template <int OP>
+__device__ __forceinline__ void chan_acc(const float* a, const float* b, const float* y, i64 i, float mu,
+                                         float shift, float& s, float& q) {
+    if (OP == OP_STATS) {
+        float v = a[i] - shift;
+        s += v;
+        q += v * v;
+    } else if (OP == OP_GNBWD) {
+        float g = a[i];
+        if (y) g *= silu_grad(y[i]);
+        s += g;
+        q += g * (b[i] - mu);
+    } else {
+        s += a[i];
+    }
+}
+
+template <int OP>
+__device__ __forceinline__ void chan_write(float* part, i64 idx, float s, float q, i64 cnt, float shift) {
+    if (OP == OP_STATS) {
+        float m = s / (float)cnt;
+        part[idx] = shift + m;
+        part[idx + 1] = fmaxf(q - s * m, 0.0f);
+    } else {
+        part[idx] = s;
+        part[idx + 1] = q;
+    }
+}
+
+// grid (nchunks, N*C), block 256.
+template <int OP>
+__device__ void chan_partial_ncdhw(const float* a, const float* b, const float* y, const float* mean, float* part,
+                                   int C, i64 S, int G, int chunk_len, int nchunks) {
+    __shared__ float sh[32];
+    int row = blockIdx.y, n = row / C, c = row % C, chunk = blockIdx.x;
+    i64 base = (i64)row * S;
+    i64 v0 = (i64)chunk * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
+    float shift = (OP == OP_STATS) ? a[base + v0] : 0.0f;
+    float mu = (OP == OP_GNBWD) ? mean[n * G + c / (C / G)] : 0.0f;
+    float s = 0.0f, q = 0.0f;
+#pragma unroll 4
+    for (i64 v = v0 + threadIdx.x; v < v1; v += blockDim.x) chan_acc<OP>(a, b, y, base + v, mu, shift, s, q);
+    s = block_sum(s, sh);
+    q = block_sum(q, sh);
+    if (threadIdx.x == 0) chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, s, q, v1 - v0, shift);
+}
+
+// NDHWC: grid (nchunks, N), block 256. Each thread owns VEC consecutive channels (VEC = 4: 16-byte
+// loads; needs C % 4 == 0) of one voxel row; the block's rows = 256 / (C / VEC) stride over the
+// chunk's voxels, so every thread issues useful, coalesced loads. Host ensures C / VEC <= 256.
+template <int VEC>
+__device__ __forceinline__ void load_vec(const float* p, float* v) {
+    if (VEC == 4) {
+        float4 t = *reinterpret_cast<const float4*>(p);
+        v[0] = t.x;
+        v[1] = t.y;
+        v[2] = t.z;
+        v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; j++) v[j] = p[j];
+    }
+}
+
+template <int OP, int VEC>
+__device__ void chan_partial_ndhwc(const float* a, const float* b, const float* y, const float* mean, float* part,
+                                   int C, i64 S, int G, int chunk_len, int nchunks) {
+    __shared__ float red[2][1024];
+    int n = blockIdx.y, chunk = blockIdx.x, t = threadIdx.x;
+    int lanes = C / VEC, rows = blockDim.x / lanes;
+    int l = t % lanes, r = t / lanes, c0 = l * VEC;
+    i64 v0 = (i64)chunk * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
+    int cpg = C / G;
+    float s[VEC], q[VEC], shift[VEC], mu[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; j++) {
+        s[j] = 0.0f;
+        q[j] = 0.0f;
+        shift[j] = (OP == OP_STATS) ? a[((i64)n * S + v0) * C + c0 + j] : 0.0f;
+        mu[j] = (OP == OP_GNBWD) ? mean[n * G + (c0 + j) / cpg] : 0.0f;
+    }
+    if (r < rows) {
+        for (i64 v = v0 + r; v < v1; v += rows) {
+            i64 base = ((i64)n * S + v) * C + c0;
+            float va[VEC], vb[VEC], vy[VEC];
+            load_vec<VEC>(a + base, va);
+            if (OP == OP_GNBWD) {
+                load_vec<VEC>(b + base, vb);
+                if (y) load_vec<VEC>(y + base, vy);
+            }
+#pragma unroll
+            for (int j = 0; j < VEC; j++) {
+                if (OP == OP_STATS) {
+                    float d = va[j] - shift[j];
+                    s[j] += d;
+                    q[j] += d * d;
+                } else if (OP == OP_GNBWD) {
+                    float g = va[j];
+                    if (y) g *= silu_grad(vy[j]);
+                    s[j] += g;
+                    q[j] += g * (vb[j] - mu[j]);
+                } else {
+                    s[j] += va[j];
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            red[0][r * C + c0 + j] = s[j];
+            red[1][r * C + c0 + j] = q[j];
+        }
+    }
+    __syncthreads();
+    // Every row used the same per-channel shift, so the rows' shifted sums add up.
+    for (int c = t; c < C; c += blockDim.x) {
+        float ss = 0.0f, qq = 0.0f;
+        for (int rr = 0; rr < rows; rr++) {
+            ss += red[0][rr * C + c];
+            qq += red[1][rr * C + c];
+        }
+        float sh = (OP == OP_STATS) ? a[((i64)n * S + v0) * C + c] : 0.0f;
+        chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, ss, qq, v1 - v0, sh);
+    }
+}
+
+extern "C" __global__ void chan_stats_ncdhw(const float* x, float* part, int C, i64 S, int G, int chunk_len,
+                                            int nchunks) {
+    chan_partial_ncdhw<OP_STATS>(x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks);
+}
+#define NDHWC_WRAPPERS(V)                                                                                      \
+    extern "C" __global__ void chan_stats_ndhwc##V(const float* x, float* part, int C, i64 S, int G, int chunk_len, \
+                                                   int nchunks) {                                                  \
+        chan_partial_ndhwc<OP_STATS, V>(x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks);         \
+    }                                                                                                              \
+    extern "C" __global__ void chan_gnbwd_ndhwc##V(const float* dout, const float* x, const float* y,              \
+                                                   const float* mean, float* part, int C, i64 S, int G,            \
+                                                   int chunk_len, int nchunks) {                                   \
+        chan_partial_ndhwc<OP_GNBWD, V>(dout, x, y, mean, part, C, S, G, chunk_len, nchunks);                     \
+    }                                                                                                              \
+    extern "C" __global__ void chan_sum_ndhwc##V(const float* x, float* part, int C, i64 S, int chunk_len,         \
+                                                 int nchunks) {                                                    \
+        chan_partial_ndhwc<OP_SUM, V>(x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks);           \
+    }
+NDHWC_WRAPPERS(1)
+NDHWC_WRAPPERS(4)
+extern "C" __global__ void chan_gnbwd_ncdhw(const float* dout, const float* x, const float* y, const float* mean,
+                                            float* part, int C, i64 S, int G, int chunk_len, int nchunks) {
+    chan_partial_ncdhw<OP_GNBWD>(dout, x, y, mean, part, C, S, G, chunk_len, nchunks);
+}
+extern "C" __global__ void chan_sum_ncdhw(const float* x, float* part, int C, i64 S, int chunk_len, int nchunks) {
+    chan_partial_ncdhw<OP_SUM>(x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks);
+}
+
+// out[n*C + c] (or out[c] summed over n when over_n) = sum of the chunks' first values, in double.
+// One thread per output; accum adds into out.
+extern "C" __global__ void chan_sum_finalize(const float* part, float* out, int N, int C, int nchunks, int over_n,
+                                             int accum) {
+    int nout = over_n ? C : N * C;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nout; j += gridDim.x * blockDim.x) {
+        int c = over_n ? j : j % C;
+        int n0 = over_n ? 0 : j / C, n1 = over_n ? N : n0 + 1;
+        double t = 0.0;
+        for (int n = n0; n < n1; n++)
+            for (int k = 0; k < nchunks; k++) t += (double)part[(((i64)n * nchunks + k) * C + c) * 2];
+        out[j] = accum ? out[j] + (float)t : (float)t;
+    }
+}

@@ -1,0 +1,97 @@
+// upsample.cu: trilinear x2 upsampling, align_corners=False (PyTorch F.interpolate,
+// area_pixel_compute_source_index with scale 1/2), forward and backward, both layouts.
+// The backward gathers (each input element sums the outputs that read it), so no atomics.
+
+struct Idx5 {
+    int n, c, d, h, w;
+};
+
+__device__ __forceinline__ Idx5 decompose(i64 i, int C, int D, int H, int W, int cl) {
+    Idx5 r;
+    if (cl) {
+        r.c = (int)(i % C); i /= C;
+        r.w = (int)(i % W); i /= W;
+        r.h = (int)(i % H); i /= H;
+        r.d = (int)(i % D); r.n = (int)(i / D);
+    } else {
+        r.w = (int)(i % W); i /= W;
+        r.h = (int)(i % H); i /= H;
+        r.d = (int)(i % D); i /= D;
+        r.c = (int)(i % C); r.n = (int)(i / C);
+    }
+    return r;
+}
+
+__device__ __forceinline__ i64 compose(int n, int c, int d, int h, int w, int C, int D, int H, int W, int cl) {
+    return cl ? ((((i64)n * D + d) * H + h) * W + w) * C + c : ((((i64)n * C + c) * D + d) * H + h) * W + w;
+}
+
+// Output coordinate o of a x2 axis over `in` inputs reads i0 (weight l0) and i1 (weight l1).
+__device__ __forceinline__ void src_index(int o, int in, int& i0, int& i1, float& l0, float& l1) {
+    float s = 0.5f * ((float)o + 0.5f) - 0.5f;
+    if (s < 0.0f) s = 0.0f;
+    i0 = (int)s;
+    i1 = i0 + (i0 < in - 1 ? 1 : 0);
+    l1 = s - (float)i0;
+    l0 = 1.0f - l1;
+}
+
+// x: (N, C, D, H, W); out: (N, C, 2D, 2H, 2W).
+extern "C" __global__ void upsample_fwd(float* out, const float* x, int C, int D, int H, int W, i64 total, int cl) {
+    int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
+    GRID_STRIDE(i, total) {
+        Idx5 o = decompose(i, C, Do, Ho, Wo, cl);
+        int d0, d1, h0, h1, w0, w1;
+        float ld0, ld1, lh0, lh1, lw0, lw1;
+        src_index(o.d, D, d0, d1, ld0, ld1);
+        src_index(o.h, H, h0, h1, lh0, lh1);
+        src_index(o.w, W, w0, w1, lw0, lw1);
+#define X(d, h, w) x[compose(o.n, o.c, d, h, w, C, D, H, W, cl)]
+        float v = ld0 * (lh0 * (lw0 * X(d0, h0, w0) + lw1 * X(d0, h0, w1)) +
+                         lh1 * (lw0 * X(d0, h1, w0) + lw1 * X(d0, h1, w1))) +
+                  ld1 * (lh0 * (lw0 * X(d1, h0, w0) + lw1 * X(d1, h0, w1)) +
+                         lh1 * (lw0 * X(d1, h1, w0) + lw1 * X(d1, h1, w1)));
+#undef X
+        out[i] = v;
+    }
+}
+
+// The (at most 4) outputs along one axis that read input k, with their weights.
+__device__ __forceinline__ int readers(int k, int in, int* os, float* ws) {
+    int m = 0;
+    for (int o = max(0, 2 * k - 1); o <= min(2 * in - 1, 2 * k + 2); o++) {
+        int i0, i1;
+        float l0, l1;
+        src_index(o, in, i0, i1, l0, l1);
+        float w = (i0 == k ? l0 : 0.0f) + (i1 == k ? l1 : 0.0f);
+        if (w != 0.0f) {
+            os[m] = o;
+            ws[m] = w;
+            m++;
+        }
+    }
+    return m;
+}
+
+// dx (N, C, D, H, W) from dout (N, C, 2D, 2H, 2W).
+extern "C" __global__ void upsample_bwd(float* dx, const float* dout, int C, int D, int H, int W, i64 total, int cl,
+                                        int accum) {
+    int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
+    GRID_STRIDE(i, total) {
+        Idx5 p = decompose(i, C, D, H, W, cl);
+        int od[4], oh[4], ow[4];
+        float wd[4], wh[4], ww[4];
+        int md = readers(p.d, D, od, wd), mh = readers(p.h, H, oh, wh), mw = readers(p.w, W, ow, ww);
+        float acc = 0.0f;
+        for (int a = 0; a < md; a++) {
+            float sa = 0.0f;
+            for (int b = 0; b < mh; b++) {
+                float sb = 0.0f;
+                for (int e = 0; e < mw; e++) sb += ww[e] * dout[compose(p.n, p.c, od[a], oh[b], ow[e], C, Do, Ho, Wo, cl)];
+                sa += wh[b] * sb;
+            }
+            acc += wd[a] * sa;
+        }
+        dx[i] = accum ? dx[i] + acc : acc;
+    }
+}

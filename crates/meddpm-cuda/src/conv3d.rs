@@ -1,0 +1,868 @@
+//! 3-D convolution through cuDNN's legacy N-d API: forward, backward-data, backward-filter, for
+//! the cubic kernels k ∈ {1, 3}, stride 1 or 2 and padding (k−1)/2 that Med-DDPM uses.
+//! Semantics: `Backend::conv3d_forward` / `conv3d_backward` (torch.nn.Conv3d, cross-correlation).
+//!
+//! - Layouts: NCDHW activations with (Cout, Cin, k, k, k) weights, or NDHWC activations with
+//!   (Cout, k, k, k, Cin) weights (cuDNN's NHWC filter format), expressed through tensor strides.
+//! - Precision: `Fp32` sets `CUDNN_FMA_MATH` (no tensor cores, true fp32) and only accepts
+//!   algorithms cuDNN reports as FMA; `Tf32` sets `CUDNN_TENSOR_OP_MATH`.
+//! - Algorithms are chosen by `cudnnFind*AlgorithmEx` (timed on the real buffers) once per shape,
+//!   kept in a per-backend map and in an on-disk cache per GPU and cuDNN version
+//!   (`$MEDDPM_CACHE_DIR`, else `$XDG_CACHE_HOME/meddpm`, else `~/.cache/meddpm`;
+//!   `MEDDPM_CUDNN_CACHE=0` disables it). The workspace grows to the chosen algorithm's need.
+//! - Bias: fused into cuDNN (`cudnnConvolutionBiasActivationForward`, identity activation) when the
+//!   algorithm is IMPLICIT_PRECOMP_GEMM and timing on first use says it is faster, else our
+//!   `add_channel_bias` kernel; the bias gradient is our `chan_sum_*` reduction.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use cudarc::cudnn::sys as nsys;
+use cudarc::driver::CudaSlice;
+use meddpm::{Accum, ConvShape, Layout, Precision};
+
+use crate::device::{cudnn_ck, Device};
+
+/// Largest workspace `cudnnFind` may try (bytes, default 2 GiB, at most a quarter of the free
+/// memory); `MEDDPM_CUDNN_WS_MIB` overrides.
+fn find_ws_limit() -> usize {
+    std::env::var("MEDDPM_CUDNN_WS_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2048) << 20
+}
+
+struct TensorDesc(nsys::cudnnTensorDescriptor_t);
+struct FilterDesc(nsys::cudnnFilterDescriptor_t);
+struct ConvDesc(nsys::cudnnConvolutionDescriptor_t);
+struct ActDesc(nsys::cudnnActivationDescriptor_t);
+unsafe impl Send for ActDesc {}
+impl Drop for ActDesc {
+    fn drop(&mut self) {
+        unsafe { nsys::cudnnDestroyActivationDescriptor(self.0) };
+    }
+}
+unsafe impl Send for TensorDesc {}
+unsafe impl Send for FilterDesc {}
+unsafe impl Send for ConvDesc {}
+impl Drop for TensorDesc {
+    fn drop(&mut self) {
+        unsafe { nsys::cudnnDestroyTensorDescriptor(self.0) };
+    }
+}
+impl Drop for FilterDesc {
+    fn drop(&mut self) {
+        unsafe { nsys::cudnnDestroyFilterDescriptor(self.0) };
+    }
+}
+impl Drop for ConvDesc {
+    fn drop(&mut self) {
+        unsafe { nsys::cudnnDestroyConvolutionDescriptor(self.0) };
+    }
+}
+
+fn ck(st: nsys::cudnnStatus_t, what: &str) {
+    cudnn_ck(st, what).unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn tensor_desc(d: meddpm::Dims, layout: Layout) -> TensorDesc {
+    let mut t = std::ptr::null_mut();
+    ck(unsafe { nsys::cudnnCreateTensorDescriptor(&mut t) }, "cudnnCreateTensorDescriptor");
+    let (n, c, dd, h, w) = (d.n as i32, d.c as i32, d.d as i32, d.h as i32, d.w as i32);
+    let dims = [n, c, dd, h, w];
+    let strides = match layout {
+        Layout::Ncdhw => [c * dd * h * w, dd * h * w, h * w, w, 1],
+        Layout::Ndhwc => [dd * h * w * c, 1, h * w * c, w * c, c],
+    };
+    ck(
+        unsafe {
+            nsys::cudnnSetTensorNdDescriptor(
+                t,
+                nsys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+                5,
+                dims.as_ptr(),
+                strides.as_ptr(),
+            )
+        },
+        &format!("cudnnSetTensorNdDescriptor {d}"),
+    );
+    TensorDesc(t)
+}
+
+/// The bias as a (1, C, 1, 1, 1) tensor (same in both layouts).
+fn bias_desc(c: usize) -> TensorDesc {
+    let mut t = std::ptr::null_mut();
+    ck(unsafe { nsys::cudnnCreateTensorDescriptor(&mut t) }, "cudnnCreateTensorDescriptor");
+    let dims = [1, c as i32, 1, 1, 1];
+    let strides = [c as i32, 1, 1, 1, 1];
+    ck(
+        unsafe {
+            nsys::cudnnSetTensorNdDescriptor(
+                t,
+                nsys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+                5,
+                dims.as_ptr(),
+                strides.as_ptr(),
+            )
+        },
+        "cudnnSetTensorNdDescriptor (bias)",
+    );
+    TensorDesc(t)
+}
+
+fn identity_desc() -> ActDesc {
+    let mut a = std::ptr::null_mut();
+    ck(unsafe { nsys::cudnnCreateActivationDescriptor(&mut a) }, "cudnnCreateActivationDescriptor");
+    ck(
+        unsafe {
+            nsys::cudnnSetActivationDescriptor(
+                a,
+                nsys::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY,
+                nsys::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN,
+                0.0,
+            )
+        },
+        "cudnnSetActivationDescriptor",
+    );
+    ActDesc(a)
+}
+
+fn filter_desc(cs: &ConvShape, layout: Layout) -> FilterDesc {
+    let mut f = std::ptr::null_mut();
+    ck(unsafe { nsys::cudnnCreateFilterDescriptor(&mut f) }, "cudnnCreateFilterDescriptor");
+    let k = cs.k as i32;
+    let dims = [cs.cout as i32, cs.x.c as i32, k, k, k];
+    let fmt = match layout {
+        Layout::Ncdhw => nsys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+        Layout::Ndhwc => nsys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+    };
+    ck(
+        unsafe { nsys::cudnnSetFilterNdDescriptor(f, nsys::cudnnDataType_t::CUDNN_DATA_FLOAT, fmt, 5, dims.as_ptr()) },
+        "cudnnSetFilterNdDescriptor",
+    );
+    FilterDesc(f)
+}
+
+fn conv_desc(cs: &ConvShape, math: nsys::cudnnMathType_t) -> ConvDesc {
+    let mut c = std::ptr::null_mut();
+    ck(unsafe { nsys::cudnnCreateConvolutionDescriptor(&mut c) }, "cudnnCreateConvolutionDescriptor");
+    let p = cs.pad() as i32;
+    let s = cs.stride as i32;
+    let (pad, stride, dil) = ([p; 3], [s; 3], [1i32; 3]);
+    ck(
+        unsafe {
+            nsys::cudnnSetConvolutionNdDescriptor(
+                c,
+                3,
+                pad.as_ptr(),
+                stride.as_ptr(),
+                dil.as_ptr(),
+                nsys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                nsys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            )
+        },
+        "cudnnSetConvolutionNdDescriptor",
+    );
+    ck(unsafe { nsys::cudnnSetConvolutionMathType(c, math) }, "cudnnSetConvolutionMathType");
+    ConvDesc(c)
+}
+
+/// Which of the three convolution computations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Dir {
+    Fwd,
+    BwdData,
+    BwdFilter,
+}
+
+impl Dir {
+    fn tag(self) -> &'static str {
+        match self {
+            Dir::Fwd => "fwd",
+            Dir::BwdData => "bwd_data",
+            Dir::BwdFilter => "bwd_filter",
+        }
+    }
+}
+
+/// A chosen algorithm: cuDNN's algorithm id, the math type it ran with, workspace bytes, and the
+/// time cudnnFind measured (ms; negative when it came from the disk cache).
+#[derive(Clone, Copy, Debug)]
+pub struct Algo {
+    pub id: u32,
+    pub math: u32,
+    pub ws: usize,
+    pub ms: f32,
+}
+
+fn math_of(m: u32) -> nsys::cudnnMathType_t {
+    use nsys::cudnnMathType_t::*;
+    match m {
+        0 => CUDNN_DEFAULT_MATH,
+        1 => CUDNN_TENSOR_OP_MATH,
+        2 => CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+        _ => CUDNN_FMA_MATH,
+    }
+}
+
+fn fwd_algo(id: u32) -> nsys::cudnnConvolutionFwdAlgo_t {
+    assert!(id < 8, "cuDNN forward algorithm id {id} out of range");
+    unsafe { std::mem::transmute::<u32, nsys::cudnnConvolutionFwdAlgo_t>(id) }
+}
+fn bwd_data_algo(id: u32) -> nsys::cudnnConvolutionBwdDataAlgo_t {
+    assert!(id < 6, "cuDNN backward-data algorithm id {id} out of range");
+    unsafe { std::mem::transmute::<u32, nsys::cudnnConvolutionBwdDataAlgo_t>(id) }
+}
+fn bwd_filter_algo(id: u32) -> nsys::cudnnConvolutionBwdFilterAlgo_t {
+    assert!(id < 7, "cuDNN backward-filter algorithm id {id} out of range");
+    unsafe { std::mem::transmute::<u32, nsys::cudnnConvolutionBwdFilterAlgo_t>(id) }
+}
+
+/// Descriptors for one convolution shape; one conv descriptor per direction because each may run
+/// with a different math type.
+struct Plan {
+    x: TensorDesc,
+    y: TensorDesc,
+    w: FilterDesc,
+    bias: TensorDesc,
+    conv: [ConvDesc; 3],
+    algo: [Option<Algo>; 3],
+    /// Forward with the bias fused into cuDNN (cudnnConvolutionBiasActivationForward, identity
+    /// activation, only with IMPLICIT_PRECOMP_GEMM) rather than conv + our bias kernel; decided by
+    /// timing both on first use.
+    fused_bias: Option<bool>,
+}
+
+fn idx(d: Dir) -> usize {
+    match d {
+        Dir::Fwd => 0,
+        Dir::BwdData => 1,
+        Dir::BwdFilter => 2,
+    }
+}
+
+/// Per-backend convolution state: plans per shape and the on-disk algorithm cache.
+pub(crate) struct ConvCache {
+    layout: Layout,
+    precision: Precision,
+    plans: HashMap<ConvShape, Plan>,
+    /// Forward calls per shape since the last reset (for per-layer benchmarks).
+    pub(crate) fwd_calls: HashMap<ConvShape, u64>,
+    /// Some(f): always (f = true) or never fuse the bias into cuDNN where possible; None: time it.
+    pub(crate) force_fused_bias: Option<bool>,
+    identity: ActDesc,
+    disk: HashMap<String, Algo>,
+    disk_path: Option<PathBuf>,
+}
+
+/// Where meddpm-cuda keeps its caches (cuDNN algorithms, compiled kernels); None when disabled.
+pub(crate) fn cache_dir() -> Option<PathBuf> {
+    if std::env::var("MEDDPM_CUDNN_CACHE").map(|v| v == "0").unwrap_or(false) {
+        return None;
+    }
+    if let Ok(d) = std::env::var("MEDDPM_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Ok(d) = std::env::var("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("meddpm"));
+    }
+    std::env::var("HOME").ok().map(|h| PathBuf::from(h).join(".cache").join("meddpm"))
+}
+
+fn key(dir: Dir, cs: &ConvShape, layout: Layout, precision: Precision) -> String {
+    let x = cs.x;
+    format!(
+        "{} {:?} {:?} {}x{}x{}x{}x{} {} {} {}",
+        dir.tag(),
+        layout,
+        precision,
+        x.n,
+        x.c,
+        x.d,
+        x.h,
+        x.w,
+        cs.cout,
+        cs.k,
+        cs.stride
+    )
+    .to_lowercase()
+    .replace(' ', "_")
+}
+
+impl ConvCache {
+    pub(crate) fn new(dev: &Device, layout: Layout, precision: Precision) -> ConvCache {
+        let disk_path = cache_dir().map(|d| {
+            let gpu: String = dev.info.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+            d.join(format!(
+                "cudnn-algos-{gpu}-sm{}{}-cudnn{}.txt",
+                dev.info.cc.0, dev.info.cc.1, dev.info.cudnn_version
+            ))
+        });
+        let mut disk = HashMap::new();
+        if let Some(p) = &disk_path {
+            if let Ok(text) = std::fs::read_to_string(p) {
+                for line in text.lines() {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    if f.len() == 4 {
+                        if let (Ok(id), Ok(math), Ok(ws)) = (f[1].parse(), f[2].parse(), f[3].parse()) {
+                            disk.insert(f[0].to_string(), Algo { id, math, ws, ms: -1.0 });
+                        }
+                    }
+                }
+            }
+        }
+        ConvCache {
+            layout,
+            precision,
+            plans: HashMap::new(),
+            fwd_calls: HashMap::new(),
+            force_fused_bias: None,
+            identity: identity_desc(),
+            disk,
+            disk_path,
+        }
+    }
+
+    fn plan(&mut self, cs: ConvShape) -> &mut Plan {
+        let (layout, precision) = (self.layout, self.precision);
+        self.plans.entry(cs).or_insert_with(|| {
+            let math = match precision {
+                Precision::Fp32 => nsys::cudnnMathType_t::CUDNN_FMA_MATH,
+                Precision::Tf32 => nsys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+            };
+            Plan {
+                x: tensor_desc(cs.x, layout),
+                y: tensor_desc(cs.out(), layout),
+                w: filter_desc(&cs, layout),
+                bias: bias_desc(cs.cout),
+                conv: [conv_desc(&cs, math), conv_desc(&cs, math), conv_desc(&cs, math)],
+                algo: [None, None, None],
+                fused_bias: None,
+            }
+        })
+    }
+
+    fn remember(&mut self, k: String, a: Algo) {
+        if let Some(p) = &self.disk_path {
+            let line = format!("{k} {} {} {}\n", a.id, a.math, a.ws);
+            let _ = std::fs::create_dir_all(p.parent().unwrap_or(p));
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(p) {
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
+        self.disk.insert(k, a);
+    }
+
+    /// The algorithm for (dir, cs): from the plan, the disk cache, or cudnnFind on the given
+    /// buffers (x, w, y device addresses; the output one is overwritten by Find).
+    fn algo(&mut self, dev: &Device, dir: Dir, cs: ConvShape, x: u64, w: u64, y: u64) -> Algo {
+        if let Some(a) = self.plan(cs).algo[idx(dir)] {
+            return a;
+        }
+        let k = key(dir, &cs, self.layout, self.precision);
+        let precision = self.precision;
+        let cached = self.disk.get(&k).copied();
+        let plan = self.plan(cs);
+        let a = match cached {
+            Some(mut a) => {
+                ck(unsafe { nsys::cudnnSetConvolutionMathType(plan.conv[idx(dir)].0, math_of(a.math)) }, "math type");
+                a.ws = ws_size(dev, plan, dir, a.id);
+                a
+            }
+            None => {
+                let a = find(dev, plan, dir, precision, x, w, y, &cs);
+                ck(unsafe { nsys::cudnnSetConvolutionMathType(plan.conv[idx(dir)].0, math_of(a.math)) }, "math type");
+                a
+            }
+        };
+        self.plan(cs).algo[idx(dir)] = Some(a);
+        if cached.is_none() {
+            self.remember(k, a);
+        }
+        a
+    }
+
+    /// Whether the forward of `cs` fuses its bias into cuDNN (None: not decided yet).
+    pub(crate) fn fused_bias(&self, cs: &ConvShape) -> Option<bool> {
+        self.plans.get(cs).and_then(|p| p.fused_bias)
+    }
+
+    /// The algorithms chosen so far (for benchmarks and describe()).
+    pub(crate) fn chosen(&self, cs: &ConvShape) -> [Option<Algo>; 3] {
+        self.plans.get(cs).map(|p| p.algo).unwrap_or([None, None, None])
+    }
+}
+
+fn ws_size(dev: &Device, p: &Plan, dir: Dir, id: u32) -> usize {
+    let mut s = 0usize;
+    let h = dev.cudnn.0;
+    let c = p.conv[idx(dir)].0;
+    let st = unsafe {
+        match dir {
+            Dir::Fwd => nsys::cudnnGetConvolutionForwardWorkspaceSize(h, p.x.0, p.w.0, c, p.y.0, fwd_algo(id), &mut s),
+            Dir::BwdData => {
+                nsys::cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w.0, p.y.0, c, p.x.0, bwd_data_algo(id), &mut s)
+            }
+            Dir::BwdFilter => nsys::cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                h,
+                p.x.0,
+                p.y.0,
+                c,
+                p.w.0,
+                bwd_filter_algo(id),
+                &mut s,
+            ),
+        }
+    };
+    ck(st, "cudnnGet*WorkspaceSize (algorithm from the disk cache; delete the cache file if this persists)");
+    s
+}
+
+/// cudnnFind*AlgorithmEx with a temporary workspace; the fastest successful algorithm whose math
+/// type fits the precision.
+#[allow(clippy::too_many_arguments)]
+fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, y: u64, cs: &ConvShape) -> Algo {
+    let mut limit = find_ws_limit();
+    let (free, _) = dev.ctx.mem_get_info().unwrap_or((usize::MAX, 0));
+    limit = limit.min(free / 4).max(1 << 20);
+    let mut ws = dev.stream.alloc_zeros::<u8>(limit).unwrap_or_else(|e| panic!("{}", dev.oom(limit, &e.to_string())));
+    let wsp = {
+        use cudarc::driver::DevicePtrMut;
+        let (p, _g) = ws.device_ptr_mut(&dev.stream);
+        p
+    };
+    dev.bind();
+    let h = dev.cudnn.0;
+    let c = p.conv[idx(dir)].0;
+    const REQ: usize = 8;
+    let mut n = 0i32;
+    // (id, cudnnStatus code, math, memory, time)
+    let mut res: Vec<(u32, u32, u32, usize, f32)> = Vec::new();
+    unsafe {
+        match dir {
+            Dir::Fwd => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionFwdAlgoPerf_t>(); REQ];
+                ck(
+                    nsys::cudnnFindConvolutionForwardAlgorithmEx(
+                        h,
+                        p.x.0,
+                        x as _,
+                        p.w.0,
+                        w as _,
+                        c,
+                        p.y.0,
+                        y as _,
+                        REQ as i32,
+                        &mut n,
+                        perf.as_mut_ptr(),
+                        wsp as _,
+                        limit,
+                    ),
+                    "cudnnFindConvolutionForwardAlgorithmEx",
+                );
+                for q in &perf[..n as usize] {
+                    res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                }
+            }
+            Dir::BwdData => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionBwdDataAlgoPerf_t>(); REQ];
+                ck(
+                    nsys::cudnnFindConvolutionBackwardDataAlgorithmEx(
+                        h,
+                        p.w.0,
+                        w as _,
+                        p.y.0,
+                        y as _,
+                        c,
+                        p.x.0,
+                        x as _,
+                        REQ as i32,
+                        &mut n,
+                        perf.as_mut_ptr(),
+                        wsp as _,
+                        limit,
+                    ),
+                    "cudnnFindConvolutionBackwardDataAlgorithmEx",
+                );
+                for q in &perf[..n as usize] {
+                    res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                }
+            }
+            Dir::BwdFilter => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionBwdFilterAlgoPerf_t>(); REQ];
+                ck(
+                    nsys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                        h,
+                        p.x.0,
+                        x as _,
+                        p.y.0,
+                        y as _,
+                        c,
+                        p.w.0,
+                        w as _,
+                        REQ as i32,
+                        &mut n,
+                        perf.as_mut_ptr(),
+                        wsp as _,
+                        limit,
+                    ),
+                    "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+                );
+                for q in &perf[..n as usize] {
+                    res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                }
+            }
+        }
+    }
+    dev.sync();
+    drop(ws);
+    let fma = nsys::cudnnMathType_t::CUDNN_FMA_MATH as u32;
+    let usable =
+        |r: &&(u32, u32, u32, usize, f32)| r.1 == 0 && r.3 <= limit && (precision != Precision::Fp32 || r.2 == fma);
+    if let Some(&(id, _, math, ws, ms)) = res.iter().filter(usable).min_by(|a, b| a.4.total_cmp(&b.4)) {
+        return Algo { id, math, ws, ms };
+    }
+    // cudnnFind ran nothing usable (seen for fp32 FMA NCDHW at 64x128^3 on cuDNN 9.19): take
+    // cuDNN's heuristic ranking instead, first entry whose workspace fits.
+    let heur = heuristic(dev, p, dir);
+    let (free, _) = dev.ctx.mem_get_info().unwrap_or((usize::MAX, 0));
+    let pick = heur
+        .iter()
+        .filter(|r| r.1 == 0 && r.3 <= free / 4 && (precision != Precision::Fp32 || r.2 == fma))
+        .find(|r| ws_size_checked(dev, p, dir, r.0).is_some());
+    eprintln!(
+        "meddpm-cuda: cudnnFind found no usable {} algorithm for conv {} -> {} k{} s{} ({precision:?}); find results \
+         (id, status, math, bytes, ms) {res:?}; heuristic {heur:?}; using {pick:?}",
+        dir.tag(),
+        cs.x,
+        cs.cout,
+        cs.k,
+        cs.stride
+    );
+    match pick {
+        Some(&(id, _, math, _, _)) => Algo { id, math, ws: ws_size(dev, p, dir, id), ms: -2.0 },
+        None => panic!(
+            "cuDNN has no usable {} algorithm for conv {} -> {} k{} s{} ({precision:?}); find results (id, status, \
+             math, bytes, ms) {res:?}; heuristic results {heur:?}",
+            dir.tag(),
+            cs.x,
+            cs.cout,
+            cs.k,
+            cs.stride
+        ),
+    }
+}
+
+/// cuDNN's heuristic ranking (cudnnGet*Algorithm_v7): (id, status, math, bytes, time).
+fn heuristic(dev: &Device, p: &Plan, dir: Dir) -> Vec<(u32, u32, u32, usize, f32)> {
+    const REQ: usize = 8;
+    let (h, c) = (dev.cudnn.0, p.conv[idx(dir)].0);
+    let mut n = 0i32;
+    let mut res = Vec::new();
+    unsafe {
+        match dir {
+            Dir::Fwd => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionFwdAlgoPerf_t>(); REQ];
+                let st = nsys::cudnnGetConvolutionForwardAlgorithm_v7(
+                    h,
+                    p.x.0,
+                    p.w.0,
+                    c,
+                    p.y.0,
+                    REQ as i32,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                );
+                if cudnn_ck(st, "heuristic").is_ok() {
+                    for q in &perf[..n as usize] {
+                        res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                    }
+                }
+            }
+            Dir::BwdData => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionBwdDataAlgoPerf_t>(); REQ];
+                let st = nsys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                    h,
+                    p.w.0,
+                    p.y.0,
+                    c,
+                    p.x.0,
+                    REQ as i32,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                );
+                if cudnn_ck(st, "heuristic").is_ok() {
+                    for q in &perf[..n as usize] {
+                        res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                    }
+                }
+            }
+            Dir::BwdFilter => {
+                let mut perf = [std::mem::zeroed::<nsys::cudnnConvolutionBwdFilterAlgoPerf_t>(); REQ];
+                let st = nsys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                    h,
+                    p.x.0,
+                    p.y.0,
+                    c,
+                    p.w.0,
+                    REQ as i32,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                );
+                if cudnn_ck(st, "heuristic").is_ok() {
+                    for q in &perf[..n as usize] {
+                        res.push((q.algo as u32, q.status as u32, q.mathType as u32, q.memory, q.time));
+                    }
+                }
+            }
+        }
+    }
+    res
+}
+
+fn ws_size_checked(dev: &Device, p: &Plan, dir: Dir, id: u32) -> Option<usize> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws_size(dev, p, dir, id))).ok()
+}
+
+/// out = conv(inp, w) + b.
+pub(crate) fn forward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    out: &mut CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    cs: ConvShape,
+) {
+    check_lens(cs, inp.len(), w.len(), out.len(), b.len());
+    *cache.fwd_calls.entry(cs).or_insert(0) += 1;
+    let (xp, wp, yp) = (dev.ptr(inp), dev.ptr(w), dev.ptr_mut(out));
+    let a = cache.algo(dev, Dir::Fwd, cs, xp, wp, yp);
+    let bp = dev.ptr(b);
+    let cl = cache.layout == Layout::Ndhwc;
+    let can_fuse = a.id == nsys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
+    let fused = match (can_fuse, cache.force_fused_bias, cache.plan(cs).fused_bias) {
+        (false, _, _) => false,
+        (true, Some(f), _) => f,
+        (true, None, Some(f)) => f,
+        (true, None, None) => {
+            // time both variants (second of two runs each) and keep the faster
+            let mut best = (f32::INFINITY, false);
+            for f in [false, true] {
+                let mut ms = f32::INFINITY;
+                for _ in 0..2 {
+                    let e0 = dev.stream.record_event(None).expect("cuEventRecord");
+                    if !run_forward(dev, cache, a, cs, f, xp, wp, bp, yp, cl) {
+                        ms = f32::INFINITY;
+                        break;
+                    }
+                    let e1 = dev.stream.record_event(None).expect("cuEventRecord");
+                    e1.synchronize().expect("cuEventSynchronize");
+                    ms = e0.elapsed_ms(&e1).unwrap_or(f32::INFINITY);
+                }
+                if ms < best.0 {
+                    best = (ms, f);
+                }
+            }
+            cache.plan(cs).fused_bias = Some(best.1);
+            best.1
+        }
+    };
+    if !run_forward(dev, cache, a, cs, fused, xp, wp, bp, yp, cl) {
+        cache.plan(cs).fused_bias = Some(false);
+        run_forward(dev, cache, a, cs, false, xp, wp, bp, yp, cl);
+    }
+}
+
+/// One forward: fused conv+bias through cuDNN, or cuDNN conv then our bias kernel. Returns false
+/// when cuDNN refuses the fused call (the caller falls back).
+#[allow(clippy::too_many_arguments)]
+fn run_forward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    a: Algo,
+    cs: ConvShape,
+    fused: bool,
+    xp: u64,
+    wp: u64,
+    bp: u64,
+    yp: u64,
+    cl: bool,
+) -> bool {
+    let act = cache.identity.0;
+    let p = cache.plan(cs);
+    let ws = dev.workspace(a.ws);
+    let wsp = ws_ptr(dev, &ws);
+    let (one, zero) = (1.0f32, 0.0f32);
+    dev.bind();
+    if fused {
+        let st = unsafe {
+            nsys::cudnnConvolutionBiasActivationForward(
+                dev.cudnn.0,
+                &one as *const f32 as _,
+                p.x.0,
+                xp as _,
+                p.w.0,
+                wp as _,
+                p.conv[0].0,
+                fwd_algo(a.id),
+                wsp as _,
+                a.ws,
+                &zero as *const f32 as _,
+                p.y.0,
+                yp as _,
+                p.bias.0,
+                bp as _,
+                act,
+                p.y.0,
+                yp as _,
+            )
+        };
+        return st == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
+    }
+    ck(
+        unsafe {
+            nsys::cudnnConvolutionForward(
+                dev.cudnn.0,
+                &one as *const f32 as _,
+                p.x.0,
+                xp as _,
+                p.w.0,
+                wp as _,
+                p.conv[0].0,
+                fwd_algo(a.id),
+                wsp as _,
+                a.ws,
+                &zero as *const f32 as _,
+                p.y.0,
+                yp as _,
+            )
+        },
+        "cudnnConvolutionForward",
+    );
+    drop(ws);
+    let o = cs.out();
+    crate::elementwise::add_channel_bias(dev, yp, bp, o, cl, false);
+    true
+}
+
+fn ws_ptr(dev: &Device, ws: &CudaSlice<u8>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _g) = ws.device_ptr(&dev.stream);
+    p
+}
+
+fn check_lens(cs: ConvShape, x: usize, w: usize, y: usize, b: usize) {
+    assert!(
+        x == cs.x.numel() && w == cs.w_len() && y == cs.out().numel() && b == cs.cout,
+        "conv3d {} -> {} k{} s{}: buffer lengths x {x} w {w} y {y} b {b}, expected {} {} {} {}",
+        cs.x,
+        cs.cout,
+        cs.k,
+        cs.stride,
+        cs.x.numel(),
+        cs.w_len(),
+        cs.out().numel(),
+        cs.cout
+    );
+}
+
+/// dinp (per Accum), dw += , db += .
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    dinp: Option<(&mut CudaSlice<f32>, Accum)>,
+    dw: &mut CudaSlice<f32>,
+    db: &mut CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    cs: ConvShape,
+) {
+    check_lens(cs, inp.len(), w.len(), dout.len(), db.len());
+    assert_eq!(dw.len(), cs.w_len(), "conv3d backward: dw length");
+    let (xp, wp, dyp) = (dev.ptr(inp), dev.ptr(w), dev.ptr(dout));
+    let cl = cache.layout == Layout::Ndhwc;
+    // Bias gradient: db[c] += sum over n and voxels of dout.
+    crate::elementwise::channel_sums(dev, dout, cs.out(), cl, crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db)));
+
+    let (one, zero) = (1.0f32, 0.0f32);
+    // Weight gradient (beta = 1: accumulate). cudnnFind writes its output, so it gets a scratch dw.
+    let dwp = dev.ptr_mut(dw);
+    let a = if cache.plan(cs).algo[2].is_some() {
+        cache.algo(dev, Dir::BwdFilter, cs, xp, 0, dyp)
+    } else {
+        let mut tmp = dev.alloc_f32(cs.w_len()).unwrap_or_else(|e| panic!("{e}"));
+        let tp = dev.ptr_mut(&mut tmp);
+        let a = cache.algo(dev, Dir::BwdFilter, cs, xp, tp, dyp);
+        dev.sync();
+        drop(tmp);
+        a
+    };
+    {
+        let p = cache.plan(cs);
+        let ws = dev.workspace(a.ws);
+        let wsp = ws_ptr(dev, &ws);
+        dev.bind();
+        ck(
+            unsafe {
+                nsys::cudnnConvolutionBackwardFilter(
+                    dev.cudnn.0,
+                    &one as *const f32 as _,
+                    p.x.0,
+                    xp as _,
+                    p.y.0,
+                    dyp as _,
+                    p.conv[2].0,
+                    bwd_filter_algo(a.id),
+                    wsp as _,
+                    a.ws,
+                    &one as *const f32 as _,
+                    p.w.0,
+                    dwp as _,
+                )
+            },
+            "cudnnConvolutionBackwardFilter",
+        );
+    }
+
+    // Data gradient.
+    if let Some((dx, acc)) = dinp {
+        assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
+        let dxp = dev.ptr_mut(dx);
+        let a = if cache.plan(cs).algo[1].is_some() || acc == Accum::Overwrite {
+            cache.algo(dev, Dir::BwdData, cs, dxp, wp, dyp)
+        } else {
+            let mut tmp = dev.alloc_f32(cs.x.numel()).unwrap_or_else(|e| panic!("{e}"));
+            let tp = dev.ptr_mut(&mut tmp);
+            let a = cache.algo(dev, Dir::BwdData, cs, tp, wp, dyp);
+            dev.sync();
+            drop(tmp);
+            a
+        };
+        let p = cache.plan(cs);
+        let ws = dev.workspace(a.ws);
+        let wsp = ws_ptr(dev, &ws);
+        let beta = if acc == Accum::Add { one } else { zero };
+        dev.bind();
+        ck(
+            unsafe {
+                nsys::cudnnConvolutionBackwardData(
+                    dev.cudnn.0,
+                    &one as *const f32 as _,
+                    p.w.0,
+                    wp as _,
+                    p.y.0,
+                    dyp as _,
+                    p.conv[1].0,
+                    bwd_data_algo(a.id),
+                    wsp as _,
+                    a.ws,
+                    &beta as *const f32 as _,
+                    p.x.0,
+                    dxp as _,
+                )
+            },
+            "cudnnConvolutionBackwardData",
+        );
+    }
+}

@@ -1,0 +1,471 @@
+//! The device: CUDA context and the one stream every op is queued on, the cuDNN and cuBLAS
+//! handles bound to it, the NVRTC-compiled kernel module, and the scratch buffers that grow only on
+//! the first use of a shape (cuDNN workspace, reduction partials).
+//!
+//! Why one stream: the [`meddpm::Backend`] contract is a sequence of dependent ops, so a single
+//! in-order stream gives every ordering for free; cudarc's per-buffer event tracking is switched
+//! off (it would record two events per kernel argument).
+//!
+//! Libraries are loaded at run time (cudarc `dynamic-loading`), which panics when a library is
+//! missing: [`Device::new`] first checks each library is loadable and turns any panic into a clear
+//! `Error::Backend`. Kernels (`kernels/*.cu`, embedded with `include_str!`) are compiled once per
+//! process and GPU architecture by NVRTC straight to a cubin.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use cudarc::cublas::sys as bsys;
+use cudarc::cudnn::sys as nsys;
+use cudarc::driver::{
+    result as dres, sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+};
+use cudarc::nvrtc::sys as rsys;
+use meddpm::{Error, Result};
+
+/// The NVRTC sources, in compilation order (common.cu and reduce.cu define helpers the others use).
+pub(crate) const KERNEL_SOURCES: &[(&str, &str)] = &[
+    ("common.cu", include_str!("../kernels/common.cu")),
+    ("reduce.cu", include_str!("../kernels/reduce.cu")),
+    ("groupnorm.cu", include_str!("../kernels/groupnorm.cu")),
+    ("silu.cu", include_str!("../kernels/silu.cu")),
+    ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+    ("linear.cu", include_str!("../kernels/linear.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("upsample.cu", include_str!("../kernels/upsample.cu")),
+    ("loss.cu", include_str!("../kernels/loss.cu")),
+    ("diffusion.cu", include_str!("../kernels/diffusion.cu")),
+    ("optim.cu", include_str!("../kernels/optim.cu")),
+];
+
+/// Every `extern "C"` kernel in [`KERNEL_SOURCES`].
+pub(crate) const KERNEL_NAMES: &[&str] = &[
+    "chan_stats_ncdhw",
+    "chan_stats_ndhwc1",
+    "chan_stats_ndhwc4",
+    "chan_gnbwd_ncdhw",
+    "chan_gnbwd_ndhwc1",
+    "chan_gnbwd_ndhwc4",
+    "chan_sum_ncdhw",
+    "chan_sum_ndhwc1",
+    "chan_sum_ndhwc4",
+    "chan_sum_finalize",
+    "gn_stats_finalize",
+    "gn_apply",
+    "gn_bwd_finalize",
+    "gn_bwd_apply",
+    "gn_apply4",
+    "gn_bwd_apply4",
+    "silu_fwd",
+    "silu_bwd",
+    "add_assign",
+    "scale_buf",
+    "add_channel_bias",
+    "concat_channels",
+    "split_channels",
+    "rows_sum_accum",
+    "softmax_rows",
+    "softmax_bwd_rows",
+    "upsample_fwd",
+    "upsample_bwd",
+    "loss_partial",
+    "loss_final",
+    "loss_bwd",
+    "randn",
+    "q_sample",
+    "ddpm_step",
+    "adam_step",
+    "ema_update",
+];
+
+/// One kernel argument. Pointers are raw device addresses; `Raw` passes a `#[repr(C)]` struct by
+/// value (the kernel reads `size_of` bytes from it).
+#[derive(Clone, Copy)]
+pub(crate) enum Arg {
+    P(u64),
+    I(i32),
+    L(i64),
+    U(u64),
+    F(f32),
+    D(f64),
+    Raw(*const c_void),
+}
+
+/// Versions and facts read once at start-up.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub cc: (i32, i32),
+    pub sms: u32,
+    pub total_mem: usize,
+    pub driver_version: i32,
+    pub cudnn_version: usize,
+    pub cublas_version: i32,
+    pub nvrtc_version: (i32, i32),
+}
+
+impl DeviceInfo {
+    pub fn cudnn_string(&self) -> String {
+        version_string(self.cudnn_version)
+    }
+}
+
+/// cuDNN 9 encodes versions as major·10000 + minor·100 + patch.
+pub fn version_string(v: usize) -> String {
+    format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)
+}
+
+pub(crate) struct CudnnHandle(pub(crate) nsys::cudnnHandle_t);
+unsafe impl Send for CudnnHandle {}
+unsafe impl Sync for CudnnHandle {}
+impl Drop for CudnnHandle {
+    fn drop(&mut self) {
+        unsafe { nsys::cudnnDestroy(self.0) };
+    }
+}
+
+pub(crate) struct BlasHandle(pub(crate) bsys::cublasHandle_t);
+unsafe impl Send for BlasHandle {}
+unsafe impl Sync for BlasHandle {}
+impl Drop for BlasHandle {
+    fn drop(&mut self) {
+        unsafe { bsys::cublasDestroy_v2(self.0) };
+    }
+}
+
+pub(crate) struct Device {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) cudnn: CudnnHandle,
+    pub(crate) blas: BlasHandle,
+    funcs: HashMap<&'static str, CudaFunction>,
+    pub(crate) info: DeviceInfo,
+    /// Reduction partials (f32), grown on first use of a larger shape.
+    scratch: Mutex<CudaSlice<f32>>,
+    /// cuDNN workspace (bytes), grown to the largest chosen algorithm's need.
+    workspace: Mutex<CudaSlice<u8>>,
+}
+
+/// Check a cuDNN status.
+pub(crate) fn cudnn_ck(st: nsys::cudnnStatus_t, what: &str) -> std::result::Result<(), String> {
+    if st == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        return Ok(());
+    }
+    let msg = unsafe { CStr::from_ptr(nsys::cudnnGetErrorString(st)) }.to_string_lossy().into_owned();
+    Err(format!("cuDNN {what}: {st:?} ({msg})"))
+}
+
+/// Check a cuBLAS status.
+pub(crate) fn cublas_ck(st: bsys::cublasStatus_t, what: &str) -> std::result::Result<(), String> {
+    if st == bsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("cuBLAS {what}: {st:?}"))
+    }
+}
+
+/// Run `f`, turning a panic (cudarc panics when a dynamically loaded library or symbol is missing)
+/// into an error message.
+pub(crate) fn no_panic<T>(
+    what: &str,
+    f: impl FnOnce() -> std::result::Result<T, String>,
+) -> std::result::Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let m = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(format!("{what}: {m}"))
+        }
+    }
+}
+
+/// Which of the libraries the backend needs can be loaded (name, present).
+pub(crate) fn library_presence() -> Vec<(&'static str, bool)> {
+    let p = |f: unsafe fn() -> bool| std::panic::catch_unwind(|| unsafe { f() }).unwrap_or(false);
+    vec![
+        ("cuda (driver)", p(dsys::is_culib_present)),
+        ("nvrtc", p(rsys::is_culib_present)),
+        ("cudnn", p(nsys::is_culib_present)),
+        ("cublas", p(bsys::is_culib_present)),
+        ("cupti", p(cudarc::cupti::sys::is_culib_present)),
+    ]
+}
+
+/// NVRTC version (major, minor).
+pub(crate) fn nvrtc_version() -> std::result::Result<(i32, i32), String> {
+    let (mut a, mut b) = (0, 0);
+    let st = unsafe { rsys::nvrtcVersion(&mut a, &mut b) };
+    if st != rsys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(format!("nvrtcVersion: {st:?}"));
+    }
+    Ok((a, b))
+}
+
+/// Compile all kernels for `arch` (e.g. "sm_90") to a cubin. Public for the compile-only test.
+pub fn compile_kernels(arch: &str) -> std::result::Result<Vec<u8>, String> {
+    let src: String = KERNEL_SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect();
+    let csrc = std::ffi::CString::new(src).map_err(|e| e.to_string())?;
+    let name = std::ffi::CString::new("meddpm_kernels.cu").unwrap();
+    let prog = cudarc::nvrtc::result::create_program(&csrc, Some(&name)).map_err(|e| format!("nvrtc create: {e:?}"))?;
+    let mut opts = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into(), "-lineinfo".into()];
+    let verbose = std::env::var("MEDDPM_NVRTC_VERBOSE").is_ok_and(|v| v == "1");
+    if verbose {
+        opts.push("--ptxas-options=-v".into());
+    }
+    let res = unsafe { cudarc::nvrtc::result::compile_program(prog, &opts) };
+    let log = unsafe { cudarc::nvrtc::result::get_program_log(prog) }
+        .map(|l| unsafe { CStr::from_ptr(l.as_ptr()) }.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if verbose {
+        eprintln!("NVRTC log ({arch}):\n{log}");
+    }
+    let out = match res {
+        Err(e) => Err(format!("NVRTC failed to compile the meddpm kernels for {arch}: {e:?}\n{log}")),
+        Ok(()) => {
+            let mut size = 0usize;
+            let st = unsafe { rsys::nvrtcGetCUBINSize(prog, &mut size) };
+            if st != rsys::nvrtcResult::NVRTC_SUCCESS {
+                Err(format!("nvrtcGetCUBINSize: {st:?}"))
+            } else {
+                let mut buf = vec![0u8; size];
+                let st = unsafe { rsys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _) };
+                if st != rsys::nvrtcResult::NVRTC_SUCCESS {
+                    Err(format!("nvrtcGetCUBIN: {st:?}"))
+                } else {
+                    Ok(buf)
+                }
+            }
+        }
+    };
+    unsafe { cudarc::nvrtc::result::destroy_program(prog) }.ok();
+    out
+}
+
+/// Compiled cubins: kept per process, and on disk next to the cuDNN algorithm cache (keyed by a
+/// hash of the sources, the architecture and the NVRTC version) so later processes skip NVRTC.
+fn cubin_for(arch: &str) -> std::result::Result<Vec<u8>, String> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(b) = c.get(arch) {
+        return Ok(b.clone());
+    }
+    let file = crate::conv3d::cache_dir().map(|d| {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        KERNEL_SOURCES.hash(&mut h);
+        nvrtc_version().ok().hash(&mut h);
+        d.join(format!("kernels-{arch}-{:016x}.cubin", h.finish()))
+    });
+    let b = match file.as_ref().and_then(|f| std::fs::read(f).ok()) {
+        Some(b) => b,
+        None => {
+            let b = compile_kernels(arch)?;
+            if let Some(f) = &file {
+                let _ = std::fs::create_dir_all(f.parent().unwrap_or(f));
+                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+                if std::fs::write(&tmp, &b).is_ok() {
+                    let _ = std::fs::rename(&tmp, f);
+                }
+            }
+            b
+        }
+    };
+    c.insert(arch.to_string(), b.clone());
+    Ok(b)
+}
+
+impl Device {
+    pub(crate) fn new(ordinal: usize) -> Result<Device> {
+        let missing: Vec<&str> =
+            library_presence().into_iter().filter(|(n, ok)| !ok && *n != "cupti").map(|(n, _)| n).collect();
+        if missing.contains(&"cuda (driver)") {
+            return Err(Error::Backend(
+                "no CUDA device: the CUDA driver library (libcuda.so) could not be loaded".into(),
+            ));
+        }
+        if !missing.is_empty() {
+            return Err(Error::Backend(format!(
+                "CUDA libraries not found: {} (searched LD_LIBRARY_PATH and the system paths; run `meddpm doctor`, \
+                 and see scripts/gpu-check.sh for a working library folder)",
+                missing.join(", ")
+            )));
+        }
+        no_panic("CUDA initialisation", || Self::init(ordinal)).map_err(Error::Backend)
+    }
+
+    fn init(ordinal: usize) -> std::result::Result<Device, String> {
+        let n = CudaContext::device_count().map_err(|e| format!("no CUDA device: {e}"))?;
+        if n <= 0 {
+            return Err("no CUDA device: the driver reports 0 devices".into());
+        }
+        if ordinal >= n as usize {
+            return Err(format!("no CUDA device {ordinal}: the driver reports {n} device(s) (0..{})", n - 1));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| format!("no CUDA device: {e}"))?;
+        // One in-order stream per backend; we order everything ourselves.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| format!("cuStreamCreate: {e}"))?;
+        let cc = ctx.compute_capability().map_err(|e| e.to_string())?;
+        let sms = ctx
+            .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| e.to_string())? as u32;
+        let mut drv = 0;
+        unsafe { dsys::cuDriverGetVersion(&mut drv) };
+        let info_base = (ctx.name().unwrap_or_default(), ctx.total_mem().unwrap_or(0));
+
+        // cuDNN
+        let mut h: nsys::cudnnHandle_t = std::ptr::null_mut();
+        cudnn_ck(unsafe { nsys::cudnnCreate(&mut h) }, "cudnnCreate")?;
+        let cudnn = CudnnHandle(h);
+        cudnn_ck(unsafe { nsys::cudnnSetStream(cudnn.0, stream.cu_stream() as _) }, "cudnnSetStream")?;
+        let cudnn_version = unsafe { nsys::cudnnGetVersion() };
+
+        // cuBLAS
+        let mut bh: bsys::cublasHandle_t = std::ptr::null_mut();
+        cublas_ck(unsafe { bsys::cublasCreate_v2(&mut bh) }, "cublasCreate")?;
+        let blas = BlasHandle(bh);
+        cublas_ck(unsafe { bsys::cublasSetStream_v2(blas.0, stream.cu_stream() as _) }, "cublasSetStream")?;
+        let mut cublas_version = 0;
+        unsafe { bsys::cublasGetVersion_v2(blas.0, &mut cublas_version) };
+
+        // Kernels
+        let nvrtc_version = nvrtc_version()?;
+        let arch = format!("sm_{}{}", cc.0, cc.1);
+        let cubin = cubin_for(&arch)?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| format!("loading the meddpm kernels ({arch}): {e}"))?;
+        let mut funcs = HashMap::new();
+        for &k in KERNEL_NAMES {
+            let f = module.load_function(k).map_err(|e| format!("kernel {k}: {e}"))?;
+            funcs.insert(k, f);
+        }
+        let scratch = stream.alloc_zeros::<f32>(1 << 16).map_err(|e| e.to_string())?;
+        let workspace = stream.alloc_zeros::<u8>(256).map_err(|e| e.to_string())?;
+        let info = DeviceInfo {
+            ordinal,
+            name: info_base.0,
+            cc,
+            sms,
+            total_mem: info_base.1,
+            driver_version: drv,
+            cudnn_version,
+            cublas_version,
+            nvrtc_version,
+        };
+        Ok(Device {
+            ctx,
+            stream,
+            cudnn,
+            blas,
+            funcs,
+            info,
+            scratch: Mutex::new(scratch),
+            workspace: Mutex::new(workspace),
+        })
+    }
+
+    pub(crate) fn bind(&self) {
+        self.ctx.bind_to_thread().expect("cuCtxSetCurrent");
+    }
+
+    /// Device address of a buffer to read.
+    pub(crate) fn ptr(&self, b: &CudaSlice<f32>) -> u64 {
+        let (p, _g) = b.device_ptr(&self.stream);
+        p
+    }
+
+    /// Device address of a buffer to write.
+    pub(crate) fn ptr_mut(&self, b: &mut CudaSlice<f32>) -> u64 {
+        let (p, _g) = b.device_ptr_mut(&self.stream);
+        p
+    }
+
+    /// Allocate `len` zeroed f32 with a clear out-of-memory message.
+    pub(crate) fn alloc_f32(&self, len: usize) -> Result<CudaSlice<f32>> {
+        self.stream.alloc_zeros::<f32>(len.max(1)).map_err(|e| self.oom(len * 4, &e.to_string()))
+    }
+
+    pub(crate) fn oom(&self, bytes: usize, err: &str) -> Error {
+        let (free, total) = self.ctx.mem_get_info().unwrap_or((0, 0));
+        Error::Backend(format!(
+            "CUDA allocation of {:.1} MiB failed on {} ({:.0} MiB free of {:.0} MiB): {err}; reduce the batch size or \
+             the volume size",
+            bytes as f64 / 1048576.0,
+            self.info.name,
+            free as f64 / 1048576.0,
+            total as f64 / 1048576.0
+        ))
+    }
+
+    /// The reduction scratch buffer, at least `len` floats (grows only on first use of a shape).
+    pub(crate) fn scratch(&self, len: usize) -> MutexGuard<'_, CudaSlice<f32>> {
+        let mut g = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if g.len() < len {
+            *g = self.alloc_f32(len).unwrap_or_else(|e| panic!("{e}"));
+        }
+        g
+    }
+
+    /// The cuDNN workspace, at least `bytes` long.
+    pub(crate) fn workspace(&self, bytes: usize) -> MutexGuard<'_, CudaSlice<u8>> {
+        let mut g = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        if g.len() < bytes {
+            *g = self.stream.alloc_zeros::<u8>(bytes).unwrap_or_else(|e| panic!("{}", self.oom(bytes, &e.to_string())));
+        }
+        g
+    }
+
+    /// Blocks for a grid-stride elementwise kernel over `n` items (256 threads each).
+    pub(crate) fn grid_for(&self, n: usize) -> u32 {
+        let want = n.div_ceil(256).max(1);
+        want.min(self.info.sms as usize * 16) as u32
+    }
+
+    /// Launch kernel `name` with the given grid/block and arguments.
+    pub(crate) fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) {
+        let f = self.funcs.get(name).unwrap_or_else(|| panic!("unknown kernel {name}"));
+        assert!(args.len() <= 24, "kernel {name}: too many arguments");
+        let mut slots = [0u64; 24];
+        for (s, a) in slots.iter_mut().zip(args) {
+            *s = match *a {
+                Arg::P(v) | Arg::U(v) => v,
+                Arg::I(v) => v as u32 as u64,
+                Arg::L(v) => v as u64,
+                Arg::F(v) => v.to_bits() as u64,
+                Arg::D(v) => v.to_bits(),
+                Arg::Raw(_) => 0,
+            };
+        }
+        let mut params: [*mut c_void; 24] = [std::ptr::null_mut(); 24];
+        for (i, a) in args.iter().enumerate() {
+            params[i] = match *a {
+                Arg::Raw(p) => p as *mut c_void,
+                _ => &mut slots[i] as *mut u64 as *mut c_void,
+            };
+        }
+        self.bind();
+        unsafe {
+            dres::launch_kernel(f.cu_function(), grid, block, 0, self.stream.cu_stream(), &mut params[..args.len()])
+        }
+        .unwrap_or_else(|e| panic!("launching kernel {name} (grid {grid:?}, block {block:?}): {e}"));
+    }
+
+    /// 1-D grid-stride launch over `n` items.
+    pub(crate) fn launch1(&self, name: &str, n: usize, args: &[Arg]) {
+        if n == 0 {
+            return;
+        }
+        self.launch(name, (self.grid_for(n), 1, 1), (256, 1, 1), args);
+    }
+
+    pub(crate) fn sync(&self) {
+        self.stream.synchronize().unwrap_or_else(|e| panic!("CUDA stream synchronize: {e}"));
+    }
+}

@@ -1,0 +1,172 @@
+//! Linear layers (time-embedding MLP, each ResBlock's emb_layers) and the GEMM helper shared with
+//! attention. Semantics: `Backend::linear_*` (torch.nn.Linear, w stored (O, I)); CPU twin
+//! cpu/linear.rs. GEMMs are cuBLAS (column-major); bias add and bias gradient are our kernels.
+//!
+//! [`Mat`] describes a *logical* row-major-thinking matrix by where cuBLAS finds it: either the
+//! column-major storage holds the matrix itself (`t == false`) or its transpose (`t == true`), with
+//! leading dimension `ld` and a batch stride. [`gemm`] then computes C = α·A·B + β·C for any mix.
+
+use cudarc::cublas::sys as bsys;
+use cudarc::driver::CudaSlice;
+use meddpm::Accum;
+
+use crate::device::{cublas_ck, Arg::*, Device};
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mat {
+    pub ptr: u64,
+    pub ld: i32,
+    /// Storage holds the transpose (column-major view), e.g. any row-major matrix.
+    pub t: bool,
+    /// Elements between consecutive matrices of a batch.
+    pub stride: i64,
+}
+
+impl Mat {
+    /// A row-major (rows × cols) matrix: column-major storage of its transpose.
+    pub fn row_major(ptr: u64, cols: usize, stride: i64) -> Mat {
+        Mat { ptr, ld: cols as i32, t: true, stride }
+    }
+    /// The logical transpose (same storage).
+    pub fn tr(self) -> Mat {
+        Mat { t: !self.t, ..self }
+    }
+}
+
+fn op(t: bool) -> bsys::cublasOperation_t {
+    if t {
+        bsys::cublasOperation_t::CUBLAS_OP_T
+    } else {
+        bsys::cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+/// C (m × n) = alpha · A (m × k) · B (k × n) + beta · C, for `batch` matrices.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    dev: &Device,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    beta: f32,
+    c: Mat,
+    batch: usize,
+) {
+    dev.bind();
+    let (m, n, k) = (m as i32, n as i32, k as i32);
+    let st = unsafe {
+        if !c.t {
+            bsys::cublasSgemmStridedBatched(
+                dev.blas.0,
+                op(a.t),
+                op(b.t),
+                m,
+                n,
+                k,
+                &alpha,
+                a.ptr as *const f32,
+                a.ld,
+                a.stride,
+                b.ptr as *const f32,
+                b.ld,
+                b.stride,
+                &beta,
+                c.ptr as *mut f32,
+                c.ld,
+                c.stride,
+                batch as i32,
+            )
+        } else {
+            // Storage holds Cᵀ = Bᵀ·Aᵀ.
+            bsys::cublasSgemmStridedBatched(
+                dev.blas.0,
+                op(!b.t),
+                op(!a.t),
+                n,
+                m,
+                k,
+                &alpha,
+                b.ptr as *const f32,
+                b.ld,
+                b.stride,
+                a.ptr as *const f32,
+                a.ld,
+                a.stride,
+                &beta,
+                c.ptr as *mut f32,
+                c.ld,
+                c.stride,
+                batch as i32,
+            )
+        }
+    };
+    cublas_ck(st, &format!("sgemm m {m} n {n} k {k} batch {batch}")).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// out[N,O] = inp[N,I]·wᵀ + b.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward(
+    dev: &Device,
+    out: &mut CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    n: usize,
+    i: usize,
+    o: usize,
+) {
+    assert!(
+        out.len() == n * o && inp.len() == n * i && w.len() == o * i && b.len() == o,
+        "linear N {n} I {i} O {o}: lengths out {} inp {} w {} b {}",
+        out.len(),
+        inp.len(),
+        w.len(),
+        b.len()
+    );
+    let op_ = dev.ptr_mut(out);
+    let x = Mat::row_major(dev.ptr(inp), i, 0);
+    let wm = Mat::row_major(dev.ptr(w), i, 0);
+    gemm(dev, n, o, i, 1.0, x, wm.tr(), 0.0, Mat::row_major(op_, o, 0), 1);
+    let d = meddpm::Dims::new(n, o, 1, 1, 1);
+    crate::elementwise::add_channel_bias(dev, op_, dev.ptr(b), d, false, false);
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    dev: &Device,
+    dinp: Option<(&mut CudaSlice<f32>, Accum)>,
+    dw: &mut CudaSlice<f32>,
+    db: &mut CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    n: usize,
+    i: usize,
+    o: usize,
+) {
+    assert!(
+        dout.len() == n * o && inp.len() == n * i && w.len() == o * i && dw.len() == o * i && db.len() == o,
+        "linear backward N {n} I {i} O {o}: lengths"
+    );
+    let dy = Mat::row_major(dev.ptr(dout), o, 0);
+    let x = Mat::row_major(dev.ptr(inp), i, 0);
+    // dw[O,I] += doutᵀ·inp
+    gemm(dev, o, i, n, 1.0, dy.tr(), x, 1.0, Mat::row_major(dev.ptr_mut(dw), i, 0), 1);
+    // db[o] += Σ_n dout[n, o]
+    dev.launch(
+        "rows_sum_accum",
+        (o.div_ceil(128) as u32, 1, 1),
+        (128, 1, 1),
+        &[P(dev.ptr_mut(db)), P(dev.ptr(dout)), I(n as i32), I(o as i32)],
+    );
+    if let Some((dx, acc)) = dinp {
+        assert_eq!(dx.len(), n * i, "linear backward: dinp length");
+        let beta = if acc == Accum::Add { 1.0 } else { 0.0 };
+        // dinp[N,I] = dout·w
+        let wm = Mat::row_major(dev.ptr(w), i, 0);
+        gemm(dev, n, i, o, 1.0, dy, wm, beta, Mat::row_major(dev.ptr_mut(dx), i, 0), 1);
+    }
+}

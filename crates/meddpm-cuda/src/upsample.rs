@@ -1,0 +1,50 @@
+//! Trilinear ×2 upsampling, align_corners=False, forward and backward (kernels/upsample.cu).
+//! Semantics: `Backend::upsample_*` (PyTorch F.interpolate); CPU twin cpu/upsample.rs.
+
+use cudarc::driver::CudaSlice;
+use meddpm::{Accum, Dims};
+
+use crate::device::{Arg::*, Device};
+
+pub(crate) fn forward(dev: &Device, out: &mut CudaSlice<f32>, inp: &CudaSlice<f32>, x: Dims, cl: bool) {
+    assert!(
+        inp.len() == x.numel() && out.len() == x.up2().numel(),
+        "upsample {x}: lengths inp {} out {}",
+        inp.len(),
+        out.len()
+    );
+    let total = x.up2().numel();
+    dev.launch1(
+        "upsample_fwd",
+        total,
+        &[
+            P(dev.ptr_mut(out)),
+            P(dev.ptr(inp)),
+            I(x.c as i32),
+            I(x.d as i32),
+            I(x.h as i32),
+            I(x.w as i32),
+            L(total as i64),
+            I(cl as i32),
+        ],
+    );
+}
+
+pub(crate) fn backward(dev: &Device, dinp: (&mut CudaSlice<f32>, Accum), dout: &CudaSlice<f32>, x: Dims, cl: bool) {
+    assert!(dinp.0.len() == x.numel() && dout.len() == x.up2().numel(), "upsample backward {x}: lengths");
+    dev.launch1(
+        "upsample_bwd",
+        x.numel(),
+        &[
+            P(dev.ptr_mut(dinp.0)),
+            P(dev.ptr(dout)),
+            I(x.c as i32),
+            I(x.d as i32),
+            I(x.h as i32),
+            I(x.w as i32),
+            L(x.numel() as i64),
+            I(cl as i32),
+            I((dinp.1 == Accum::Add) as i32),
+        ],
+    );
+}

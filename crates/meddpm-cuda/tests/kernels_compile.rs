@@ -1,0 +1,18 @@
+//! The NVRTC kernels compile for Hopper (sm_90) and Ampere (sm_80). Needs only libnvrtc, not a GPU,
+//! so it also runs on a CPU machine that has the NVRTC library on LD_LIBRARY_PATH (e.g. from the
+//! `nvidia-cuda-nvrtc` wheel); elsewhere it prints a skip reason and passes.
+
+#[test]
+fn kernels_compile_with_nvrtc() {
+    let present = std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false);
+    if !present {
+        println!("skipped: libnvrtc not found (set LD_LIBRARY_PATH to a folder holding libnvrtc.so.13)");
+        return;
+    }
+    for arch in ["sm_90", "sm_80"] {
+        let t = std::time::Instant::now();
+        let cubin = meddpm_cuda::compile_kernels(arch).unwrap_or_else(|e| panic!("{e}"));
+        assert!(cubin.len() > 1000, "{arch}: cubin of {} bytes", cubin.len());
+        println!("{arch}: {} bytes in {:.2} s", cubin.len(), t.elapsed().as_secs_f64());
+    }
+}

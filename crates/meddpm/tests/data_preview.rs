@@ -1,0 +1,69 @@
+//! PNG previews: layout (columns = volumes, rows = axial/coronal/sagittal mid-slices), the
+//! slice orientation, colours, and a PNG that decodes back to the same pixels.
+
+use meddpm::data::nifti::Volume;
+use meddpm::data::preview::{guess_kind, label_position, render, render_at, write_png, Kind, PALETTE};
+
+fn vol(f: impl Fn(usize, usize, usize) -> f32) -> Volume {
+    let (nx, ny, nz) = (10, 12, 14);
+    let mut d = Vec::new();
+    for z in 0..nz {
+        for y in 0..ny {
+            for x in 0..nx {
+                d.push(f(x, y, z));
+            }
+        }
+    }
+    Volume::new([nx, ny, nz], [1.0; 3], d)
+}
+
+#[test]
+fn layout_orientation_and_colours() {
+    // mask: label 2 at (3, 4, 7) (on the axial mid-slice z = 7), label 1 at (5, 6, 2) (on the
+    // coronal mid-slice y = 6), label 3 at (5, 9, 11) (on the sagittal mid-slice x = 5)
+    let mask = vol(|x, y, z| match (x, y, z) {
+        (3, 4, 7) => 2.0,
+        (5, 6, 2) => 1.0,
+        (5, 9, 11) => 3.0,
+        _ => 0.0,
+    });
+    let image = vol(|x, _, _| x as f32 * 10.0);
+    assert_eq!(guess_kind(&mask), Kind::Labels);
+    assert_eq!(guess_kind(&vol(|x, _, _| x as f32 * 0.3)), Kind::Intensity);
+    let img = render(&[(&mask, Kind::Labels), (&image, Kind::Intensity)]);
+    // scale = ⌈128/14⌉ = 10, gap 4: columns 12·10 wide, rows 12·10, 14·10, 14·10 high
+    assert_eq!((img.width(), img.height()), (4 + 120 + 4 + 120 + 4, 4 + 120 + 4 + 140 + 4 + 140 + 4));
+    let px = |col0: u32, row0: u32, u: u32, w: u32| img.get_pixel(col0 + u * 10 + 5, row0 + w * 10 + 5).0;
+    let (c0, c1) = (4, 4 + 120 + 4);
+    let (r0, r1, r2) = (4, 4 + 120 + 4, 4 + 120 + 4 + 140 + 4);
+    // axial: u = x, w = (ny − 1) − y
+    assert_eq!(px(c0, r0, 3, 11 - 4), PALETTE[2]);
+    assert_eq!(px(c0, r0, 4, 11 - 4), PALETTE[0]);
+    // coronal: u = x, w = (nz − 1) − z
+    assert_eq!(px(c0, r1, 5, 13 - 2), PALETTE[1]);
+    // sagittal: u = y, w = (nz − 1) − z
+    assert_eq!(px(c0, r2, 9, 13 - 11), PALETTE[3]);
+    // intensity column: x = 0 black, x = 9 white, on every plane showing x
+    assert_eq!(px(c1, r0, 0, 0), [0, 0, 0]);
+    assert_eq!(px(c1, r0, 9, 5), [255, 255, 255]);
+    assert_eq!(px(c1, r1, 9, 13), [255, 255, 255]);
+    // the sagittal plane of the ramp is the constant x = 5: 50/90 of full scale
+    let g = (50.0f32 / 90.0 * 255.0).round() as u8;
+    assert_eq!(px(c1, r2, 3, 3), [g, g, g]);
+
+    let path = std::env::temp_dir().join(format!("meddpm-preview-{}.png", std::process::id()));
+    write_png(&path, &[(&mask, Kind::Labels), (&image, Kind::Intensity)]).unwrap();
+    let back = image::open(&path).unwrap().to_rgb8();
+    assert_eq!(back, img);
+    std::fs::remove_file(&path).ok();
+
+    // cutting through the centroid of label 2 shows it in all three planes
+    let pos = label_position(&mask, 2.0).unwrap();
+    assert_eq!(pos, [3.5 / 10.0, 4.5 / 12.0, 7.5 / 14.0]);
+    let at = render_at(&[(&mask, Kind::Labels)], pos);
+    let px = |row0: u32, u: u32, w: u32| at.get_pixel(4 + u * 10 + 5, row0 + w * 10 + 5).0;
+    assert_eq!(px(r0, 3, 11 - 4), PALETTE[2], "axial z = 7");
+    assert_eq!(px(r1, 3, 13 - 7), PALETTE[2], "coronal y = 4");
+    assert_eq!(px(r2, 4, 13 - 7), PALETTE[2], "sagittal x = 3");
+    assert!(label_position(&mask, 5.0).is_none());
+}
