@@ -178,6 +178,7 @@ pub fn fmt_ns(ns: f64) -> String {
 
 /// A large count with an SI suffix (1.23 G).
 pub fn fmt_si(v: f64) -> String {
+    let v = v + 0.0; // an empty f64 sum is −0.0: print it as 0
     let a = v.abs();
     let (d, s) = if a >= 1e12 {
         (1e12, " T")
