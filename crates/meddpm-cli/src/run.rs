@@ -598,7 +598,8 @@ pub fn info(a: &InfoArgs) -> Result<()> {
     let cfg = a.preset.unet();
     let f = cost::forward_flops(&cfg);
     println!("{}", toml::to_string(&cfg)?);
-    println!("parameters:          {}", meddpm::model::param_count(&cfg));
+    let params = meddpm::model::param_count(&cfg);
+    println!("parameters:          {params}");
     println!(
         "forward GFLOP (B=1): {:.1} (conv {:.1}, attention {:.1}, linear {:.3})",
         f.total() / 1e9,
@@ -607,6 +608,14 @@ pub fn info(a: &InfoArgs) -> Result<()> {
         f.linear / 1e9
     );
     println!("train micro-step GFLOP: {:.1}", f.train_step(&cfg) / 1e9);
+    // The activation plan, counted without allocating (NullBackend buffers are lengths).
+    let plan = UNet::new(&meddpm::analysis::timed::NullBackend::default(), &cfg, 1)?;
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "planned memory (B=1, fp32): activations+gradients+scratch {:.2} GiB; parameters, gradients, Adam m/v, EMA {:.2} GiB",
+        gib(plan.act_bytes),
+        gib(5 * 4 * params)
+    );
     Ok(())
 }
 

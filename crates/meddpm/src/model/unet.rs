@@ -40,14 +40,10 @@ pub struct ResBlock<B: Backend> {
     p: usize,
     x: Dims,
     cout: usize,
-    gn1: B::Buf,
-    a1: B::Buf,
     mean1: B::Buf,
     rstd1: B::Buf,
     h: B::Buf,
     e: B::Buf,
-    gn2: B::Buf,
-    a2: B::Buf,
     mean2: B::Buf,
     rstd2: B::Buf,
 }
@@ -76,8 +72,6 @@ pub struct OutHead<B: Backend> {
     p: usize,
     x: Dims,
     cout: usize,
-    gn: B::Buf,
-    a: B::Buf,
     mean: B::Buf,
     rstd: B::Buf,
 }
@@ -135,8 +129,12 @@ struct TimeEmbed<B: Backend> {
     d2: B::Buf,
 }
 
-/// Backward scratch: three buffers for every distinct tensor size the backward pass needs
-/// (backends check exact lengths, so scratch comes in exact sizes; there are few sizes).
+/// Scratch: up to four buffers for every distinct tensor size (backends check exact lengths, so
+/// scratch comes in exact sizes; there are few sizes). Slot roles around a GroupNorm+SiLU+conv:
+/// 0 the GroupNorm output, 1 the SiLU output (then the SiLU-backward temporary), 2 the gradient
+/// of the conv input, 3 the gradient inside a ResBlock (dh). GroupNorm+SiLU outputs are not kept
+/// from forward to backward: backward recomputes them into slots 0 and 1 from the saved input and
+/// statistics, which halves what a ResBlock keeps (the largest tensors at 128³).
 struct Scratch<B: Backend> {
     bufs: Vec<B::Buf>,
     base: std::collections::HashMap<usize, usize>,
@@ -194,7 +192,12 @@ impl<B: Backend> UNet<B> {
             dout: alloc(0)?,
         });
         let mut skips: Vec<usize> = Vec::new();
-        let mut sizes = std::collections::BTreeSet::new();
+        // scratch slots needed per tensor size (see `Scratch` for the slot roles)
+        let mut sizes = std::collections::BTreeMap::<usize, usize>::new();
+        let mut need = |len: usize, slots: usize| {
+            let e = sizes.entry(len).or_insert(0);
+            *e = (*e).max(slots);
+        };
         let mut concats = 0usize;
         for node in topology(cfg) {
             let p = specs.len();
@@ -231,19 +234,17 @@ impl<B: Backend> UNet<B> {
                 Node::Res { cin, cout, sp, .. } => {
                     let x = sp_dims(cin, sp);
                     let y = x.with_c(cout);
-                    sizes.insert(n * cout);
+                    need(n * cout, 1);
+                    need(x.numel(), 4);
+                    need(y.numel(), 4);
                     let r = ResBlock {
                         p,
                         x,
                         cout,
-                        gn1: alloc(x.numel())?,
-                        a1: alloc(x.numel())?,
                         mean1: alloc(n * g)?,
                         rstd1: alloc(n * g)?,
                         h: alloc(y.numel())?,
                         e: alloc(n * cout)?,
-                        gn2: alloc(y.numel())?,
-                        a2: alloc(y.numel())?,
                         mean2: alloc(n * g)?,
                         rstd2: alloc(n * g)?,
                     };
@@ -253,7 +254,9 @@ impl<B: Backend> UNet<B> {
                     let x = sp_dims(c, sp);
                     let t = x.s();
                     let att_len = n * cfg.num_heads * t * t;
-                    sizes.extend([att_len, x.with_c(3 * c).numel()]);
+                    need(x.numel(), 3);
+                    need(3 * x.numel(), 2);
+                    need(att_len, 3);
                     let a = AttnBlock {
                         p,
                         x,
@@ -269,6 +272,7 @@ impl<B: Backend> UNet<B> {
                 }
                 Node::Up { c, sp, .. } => {
                     let x = sp_dims(c, sp);
+                    need(x.up2().numel(), 1);
                     (Op::Up { p, x, u: alloc(x.up2().numel())? }, x.up2(), prev)
                 }
                 Node::PopConcat { h_c, skip_c, sp } => {
@@ -279,19 +283,11 @@ impl<B: Backend> UNet<B> {
                 }
                 Node::Out { c, cout, sp } => {
                     let x = sp_dims(c, sp);
-                    let o = OutHead {
-                        p,
-                        x,
-                        cout,
-                        gn: alloc(x.numel())?,
-                        a: alloc(x.numel())?,
-                        mean: alloc(n * g)?,
-                        rstd: alloc(n * g)?,
-                    };
+                    need(x.numel(), 4);
+                    let o = OutHead { p, x, cout, mean: alloc(n * g)?, rstd: alloc(n * g)? };
                     (Op::Out(o), x.with_c(cout), prev)
                 }
             };
-            sizes.extend([y.numel(), layers[input].y.numel()]);
             layers.push(Layer {
                 name,
                 op,
@@ -323,9 +319,9 @@ impl<B: Backend> UNet<B> {
             d2: alloc(n * emb)?,
         };
         let mut scr = Scratch { bufs: Vec::new(), base: Default::default() };
-        for len in sizes {
+        for (len, slots) in sizes {
             scr.base.insert(len, scr.bufs.len());
-            for _ in 0..3 {
+            for _ in 0..slots {
                 scr.bufs.push(alloc(len)?);
             }
         }
@@ -407,7 +403,7 @@ impl<B: Backend> UNet<B> {
     pub fn forward(&mut self, be: &B, t: &[f32]) {
         assert_eq!(t.len(), self.batch, "one timestep per batch element");
         be.push_range("forward");
-        let UNet { cfg, params: w, layers, temb: te, .. } = self;
+        let UNet { cfg, params: w, layers, temb: te, scr, .. } = self;
         let (n, mc, emb) = (t.len(), cfg.model_channels, cfg.emb_dim());
         let g = cfg.groups;
         // time_embed: Linear, SiLU, Linear; each ResBlock's emb_layers starts with SiLU (shared).
@@ -429,39 +425,21 @@ impl<B: Backend> UNet<B> {
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     let skip_conv = xd.c != r.cout;
-                    be.groupnorm_silu_forward(
-                        &mut r.gn1,
-                        &mut r.a1,
-                        &mut r.mean1,
-                        &mut r.rstd1,
-                        x,
-                        &w[p],
-                        &w[p + 1],
-                        xd,
-                        g,
-                    );
-                    be.conv3d_forward(&mut r.h, &r.a1, &w[p + 2], &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
+                    let [gn, a] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
+                    be.groupnorm_silu_forward(gn, a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
+                    be.conv3d_forward(&mut r.h, a, &w[p + 2], &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
                     be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &w[p + 5], n, emb, r.cout);
                     be.add_channel_bias(&mut r.h, &r.e, yd);
-                    be.groupnorm_silu_forward(
-                        &mut r.gn2,
-                        &mut r.a2,
-                        &mut r.mean2,
-                        &mut r.rstd2,
-                        &r.h,
-                        &w[p + 6],
-                        &w[p + 7],
-                        yd,
-                        g,
-                    );
+                    let [gn, a] = scr.get([(yd.numel(), 0), (yd.numel(), 1)]);
+                    be.groupnorm_silu_forward(gn, a, &mut r.mean2, &mut r.rstd2, &r.h, &w[p + 6], &w[p + 7], yd, g);
                     if skip_conv {
                         // out = skip_connection(x) + out_layers(h). The main branch goes through
                         // `dout` as scratch: backward overwrites it before reading it.
                         be.conv3d_forward(&mut l.out, x, &w[p + 10], &w[p + 11], ConvShape::new(xd, r.cout, 1, 1));
-                        be.conv3d_forward(&mut l.dout, &r.a2, &w[p + 8], &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
+                        be.conv3d_forward(&mut l.dout, a, &w[p + 8], &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
                         be.add_assign(&mut l.out, &l.dout);
                     } else {
-                        be.conv3d_forward(&mut l.out, &r.a2, &w[p + 8], &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
+                        be.conv3d_forward(&mut l.out, a, &w[p + 8], &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
                         be.add_assign(&mut l.out, x);
                     }
                 }
@@ -482,18 +460,9 @@ impl<B: Backend> UNet<B> {
                 }
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
-                    be.groupnorm_silu_forward(
-                        &mut o.gn,
-                        &mut o.a,
-                        &mut o.mean,
-                        &mut o.rstd,
-                        x,
-                        &w[p],
-                        &w[p + 1],
-                        xd,
-                        g,
-                    );
-                    be.conv3d_forward(&mut l.out, &o.a, &w[p + 2], &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
+                    let [gn, a] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
+                    be.groupnorm_silu_forward(gn, a, &mut o.mean, &mut o.rstd, x, &w[p], &w[p + 1], xd, g);
+                    be.conv3d_forward(&mut l.out, a, &w[p + 2], &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
                 }
             }
             be.pop_range();
@@ -536,20 +505,23 @@ impl<B: Backend> UNet<B> {
                     } else {
                         be.copy(dx, &l.dout);
                     }
-                    // out_layers: Conv3, then GroupNorm+SiLU → dh (slot 1 of size yn)
-                    let [da2, dh, tmp] = scr.get([(yn, 0), (yn, 1), (yn, 2)]);
+                    // out_layers: recompute GroupNorm+SiLU of h into slots 0, 1; Conv3 backward
+                    // → slot 2; GroupNorm+SiLU backward → dh in slot 3.
+                    let [gn, a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2), (yn, 3)]);
+                    let (m, rs) = (&mut r.mean2, &mut r.rstd2);
+                    be.groupnorm_silu_forward(gn, a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 8, p + 9]).expect("distinct");
                     let cs = ConvShape::new(yd, r.cout, 3, 1);
-                    be.conv3d_backward(Some((da2, Accum::Overwrite)), gw, gb, &l.dout, &r.a2, &w[p + 8], cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, &w[p + 8], cs);
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
                     let (m, rs) = (&r.mean2, &r.rstd2);
                     be.groupnorm_silu_backward(
                         (dh, Accum::Overwrite),
                         gg,
                         gb,
-                        tmp,
-                        da2,
-                        &r.gn2,
+                        a,
+                        da,
+                        gn,
                         &r.h,
                         m,
                         rs,
@@ -558,20 +530,22 @@ impl<B: Backend> UNet<B> {
                         g,
                     );
                     // emb_layers: h += Linear(SiLU(emb)), broadcast over voxels
-                    let [dh, de] = scr.get([(yn, 1), (en, 0)]);
+                    let [dh, de] = scr.get([(yn, 3), (en, 0)]);
                     be.channel_sum(de, dh, yd);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let de_silu = Some((&mut te.d_emb_silu, Accum::Add));
                     be.linear_backward(de_silu, gw, gb, de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
-                    // in_layers: Conv3 → da1 (slot 0 of size xn), then GroupNorm+SiLU into dx
-                    let [dh, da1] = scr.get([(yn, 1), (xn, 0)]);
+                    // in_layers: recompute GroupNorm+SiLU of x; Conv3 backward; GroupNorm+SiLU
+                    // backward added into dx.
+                    let [dh, gn, a, da] = scr.get([(yn, 3), (xn, 0), (xn, 1), (xn, 2)]);
+                    let (m, rs) = (&mut r.mean1, &mut r.rstd1);
+                    be.groupnorm_silu_forward(gn, a, m, rs, x, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, r.cout, 3, 1);
-                    be.conv3d_backward(Some((da1, Accum::Overwrite)), gw, gb, dh, &r.a1, &w[p + 2], cs);
-                    let [da1, tmp] = scr.get([(xn, 0), (xn, 2)]);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dh, a, &w[p + 2], cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     let (m, rs) = (&r.mean1, &r.rstd1);
-                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, tmp, da1, &r.gn1, x, m, rs, &w[p], xd, g);
+                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, a, da, gn, x, m, rs, &w[p], xd, g);
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
@@ -609,13 +583,14 @@ impl<B: Backend> UNet<B> {
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
                     let src = &mut prev[l.input];
-                    let [da, tmp] = scr.get([(xd.numel(), 0), (xd.numel(), 2)]);
+                    let (dx, xo) = (&mut src.dout, &src.out);
+                    let [gn, a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1), (xd.numel(), 2)]);
+                    be.groupnorm_silu_forward(gn, a, &mut o.mean, &mut o.rstd, xo, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, o.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, &o.a, &w[p + 2], cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, &w[p + 2], cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    let (dx, xo) = (&mut src.dout, &src.out);
-                    be.groupnorm_silu_backward((dx, mode), gg, gb, tmp, da, &o.gn, xo, &o.mean, &o.rstd, &w[p], xd, g);
+                    be.groupnorm_silu_backward((dx, mode), gg, gb, a, da, gn, xo, &o.mean, &o.rstd, &w[p], xd, g);
                 }
             }
             be.pop_range();
