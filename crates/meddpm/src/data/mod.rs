@@ -9,6 +9,7 @@
 //! - `loader`      [`Loader`]: seeded endless shuffling with background decoding threads
 //! - `masks`       tumour scaling and shifting (new conditioning masks)
 //! - `preview`     PNG mid-slice previews
+//! - `output`      generated tensors → the NIfTI files of a sample (whole-head or BraTS)
 //! - `demo`        the embedded MNI152-derived demo pairs
 //!
 //! Tensor layout everywhere: (C, D, H, W) with (D, H, W) = NIfTI (Z, Y, X), C-order, which is
@@ -20,6 +21,7 @@ pub mod demo;
 pub mod loader;
 pub mod masks;
 pub mod nifti;
+pub mod output;
 pub mod preview;
 pub mod resize;
 
@@ -27,6 +29,7 @@ pub use convention::{Convention, ImageScaling, MaskResize, Preset};
 pub use dataset::{Dataset, Pair, Source};
 pub use loader::Loader;
 pub use nifti::{read_volume, write_labels, write_volume, Volume};
+pub use output::{sample_outputs, write_sample, OutputVolume};
 
 /// One training example as model tensors, ready to upload as a batch of one.
 #[derive(Clone, Debug, PartialEq)]
