@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use meddpm::checkpoint::{save_trainer, Checkpoint};
+use meddpm::checkpoint::{init_trainer_with, load_weights, save_trainer, Checkpoint, LoadedWeights, WeightGroup};
 use meddpm::cpu::CpuBackend;
 use meddpm::data::{preview, Convention, Dataset, Loader, Volume};
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
@@ -234,6 +234,11 @@ pub struct TrainArgs {
     /// Resume from a meddpm checkpoint (continues exactly: weights, EMA, Adam, step, RNG).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Start from the EMA weights of a released checkpoint (.pt, safetensors or meddpm) as the
+    /// reference's --resume_weight does: they become the online weights, step 0, fresh Adam,
+    /// EMA copied. The model config comes from the file (the volume size from the run file/preset).
+    #[arg(long, conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
     /// Optimizer steps to reach (each is grad_accum micro-steps).
     #[arg(long)]
     pub steps: Option<u64>,
@@ -377,7 +382,19 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
             }
             tr
         }
-        None => Trainer::new(be, &unet, &tc)?,
+        None => match &a.init_from {
+            Some(p) => {
+                let w = load_weights(p, WeightGroup::Ema, Some((unet.depth, unet.size)))?;
+                for m in &w.warnings {
+                    eprintln!("warning: {}: {m}", p.display());
+                }
+                println!("init from {}", w.source);
+                let mut tr = Trainer::new(be, &w.cfg, &tc)?;
+                init_trainer_with(be, &mut tr, &w)?;
+                tr
+            }
+            None => Trainer::new(be, &unet, &tc)?,
+        },
     };
     let cfg = tr.net.cfg.clone();
     let flops = cost::forward_flops(&cfg);
@@ -470,8 +487,9 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
     Ok(())
 }
 
-/// Write a generated (C, D, H, W) volume as NIfTI on the mask's grid (one file per channel:
-/// `<stem>.nii.gz`, or `<stem>_<modality>.nii.gz` for BraTS) plus a PNG preview
+/// Write a generated (C, D, H, W) volume as the convention's NIfTI files
+/// (`meddpm::data::write_sample`: whole-head `<stem>.nii.gz`; BraTS `<stem>_{t1,t1ce,t2,flair}.nii.gz`
+/// rescaled to [0, 1] and crop/padded to 240×240×155, plus `<stem>_mask.nii.gz`) and a PNG preview
 /// (mask | generated | real when given). Returns the files written.
 fn write_outputs(
     stem: &Path,
@@ -482,21 +500,11 @@ fn write_outputs(
     real: &[Volume],
 ) -> Result<Vec<PathBuf>> {
     let size = [cfg.depth, cfg.size, cfg.size];
-    let outs = conv.output_volumes(vol, cfg.out_channels, size, mask);
-    let mut written = Vec::new();
-    let names = ["t1", "t1ce", "t2", "flair"];
-    for (i, v) in outs.iter().enumerate() {
-        let path = if outs.len() == 1 {
-            stem.with_extension("nii.gz")
-        } else {
-            PathBuf::from(format!("{}_{}.nii.gz", stem.display(), names.get(i).copied().unwrap_or("ch")))
-        };
-        meddpm::data::write_volume(&path, v)?;
-        written.push(path);
-    }
+    let outs = meddpm::data::write_sample(stem, conv, vol, cfg.out_channels, size, mask)?;
+    let mut written: Vec<PathBuf> = outs.iter().map(|(p, _)| p.clone()).collect();
     let png = stem.with_extension("png");
     let mut panel: Vec<(&Volume, preview::Kind)> = vec![(mask, preview::Kind::Labels)];
-    panel.extend(outs.iter().map(|v| (v, preview::Kind::Intensity)));
+    panel.extend(outs.iter().filter(|(_, o)| !o.labels).map(|(_, o)| (&o.volume, preview::Kind::Intensity)));
     panel.extend(real.iter().map(|v| (v, preview::Kind::Intensity)));
     preview::write_png(&png, &panel)?;
     written.push(png);
@@ -519,12 +527,19 @@ fn sample_volume<B: Backend>(
 
 #[derive(clap::Args, Debug)]
 pub struct SampleArgs {
-    /// A meddpm checkpoint or state dict (.safetensors).
+    /// Weights: a meddpm checkpoint, a safetensors state dict (meddpm convert/export) or a
+    /// PyTorch .pt (Med-DDPM {'step','model','ema'} or a bare state dict).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Which weights: ema (as the reference samples) or model (online).
-    #[arg(long, default_value = "ema")]
-    pub weights: String,
+    /// Which weights: ema (as the reference samples) or model (online); ignored for a plain state dict.
+    #[arg(long, value_enum, default_value = "ema")]
+    pub weights: crate::convert::Weights,
+    /// Volume depth D [default: the file's config; 128 whole-head, 144 BraTS for .pt files].
+    #[arg(long, requires = "size")]
+    pub depth: Option<usize>,
+    /// Volume height = width [default: the file's config; 128 whole-head, 192 BraTS for .pt files].
+    #[arg(long, requires = "depth")]
+    pub size: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[arg(long, default_value_t = 250)]
@@ -545,24 +560,22 @@ pub struct SampleArgs {
 }
 
 pub fn sample(a: &SampleArgs) -> Result<()> {
-    let ck = Checkpoint::read(&a.checkpoint)?;
-    with_backend!(a.backend, be => sample_on(&be, a, &ck))
+    let group = match a.weights {
+        crate::convert::Weights::Ema => WeightGroup::Ema,
+        crate::convert::Weights::Model => WeightGroup::Model,
+    };
+    let w = load_weights(&a.checkpoint, group, a.depth.zip(a.size))?;
+    for m in &w.warnings {
+        eprintln!("warning: {}: {m}", a.checkpoint.display());
+    }
+    println!("weights: {}", w.source);
+    with_backend!(a.backend, be => sample_on(&be, a, &w))
 }
 
-fn sample_on<B: Backend>(be: &B, a: &SampleArgs, ck: &Checkpoint) -> Result<()> {
-    let cfg = ck
-        .unet
-        .clone()
-        .with_context(|| format!("{}: no model config in the file's metadata", a.checkpoint.display()))?;
+fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()> {
+    let cfg = w.cfg.clone();
     let mut net = UNet::new(be, &cfg, 1)?;
-    let group = match a.weights.as_str() {
-        "ema" | "model" if ck.has_group(&a.weights) => a.weights.as_str(),
-        "ema" | "model" if !ck.has_group("model") => "",
-        "ema" | "model" => bail!("{}: has no '{}' weights", a.checkpoint.display(), a.weights),
-        w => bail!("--weights {w}: expected ema or model"),
-    };
-    let specs = net.specs.clone();
-    net.set_params(be, &ck.group(group, &specs)?)?;
+    net.set_params(be, &w.params)?;
     let size = [cfg.depth, cfg.size, cfg.size];
     let conv = a.convention.for_model(&cfg)?;
     let (cond, mask) = match &a.mask {

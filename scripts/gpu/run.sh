@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# run.sh PART...: the project's integrated GPU run, on the GPU machine, from the repository root.
+# Binaries come from scripts/gpu/prepare.sh (.devbin/all). Parts:
+#   check    doctor, kernel compile, parity tests (every primitive, both layouts, both precisions),
+#            the PyTorch golden files on the GPU, primitive micro-benchmarks  (scripts/gpu-check.sh)
+#   bench    meddpm bench: whole-head train step / sampling forward / 250-step volume, 4 configs,
+#            PyTorch side by side
+#   torch    full-size .pt import: PyTorch vs meddpm forward (scripts/gpu/torch_full.sh)
+#   evalcfg  train the demo on the GPU, sample under every precision × layout, quality verdicts
+#   profile  CUPTI kernel breakdown, optimization matrix, ncu counters, PyTorch comparison
+# Each part writes $OUT/<part>.tar.gz (its full results) and one line to $OUT/summary.txt.
+set -uo pipefail
+BIN=$(cd "${BIN_DIR:-.devbin/all}" && pwd)
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
+LIBDIR=$(mktemp -d)/lib
+mkdir -p "$LIBDIR"
+# cuDNN trap (../shared/docs/gpu-machine.md): /usr/local/cuda/lib64 has cuDNN 9.14 as libcudnn.so;
+# a private libcudnn.so link to PyTorch's 9.19 goes first.
+ln -sf "$SP/nvidia/cudnn/lib/libcudnn.so.9" "$LIBDIR/libcudnn.so"
+export LD_LIBRARY_PATH="$LIBDIR:$SP/nvidia/cudnn/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export MEDDPM_CACHE_DIR=${MEDDPM_CACHE_DIR:-/tmp/meddpm-cache}
+export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
+for part in "$@"; do
+  RES="$OUT/$part"
+  mkdir -p "$RES"
+  t0=$(date +%s)
+  case $part in
+    check)
+      OUT="$RES" bash scripts/gpu-check.sh "$BIN"
+      "$BIN/golden" --nocapture --test-threads=1 >"$RES/golden.log" 2>&1
+      grep -E "^test |test result" "$RES/golden.log" ;;
+    bench)
+      "$BIN/meddpm" bench --device cuda --preset whole-head --json "$RES/bench.json" --torch ;;
+    torch)   BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/torch_full.sh ;;
+    evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;
+    profile) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/profile.sh ;;
+    *) echo "unknown part $part" ;;
+  esac >"$RES/console.log" 2>&1
+  rc=$?
+  echo "== $part: exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+  tail -n 30 "$RES/console.log"
+  tar czf "$OUT/$part.tar.gz" -C "$OUT" "$part" && rm -rf "$RES"
+done
