@@ -35,7 +35,7 @@ for part in "$@"; do
       grep -E "^test |test result" "$RES/golden.log" ;;
     bench)
       "$BIN/meddpm" bench --device cuda --preset whole-head --json "$RES/bench.json" --torch ;;
-    torch)   BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/torch_full.sh ;;
+    torch)   BIN="$BIN/meddpm" TEST_BIN="$BIN/torch_full" RES="$RES" bash scripts/gpu/torch_full.sh ;;
     evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;
     profile) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/profile.sh ;;
     *) echo "unknown part $part" ;;
