@@ -13,6 +13,10 @@
 //! - Bias: fused into cuDNN (`cudnnConvolutionBiasActivationForward`, identity activation) when the
 //!   algorithm is IMPLICIT_PRECOMP_GEMM and timing on first use says it is faster, else our
 //!   `add_channel_bias` kernel; the bias gradient is our `chan_sum_*` reduction.
+//! - Channel padding: a forward whose Cin or Cout is not a multiple of 4 (the first conv, Cin = 3;
+//!   the last, Cout = 1) can run through the shape padded with zeros to a multiple of 8, which
+//!   cuDNN runs on tensor cores; timed against the plain call on first use (`MEDDPM_CONV_PAD=0/1`
+//!   forbids/forces it). The padded sums are the same sums (the extra terms are exact zeros).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -320,7 +324,8 @@ impl ConvCache {
             plans: HashMap::new(),
             fwd_calls: HashMap::new(),
             force_fused_bias: None,
-            force_pad: None,
+            // MEDDPM_CONV_PAD=0/1 forbids/forces the channel padding (A/B benchmarks)
+            force_pad: std::env::var("MEDDPM_CONV_PAD").ok().map(|v| v != "0"),
             pads: HashMap::new(),
             identity: identity_desc(),
             disk,
