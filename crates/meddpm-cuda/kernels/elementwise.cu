@@ -50,3 +50,25 @@ extern "C" __global__ void split_channels(float* da, float* db, const float* dou
         }
     }
 }
+
+// Zero-padding along N and C for the conv channel padding (conv3d.rs): dst (Np, Cp, S) gets
+// src (N, C, S) with zeros where n >= N or c >= C. Conv weights (Cout, Cin, k³) use N = Cout.
+extern "C" __global__ void pad_nc(float* dst, const float* src, int N, int C, int Cp, i64 S, i64 total, int cl) {
+    GRID_STRIDE(i, total) {
+        int c = chan_of(i, Cp, S, cl);
+        i64 n = i / ((i64)Cp * S);
+        i64 s = cl ? (i / Cp) % S : i % S;
+        dst[i] = (c < C && n < N) ? (cl ? src[(n * S + s) * C + c] : src[(n * C + c) * S + s]) : 0.0f;
+    }
+}
+
+// The inverse for a padded conv output: dst (N, C, S) = src (N, Cp, S)[:, :C] + bias[c].
+extern "C" __global__ void unpad_c_bias(float* dst, const float* src, const float* bias, int C, int Cp, i64 S,
+                                        i64 total, int cl) {
+    GRID_STRIDE(i, total) {
+        int c = chan_of(i, C, S, cl);
+        i64 n = i / ((i64)C * S);
+        i64 s = cl ? (i / C) % S : i % S;
+        dst[i] = (cl ? src[(n * S + s) * Cp + c] : src[(n * Cp + c) * S + s]) + bias[c];
+    }
+}

@@ -13,6 +13,10 @@
 //! - Bias: fused into cuDNN (`cudnnConvolutionBiasActivationForward`, identity activation) when the
 //!   algorithm is IMPLICIT_PRECOMP_GEMM and timing on first use says it is faster, else our
 //!   `add_channel_bias` kernel; the bias gradient is our `chan_sum_*` reduction.
+//! - Channel padding: a forward whose Cin or Cout is not a multiple of 4 (the first conv, Cin = 3;
+//!   the last, Cout = 1) can run through the shape padded with zeros to a multiple of 8, which
+//!   cuDNN runs on tensor cores; timed against the plain call on first use (`MEDDPM_CONV_PAD=0/1`
+//!   forbids/forces it). The padded sums are the same sums (the extra terms are exact zeros).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -22,7 +26,7 @@ use cudarc::cudnn::sys as nsys;
 use cudarc::driver::CudaSlice;
 use meddpm::{Accum, ConvShape, Layout, Precision};
 
-use crate::device::{cudnn_ck, Device};
+use crate::device::{cudnn_ck, Arg, Device};
 
 /// Largest workspace `cudnnFind` may try (bytes, default 2 GiB, at most a quarter of the free
 /// memory); `MEDDPM_CUDNN_WS_MIB` overrides.
@@ -248,6 +252,11 @@ pub(crate) struct ConvCache {
     pub(crate) fwd_calls: HashMap<ConvShape, u64>,
     /// Some(f): always (f = true) or never fuse the bias into cuDNN where possible; None: time it.
     pub(crate) force_fused_bias: Option<bool>,
+    /// Some(f): always (f = true) or never run Cin/Cout not divisible by 4 through the
+    /// channel-padded shape; None: time both on first use.
+    pub(crate) force_pad: Option<bool>,
+    /// Channel-padded forward state per original shape.
+    pads: HashMap<ConvShape, Pad>,
     identity: ActDesc,
     disk: HashMap<String, Algo>,
     disk_path: Option<PathBuf>,
@@ -315,6 +324,9 @@ impl ConvCache {
             plans: HashMap::new(),
             fwd_calls: HashMap::new(),
             force_fused_bias: None,
+            // MEDDPM_CONV_PAD=0/1 forbids/forces the channel padding (A/B benchmarks)
+            force_pad: std::env::var("MEDDPM_CONV_PAD").ok().map(|v| v != "0"),
+            pads: HashMap::new(),
             identity: identity_desc(),
             disk,
             disk_path,
@@ -634,9 +646,148 @@ pub(crate) fn forward(
 ) {
     check_lens(cs, inp.len(), w.len(), out.len(), b.len());
     *cache.fwd_calls.entry(cs).or_insert(0) += 1;
-    let (xp, wp, yp) = (dev.ptr(inp), dev.ptr(w), dev.ptr_mut(out));
+    let (xp, wp, yp, bp) = (dev.ptr(inp), dev.ptr(w), dev.ptr_mut(out), dev.ptr(b));
+    if let Some(pcs) = padded_shape(cs) {
+        let decided = cache.force_pad.or_else(|| cache.pads.get(&cs).and_then(|p| p.on));
+        let on = match decided {
+            Some(on) => on,
+            None => {
+                // time both (third of three runs each, the first ones include cudnnFind) and keep the faster
+                let mut t = [f32::INFINITY; 2];
+                for (i, padded) in [false, true].into_iter().enumerate() {
+                    for _ in 0..3 {
+                        let e0 = dev.stream.record_event(None).expect("cuEventRecord");
+                        if padded {
+                            forward_padded(dev, cache, cs, pcs, xp, wp, bp, yp);
+                        } else {
+                            forward_plain(dev, cache, cs, xp, wp, bp, yp);
+                        }
+                        let e1 = dev.stream.record_event(None).expect("cuEventRecord");
+                        e1.synchronize().expect("cuEventSynchronize");
+                        t[i] = e0.elapsed_ms(&e1).unwrap_or(f32::INFINITY);
+                    }
+                }
+                let on = t[1] < t[0];
+                cache.pads.get_mut(&cs).expect("created by forward_padded").on = Some(on);
+                on
+            }
+        };
+        if on {
+            forward_padded(dev, cache, cs, pcs, xp, wp, bp, yp);
+            return;
+        }
+    }
+    forward_plain(dev, cache, cs, xp, wp, bp, yp);
+}
+
+/// Channel counts that keep cuDNN off its tensor-core kernels (Cin = 3 of the first conv, Cout = 1
+/// of the last) are padded with zeros to a multiple of 8: the shape to run instead, if any.
+fn padded_shape(cs: ConvShape) -> Option<ConvShape> {
+    let up = |c: usize| if c.is_multiple_of(4) { c } else { c.next_multiple_of(8) };
+    let (cin, cout) = (up(cs.x.c), up(cs.cout));
+    (cin != cs.x.c || cout != cs.cout).then(|| ConvShape::new(cs.x.with_c(cin), cout, cs.k, cs.stride))
+}
+
+/// Scratch of a channel-padded forward: the padded input (when Cin is padded), weights, and output
+/// (when Cout is padded); allocated on the first call of the shape, reused after.
+struct Pad {
+    x: Option<CudaSlice<f32>>,
+    w: CudaSlice<f32>,
+    y: Option<CudaSlice<f32>>,
+    /// Whether the padded run is the faster one (None: not timed yet).
+    on: Option<bool>,
+}
+
+/// out = conv(inp, w) + b through the zero-padded shape `pcs`: the padded channels of the input and
+/// the padded rows/columns of the weights are 0, so the real output channels are the same sums; the
+/// bias is added while copying the real channels out.
+#[allow(clippy::too_many_arguments)]
+fn forward_padded(
+    dev: &Device,
+    cache: &mut ConvCache,
+    cs: ConvShape,
+    pcs: ConvShape,
+    xp: u64,
+    wp: u64,
+    bp: u64,
+    yp: u64,
+) {
+    let cl = cache.layout == Layout::Ndhwc;
+    let pad = match cache.pads.entry(cs) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let a = |n: usize| dev.alloc_f32(n).unwrap_or_else(|e| panic!("{e}"));
+            e.insert(Pad {
+                x: (pcs.x.c != cs.x.c).then(|| a(pcs.x.numel())),
+                w: a(pcs.w_len()),
+                y: (pcs.cout != cs.cout).then(|| a(pcs.out().numel())),
+                on: None,
+            })
+        }
+    };
+    let k3 = cs.k * cs.k * cs.k;
+    // weights (Cout, Cin, k³) as an activation with N = Cout: pad both
+    let pw = dev.ptr_mut(&mut pad.w);
+    pad_nc(dev, pw, wp, cs.cout, pcs.cout, cs.x.c, pcs.x.c, k3 as i64, cl);
+    let px = match &mut pad.x {
+        Some(b) => {
+            let p = dev.ptr_mut(b);
+            pad_nc(dev, p, xp, cs.x.n, cs.x.n, cs.x.c, pcs.x.c, cs.x.s() as i64, cl);
+            p
+        }
+        None => xp,
+    };
+    let py = pad.y.as_mut().map(|b| dev.ptr_mut(b));
+    let a = cache.algo(dev, Dir::Fwd, pcs, px, pw, py.unwrap_or(yp));
+    match py {
+        Some(py) => {
+            run_forward(dev, cache, a, pcs, false, px, pw, 0, py, cl, false);
+            let o = cs.out();
+            dev.launch1(
+                "unpad_c_bias",
+                o.numel(),
+                &[
+                    Arg::P(yp),
+                    Arg::P(py),
+                    Arg::P(bp),
+                    Arg::I(o.c as i32),
+                    Arg::I(pcs.cout as i32),
+                    Arg::L(o.s() as i64),
+                    Arg::L(o.numel() as i64),
+                    Arg::I(cl as i32),
+                ],
+            );
+        }
+        None => {
+            run_forward(dev, cache, a, pcs, false, px, pw, bp, yp, cl, true);
+        }
+    }
+}
+
+/// dst (Np, Cp, S) = src (N, C, S) zero-padded.
+#[allow(clippy::too_many_arguments)]
+fn pad_nc(dev: &Device, dst: u64, src: u64, n: usize, np: usize, c: usize, cp: usize, s: i64, cl: bool) {
+    let total = np as i64 * cp as i64 * s;
+    dev.launch1(
+        "pad_nc",
+        total as usize,
+        &[
+            Arg::P(dst),
+            Arg::P(src),
+            Arg::I(n as i32),
+            Arg::I(c as i32),
+            Arg::I(cp as i32),
+            Arg::L(s),
+            Arg::L(total),
+            Arg::I(cl as i32),
+        ],
+    );
+}
+
+/// The unpadded forward: cuDNN with the bias fused or our bias kernel (chosen by timing).
+#[allow(clippy::too_many_arguments)]
+fn forward_plain(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u64, wp: u64, bp: u64, yp: u64) {
     let a = cache.algo(dev, Dir::Fwd, cs, xp, wp, yp);
-    let bp = dev.ptr(b);
     let cl = cache.layout == Layout::Ndhwc;
     let can_fuse = a.id == nsys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
     let fused = match (can_fuse, cache.force_fused_bias, cache.plan(cs).fused_bias) {
@@ -650,7 +801,7 @@ pub(crate) fn forward(
                 let mut ms = f32::INFINITY;
                 for _ in 0..2 {
                     let e0 = dev.stream.record_event(None).expect("cuEventRecord");
-                    if !run_forward(dev, cache, a, cs, f, xp, wp, bp, yp, cl) {
+                    if !run_forward(dev, cache, a, cs, f, xp, wp, bp, yp, cl, true) {
                         ms = f32::INFINITY;
                         break;
                     }
@@ -666,9 +817,9 @@ pub(crate) fn forward(
             best.1
         }
     };
-    if !run_forward(dev, cache, a, cs, fused, xp, wp, bp, yp, cl) {
+    if !run_forward(dev, cache, a, cs, fused, xp, wp, bp, yp, cl, true) {
         cache.plan(cs).fused_bias = Some(false);
-        run_forward(dev, cache, a, cs, false, xp, wp, bp, yp, cl);
+        run_forward(dev, cache, a, cs, false, xp, wp, bp, yp, cl, true);
     }
 }
 
@@ -686,6 +837,7 @@ fn run_forward(
     bp: u64,
     yp: u64,
     cl: bool,
+    bias: bool,
 ) -> bool {
     let act = cache.identity.0;
     let p = cache.plan(cs);
@@ -739,8 +891,9 @@ fn run_forward(
         "cudnnConvolutionForward",
     );
     drop(ws);
-    let o = cs.out();
-    crate::elementwise::add_channel_bias(dev, yp, bp, o, cl, false);
+    if bias {
+        crate::elementwise::add_channel_bias(dev, yp, bp, cs.out(), cl, false);
+    }
     true
 }
 

@@ -63,6 +63,8 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "add_channel_bias",
     "concat_channels",
     "split_channels",
+    "pad_nc",
+    "unpad_c_bias",
     "rows_sum_accum",
     "softmax_rows",
     "softmax_bwd_rows",

@@ -120,6 +120,12 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_fused_bias = mode;
     }
 
+    /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) running convolutions
+    /// whose Cin or Cout is not a multiple of 4 through a zero-padded shape. For tests and benchmarks.
+    pub fn set_conv_pad(&self, mode: Option<bool>) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_pad = mode;
+    }
+
     /// Whether the forward of `cs` runs with the bias fused into cuDNN (None: not decided yet).
     pub fn conv_fused_bias(&self, cs: &ConvShape) -> Option<bool> {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).fused_bias(cs)

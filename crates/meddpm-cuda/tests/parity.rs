@@ -175,6 +175,17 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
             g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
             check(&format!("{tag} y (fused bias {mode:?})"), &get_act(g, &yg, o), &y_c, mm_frac(g));
         }
+        // Cin or Cout not a multiple of 4: also through the zero-padded shape (forced on, off, timed);
+        // twice each, so the reused padding scratch is exercised
+        for pad in [Some(true), Some(false), None] {
+            g.set_conv_pad(pad);
+            for rep in 0..2 {
+                let mut yg = g.alloc(o.numel()).unwrap();
+                g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
+                check(&format!("{tag} y (padded {pad:?}, rep {rep})"), &get_act(g, &yg, o), &y_c, mm_frac(g));
+            }
+        }
+        g.set_conv_pad(None);
         // twice: the second call uses the cached algorithm and must accumulate the same way
         for rep in 0..2 {
             let (mut dwg, mut dbg, mut dxg) = (param(g, &dw0, &wshape), raw(g, &db0), act(g, &dx0, cs.x));
@@ -206,6 +217,7 @@ fn conv3d_parity() {
         (ConvShape::new(ODD, 6, 1, 1), Some(Accum::Add)),
         (ConvShape::new(Dims::new(1, 3, 9, 10, 11), 40, 3, 1), None), // first conv: Cin = 3
         (ConvShape::new(Dims::new(1, 40, 9, 10, 11), 1, 3, 1), Some(Accum::Overwrite)), // last conv: Cout = 1
+        (ConvShape::new(Dims::new(2, 3, 7, 6, 5), 1, 3, 2), Some(Accum::Add)), // both padded, batch 2
         (ConvShape::new(Dims::new(1, 64, 12, 12, 12), 64, 3, 1), Some(Accum::Add)), // tensor-core shapes
         (ConvShape::new(Dims::new(1, 64, 12, 12, 12), 64, 3, 2), Some(Accum::Overwrite)),
         (ConvShape::new(Dims::new(2, 96, 6, 6, 6), 192, 1, 1), Some(Accum::Overwrite)),

@@ -1,0 +1,442 @@
+//! `meddpm bench`: end-to-end speed of the U-Net on one device (issue 7), for each selected
+//! precision × layout: the real training micro-step (`Trainer::micro_step` + `opt_step`), the
+//! sampling forward (`UNet::forward`), a 250-step volume estimate (250 × forward, and with `--full`
+//! a real `Sampler::sample` run), device memory, achieved TFLOP/s (`meddpm::model::cost`) and the
+//! share of the physical floor (../shared/perf/README.md: 13 ms forward, 39 ms training micro-step,
+//! TF32 on one H200, whole-head model). With `--torch` the same configurations run through
+//! tools/reference/bench_torch.py (our PyTorch re-implementation) and are shown side by side.
+//!
+//! Timing: wall time around each call, bracketed by `Backend::sync` (so it is CUDA-synchronised);
+//! median of `--iters` after `--warmup` calls (the warm-up includes cudnnFind and the first-use
+//! timing choices of the CUDA backend). The micro-step includes uploading the batch from the host,
+//! as in training. Memory: total − free from cudaMemGetInfo after the timed training steps, for the
+//! whole process (CUDA context, cuDNN/cuBLAS, workspace, pool); the backend allocates everything
+//! before the first step and nothing in a step, so this is the step's peak up to cudnnFind's
+//! temporary workspace (during warm-up only). On the CPU backend memory is not measured.
+
+use crate::run::{Preset, RunFile};
+use anyhow::{bail, Context, Result};
+use meddpm::cpu::CpuBackend;
+use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
+use meddpm::model::{cost, UNetConfig};
+use meddpm::{Backend, Layout, Precision};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Physical floor on one H200 for the whole-head model in TF32 (../shared/perf/README.md).
+const FLOOR_FWD_MS: f64 = 13.0;
+const FLOOR_TRAIN_MS: f64 = 39.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchDevice {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Prec {
+    Fp32,
+    Tf32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lay {
+    Ncdhw,
+    Ndhwc,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// cpu or cuda.
+    #[arg(long, value_enum, default_value = "cuda")]
+    pub device: BenchDevice,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Model preset (default whole-head; ignored with --config holding a [unet] table).
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    /// Run file (TOML) whose [unet] table (or preset) is the model to time.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Precisions to time (comma-separated). The CPU backend is always fp32.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "tf32,fp32")]
+    pub precision: Vec<Prec>,
+    /// Layouts to time (comma-separated). The CPU backend is always ncdhw.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ndhwc,ncdhw")]
+    pub layout: Vec<Lay>,
+    /// Timed iterations (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub iters: usize,
+    /// Untimed iterations first.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Skip the training measurement.
+    #[arg(long)]
+    pub no_train: bool,
+    /// Also run one real 250-step sampling of a volume per configuration.
+    #[arg(long)]
+    pub full: bool,
+    /// Also time our PyTorch re-implementation (tools/reference/bench_torch.py) via python3.
+    #[arg(long)]
+    pub torch: bool,
+    /// The Python interpreter for --torch.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// The PyTorch bench script for --torch.
+    #[arg(long, default_value = "tools/reference/bench_torch.py")]
+    pub torch_script: PathBuf,
+    /// Write all rows as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// One configuration's measurements (times in ms).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Row {
+    pub device: String,
+    pub precision: String,
+    pub layout: String,
+    pub train_ms: Option<f64>,
+    pub train_all_ms: Vec<f64>,
+    pub opt_ms: Option<f64>,
+    pub fwd_ms: f64,
+    pub fwd_all_ms: Vec<f64>,
+    pub volume_est_s: f64,
+    pub volume_full_s: Option<f64>,
+    /// total − free (cudaMemGetInfo) after training, bytes; whole process.
+    pub mem_used_bytes: Option<usize>,
+    /// The same before the model was built (context, handles, kernels), bytes.
+    pub mem_baseline_bytes: Option<usize>,
+    pub fwd_tflops: f64,
+    pub train_tflops: Option<f64>,
+    /// Floor / measured, % (TF32 whole-head only).
+    pub fwd_pct_of_floor: Option<f64>,
+    pub train_pct_of_floor: Option<f64>,
+    pub torch: Option<serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    model: &'a UNetConfig,
+    params: usize,
+    fwd_flops: f64,
+    train_flops: f64,
+    iters: usize,
+    warmup: usize,
+    floor: &'static str,
+    memory: &'static str,
+    rows: &'a [Row],
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => 0.5 * (s[n / 2 - 1] + s[n / 2]),
+    }
+}
+
+/// Deterministic host data in [-1, 1) (the bench only needs non-trivial values).
+fn host_data(n: usize, seed: u64) -> Vec<f32> {
+    let r = meddpm::rng::Philox::new(seed, 99);
+    (0..n as u64).map(|i| r.below(i, 1 << 20) as f32 / (1 << 19) as f32 - 1.0).collect()
+}
+
+fn model(a: &BenchArgs) -> Result<UNetConfig> {
+    let file = match &a.config {
+        Some(p) => {
+            let s = std::fs::read_to_string(p).with_context(|| format!("reading run file {}", p.display()))?;
+            toml::from_str::<RunFile>(&s).with_context(|| format!("run file {}", p.display()))?
+        }
+        None => RunFile::default(),
+    };
+    let cfg = match (file.unet, a.preset.or(file.preset)) {
+        (Some(u), _) => u,
+        (None, p) => p.unwrap_or(Preset::WholeHead).unet(),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Time everything for one backend. `mem` reads (free, total) device bytes when it can.
+fn measure<B: Backend>(
+    be: &B,
+    cfg: &UNetConfig,
+    a: &BenchArgs,
+    mem: &dyn Fn() -> Option<(usize, usize)>,
+) -> Result<Row> {
+    let used = || mem().map(|(f, t)| t - f);
+    let mem_baseline_bytes = used();
+    let tc = TrainConfig { batch: 1, grad_accum: 1, ..TrainConfig::default() };
+    let mut tr = Trainer::new(be, cfg, &tc)?;
+    let img = tr.net.output_dims();
+    let cd = tr.net.input_dims().with_c(cfg.cond_channels());
+    let image = host_data(img.numel(), 1);
+    let cond = host_data(cd.numel(), 2);
+    let mut row = Row { mem_baseline_bytes, ..Row::default() };
+
+    if !a.no_train {
+        let (mut ts, mut os) = (Vec::new(), Vec::new());
+        for i in 0..a.warmup + a.iters {
+            be.sync();
+            let t0 = Instant::now();
+            let loss = tr.micro_step(be, &image, &cond);
+            let t1 = Instant::now();
+            tr.opt_step(be);
+            be.sync();
+            let t2 = Instant::now();
+            if !loss.is_finite() {
+                bail!("training loss is {loss} at micro-step {i}");
+            }
+            if i >= a.warmup {
+                ts.push((t2 - t0).as_secs_f64() * 1e3);
+                os.push((t2 - t1).as_secs_f64() * 1e3);
+            }
+        }
+        row.train_ms = Some(median(&ts));
+        row.opt_ms = Some(median(&os));
+        row.train_all_ms = ts;
+        row.mem_used_bytes = used();
+    }
+
+    // sampling forward: the network input as sampling builds it (x_t ‖ cond), one timestep
+    let mut xin = be.alloc(tr.net.input_dims().numel())?;
+    let mut x = vec![0f32; tr.net.input_dims().numel()];
+    x[..img.numel()].copy_from_slice(&host_data(img.numel(), 3));
+    x[img.numel()..].copy_from_slice(&cond);
+    be.upload_act(&x, tr.net.input_dims(), &mut xin);
+    be.copy(tr.net.input_mut(), &xin);
+    drop(xin);
+    let mut fs = Vec::new();
+    for i in 0..a.warmup + a.iters {
+        be.sync();
+        let t0 = Instant::now();
+        tr.net.forward(be, &[100.0]);
+        be.sync();
+        if i >= a.warmup {
+            fs.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    if row.mem_used_bytes.is_none() {
+        row.mem_used_bytes = used();
+    }
+    row.fwd_ms = median(&fs);
+    row.fwd_all_ms = fs;
+    let steps = tc.timesteps as f64;
+    row.volume_est_s = steps * row.fwd_ms / 1e3;
+
+    if a.full {
+        let sched = Schedule::cosine(tc.timesteps);
+        let mut s = Sampler::new(be, &tr.net)?;
+        be.sync();
+        let t0 = Instant::now();
+        let v = s.sample(be, &mut tr.net, &sched, &cond, 0, |_| {})?;
+        row.volume_full_s = Some(t0.elapsed().as_secs_f64());
+        if v.iter().any(|x| !x.is_finite()) {
+            bail!("the sampled volume has non-finite values");
+        }
+    }
+
+    let f = cost::forward_flops(cfg);
+    row.fwd_tflops = f.total() / (row.fwd_ms * 1e-3) / 1e12;
+    row.train_tflops = row.train_ms.map(|t| f.train_step(cfg) / (t * 1e-3) / 1e12);
+    Ok(row)
+}
+
+fn torch_row(a: &BenchArgs, cfg: &UNetConfig, p: Prec, l: Lay) -> serde_json::Value {
+    let mut cmd = std::process::Command::new(&a.python);
+    cmd.arg(&a.torch_script)
+        .args(["--config", &serde_json::to_string(cfg).unwrap_or_default()])
+        .args(["--precision", p.name(), "--layout", l.name()])
+        .args(["--iters", &a.iters.to_string(), "--warmup", &a.warmup.to_string()]);
+    if a.no_train {
+        cmd.arg("--no-train");
+    }
+    match cmd.output() {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let last = text.lines().last().unwrap_or("");
+            serde_json::from_str(last)
+                .unwrap_or_else(|e| serde_json::json!({"error": format!("unreadable output ({e}): {last}")}))
+        }
+        Ok(o) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let tail: String = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+            serde_json::json!({"error": format!("{} exited with {}: {tail}", a.torch_script.display(), o.status)})
+        }
+        Err(e) => serde_json::json!({"error": format!("could not run {}: {e}", a.python)}),
+    }
+}
+
+/// Lower-case names of the value enums (as on the command line).
+mod erased {
+    pub trait Name {
+        fn name(&self) -> &'static str;
+    }
+    impl Name for super::Prec {
+        fn name(&self) -> &'static str {
+            match self {
+                super::Prec::Fp32 => "fp32",
+                super::Prec::Tf32 => "tf32",
+            }
+        }
+    }
+    impl Name for super::Lay {
+        fn name(&self) -> &'static str {
+            match self {
+                super::Lay::Ncdhw => "ncdhw",
+                super::Lay::Ndhwc => "ndhwc",
+            }
+        }
+    }
+}
+use erased::Name;
+
+fn gib(b: usize) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+fn print_table(rows: &[Row], whole_head: bool) {
+    let pct = |v: Option<f64>| v.map(|x| format!("{x:.0}%")).unwrap_or_else(|| "-".into());
+    let o = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_else(|| "-".into());
+    println!(
+        "\n{:<6} {:<5} {:<6} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "device",
+        "prec",
+        "layout",
+        "train ms",
+        "TFLOP/s",
+        "fwd ms",
+        "TFLOP/s",
+        "250×fwd s",
+        "full s",
+        "mem GiB",
+        "fwd/floor",
+        "tr/floor",
+        "torch fwd",
+        "torch tr"
+    );
+    for r in rows {
+        let tf = |k: &str| r.torch.as_ref().and_then(|t| t.get(k)).and_then(|v| v.as_f64());
+        let ratio = |ours: Option<f64>, theirs: Option<f64>| match (ours, theirs) {
+            (Some(a), Some(b)) => format!("{b:.1} ({:.2}×)", b / a),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<6} {:<5} {:<6} {:>10} {:>9} {:>10.2} {:>9.1} {:>10.2} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+            r.device,
+            r.precision,
+            r.layout,
+            o(r.train_ms, 2),
+            o(r.train_tflops, 1),
+            r.fwd_ms,
+            r.fwd_tflops,
+            r.volume_est_s,
+            o(r.volume_full_s, 2),
+            o(r.mem_used_bytes.map(gib), 2),
+            pct(r.fwd_pct_of_floor),
+            pct(r.train_pct_of_floor),
+            ratio(Some(r.fwd_ms), tf("fwd_ms")),
+            ratio(r.train_ms, tf("train_ms")),
+        );
+        if let Some(e) = r.torch.as_ref().and_then(|t| t.get("error")) {
+            println!("       torch: {e}");
+        }
+    }
+    if whole_head {
+        println!(
+            "fwd/floor, train/floor: the physical floor (13 ms forward, 39 ms training micro-step, TF32, one H200, \
+             ../shared/perf/README.md) as a share of the measured time; TF32 rows only."
+        );
+    }
+    println!(
+        "times: median of CUDA-synchronised wall times; train = micro_step (incl. the batch upload) + opt_step; \
+         mem = total − free (cudaMemGetInfo) after training, whole process. torch columns: ms (torch / ours)."
+    );
+}
+
+pub fn run(a: &BenchArgs) -> Result<()> {
+    if a.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let cfg = model(a)?;
+    let whole_head = cfg == UNetConfig::whole_head();
+    let f = cost::forward_flops(&cfg);
+    let mut rows = Vec::new();
+    match a.device {
+        BenchDevice::Cpu => {
+            let be = CpuBackend::new();
+            eprintln!("bench: {}", be.describe());
+            let mut r = measure(&be, &cfg, a, &|| None)?;
+            r.device = "cpu".into();
+            r.precision = "fp32".into();
+            r.layout = "ncdhw".into();
+            rows.push(r);
+        }
+        BenchDevice::Cuda => {
+            for &p in &a.precision {
+                for &l in &a.layout {
+                    let (pr, la) = (
+                        match p {
+                            Prec::Fp32 => Precision::Fp32,
+                            Prec::Tf32 => Precision::Tf32,
+                        },
+                        match l {
+                            Lay::Ncdhw => Layout::Ncdhw,
+                            Lay::Ndhwc => Layout::Ndhwc,
+                        },
+                    );
+                    let mut r = {
+                        let be = meddpm_cuda::CudaBackend::new(a.gpu, pr, la)?;
+                        eprintln!("bench: {}", be.describe());
+                        let mem = || Some(be.mem_info()).filter(|m| m.1 > 0);
+                        measure(&be, &cfg, a, &mem).with_context(|| format!("{} {}", p.name(), l.name()))?
+                    };
+                    r.device = format!("cuda:{}", a.gpu);
+                    r.precision = p.name().into();
+                    r.layout = l.name().into();
+                    if whole_head && p == Prec::Tf32 {
+                        r.fwd_pct_of_floor = Some(100.0 * FLOOR_FWD_MS / r.fwd_ms);
+                        r.train_pct_of_floor = r.train_ms.map(|t| 100.0 * FLOOR_TRAIN_MS / t);
+                    }
+                    if a.torch {
+                        eprintln!("bench: torch {} {}", p.name(), l.name());
+                        r.torch = Some(torch_row(a, &cfg, p, l));
+                    }
+                    eprintln!(
+                        "bench: {} {}: fwd {:.2} ms, train {}",
+                        p.name(),
+                        l.name(),
+                        r.fwd_ms,
+                        r.train_ms.map(|t| format!("{t:.2} ms")).unwrap_or_else(|| "-".into())
+                    );
+                    rows.push(r);
+                }
+            }
+        }
+    }
+    print_table(&rows, whole_head);
+    if let Some(path) = &a.json {
+        let rep = Report {
+            model: &cfg,
+            params: meddpm::model::params::param_count(&cfg),
+            fwd_flops: f.total(),
+            train_flops: f.train_step(&cfg),
+            iters: a.iters,
+            warmup: a.warmup,
+            floor: "13 ms forward / 39 ms training micro-step, TF32, one H200, whole-head (../shared/perf/README.md)",
+            memory: "cudaMemGetInfo total - free after the timed training steps, whole process",
+            rows: &rows,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&rep)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
