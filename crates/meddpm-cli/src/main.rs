@@ -3,6 +3,7 @@
 //! Subcommands parse their arguments once into typed structs, pick a backend once (`--device`),
 //! and call a function generic over `meddpm::Backend`. Errors print as one chain with exit code 2.
 
+mod bench;
 mod convert;
 mod eval;
 mod masks;
@@ -36,6 +37,9 @@ enum Cmd {
     Masks(masks::MasksArgs),
     /// PNG mid-slice previews of NIfTI volumes side by side.
     Preview(preview::PreviewArgs),
+    /// Measure the whole-head train step, sampling forward and 250-step volume per precision ×
+    /// layout (PyTorch side by side with --torch).
+    Bench(bench::BenchArgs),
     /// Convert a reference PyTorch checkpoint (.pt) to a safetensors state dict.
     Convert(convert::ConvertArgs),
     /// Synthesis quality: SSIM / MS-SSIM (MONAI definitions), PSNR, MAE, MMD, histograms.
@@ -55,6 +59,7 @@ fn main() {
         Cmd::Info(a) => run::info(a),
         Cmd::Masks(a) => masks::run(a),
         Cmd::Preview(a) => preview::run(a),
+        Cmd::Bench(a) => bench::run(a),
         Cmd::Convert(a) => convert::run(a),
         Cmd::Eval(a) => eval::run(a),
         Cmd::Profile(a) => profile::run(a),
