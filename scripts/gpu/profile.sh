@@ -13,6 +13,8 @@ set -u
 : "${BIN:?set BIN to the release meddpm binary}"
 : "${RES:?set RES to the results folder}"
 mkdir -p "$RES"
+RES=$(cd "$RES" && pwd)
+BIN=$(readlink -f "$BIN")
 LOG="$RES/profile.log"
 exec > >(tee -a "$LOG") 2>&1
 cd "$(dirname "$0")/../.."

@@ -557,8 +557,13 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         ..Input::default()
     };
     if device.is_none() {
-        input.title =
-            if a.command.is_empty() { "Nsight Compute exports".into() } else { "command under Nsight Compute".into() };
+        input.title = if !a.command.is_empty() {
+            "command under Nsight Compute".into()
+        } else if !a.torch_table.is_empty() && a.ncu_csv.is_none() && !ncu_matrix {
+            "PyTorch profiler tables".into()
+        } else {
+            "Nsight Compute exports".into()
+        };
         input.config = "no model run".into();
     }
     let mut counters_done = false;
