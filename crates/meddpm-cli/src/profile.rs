@@ -1,31 +1,55 @@
 //! `meddpm profile`: the performance study as one command (issue 4). Runs one training step and
-//! one sampling step of a preset through the op timer (`--device cpu`, or `--device cuda`: per
-//! call between device syncs until the CUPTI timeline exists), and/or reads Nsight
-//! Compute exports (`--ncu-csv raw.csv --ncu-details details.csv`, `--matrix NAME=raw.csv`), adds
-//! roofline predictions for every GPU of the table (also for presets only counted, `--predict`),
-//! and writes the report folder (`report.md`, CSV, JSON, SVG) plus a terminal summary.
+//! one sampling step of a preset and writes the report folder (`report.md`, CSV, JSON, SVG) plus
+//! a terminal summary; the engine does the analysis (`meddpm::analysis`), this file collects.
 //!
-//! Whatever cannot be collected (no CUDA device, no CUPTI timeline yet, an unreadable export) is named in the
-//! report's "Not collected" section and the rest is still written. The engine does the work
-//! (`meddpm::analysis`); this file only wires arguments to it.
+//! - `--device cpu`: every backend call timed between syncs (`analysis::timed::Timed`).
+//! - `--device cuda`: the per-kernel GPU timeline of one training and one sampling step through
+//!   CUPTI (`meddpm_cuda::cupti`: names, durations, grid/block, registers, shared memory, each
+//!   kernel under the innermost backend range, e.g. `train/backward/input_blocks.1.0`), plus the
+//!   per-call view (`Timed<CudaBackend>`, synced per call) as second tables.
+//! - `--counters`: the binary re-runs itself under Nsight Compute (`ncu --clock-control none
+//!   --set full`, NVTX range `profile/` = the recorded steps, limited to the top
+//!   `--counters-kernels` kernels of the CUPTI timeline) and adds the counters and the rule
+//!   priority list. cuDNN algorithms are chosen outside the profiler: the parent process runs
+//!   first and leaves them in the on-disk algorithm cache, and the child's warm-up steps run
+//!   outside the profiled range (cudnnFind under ncu picks wrong algorithms).
+//! - `--matrix` (no value, with `--device cuda`): the four configurations fp32/TF32 ×
+//!   NCDHW/NDHWC, each timed through CUPTI, as the optimisation matrix (plus ncu totals with
+//!   `--counters --counters-kernels 0`). `--matrix NAME=raw.csv[:IDs]` reads ncu exports instead.
+//! - `--ncu-csv/--ncu-details`: existing Nsight Compute exports; `--torch-table`: a PyTorch
+//!   profiler table (the reference, category by category).
+//! - `meddpm profile [options] -- COMMAND…`: any CUDA program (e.g. `python3
+//!   tools/reference/profile_torch.py`) under ncu, reported the same way.
+//!
+//! Whatever cannot be collected (no CUDA device, CUPTI busy under another profiler, no ncu,
+//! counters not permitted, an unreadable export) is named in the report's "Not collected" section
+//! and the rest is still written.
 
 use crate::run::Preset;
 use anyhow::{Context, Result};
 use meddpm::analysis::gpus::{self, Math};
+use meddpm::analysis::kernels::{short_name, KernelRecord};
 use meddpm::analysis::matrix::ConfigInput;
-use meddpm::analysis::ncu::NcuData;
+use meddpm::analysis::ncu::{NcuData, NcuKernel};
 use meddpm::analysis::profile::{profile_unet, Options};
-use meddpm::analysis::report::{self, Input};
+use meddpm::analysis::report::{self, Input, Pass};
 use meddpm::analysis::timed::{NullBackend, Timed};
 use meddpm::cpu::CpuBackend;
+use meddpm::diffusion::{TrainConfig, Trainer};
+use meddpm::model::UNetConfig;
+use meddpm::rng::Philox;
 use meddpm::{Backend, Layout, Precision};
-use std::path::PathBuf;
+use meddpm_cuda::cupti::{self, Collection, Collector};
+use meddpm_cuda::CudaBackend;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProfileDevice {
     /// Time every backend call on the CPU reference backend.
     Cpu,
-    /// Time every backend call on CUDA device 0 (NDHWC; `--math fp32` or tf32), synced per call.
+    /// CUDA device 0: CUPTI kernel timeline, plus every backend call timed between syncs.
     Cuda,
 }
 
@@ -36,16 +60,26 @@ pub enum MathArg {
     Bf16,
 }
 
-/// One `--matrix` configuration: a name, an ncu raw export, optionally the launch IDs to sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LayoutArg {
+    Ncdhw,
+    Ndhwc,
+}
+
+/// One `--matrix` configuration: a name, an ncu raw export, optionally the launch IDs to sum;
+/// or (`--matrix` without a value) the four CUDA configurations run here.
 #[derive(Clone, Debug)]
-pub struct MatrixSpec {
-    pub name: String,
-    pub path: PathBuf,
-    pub ids: Option<Vec<u64>>,
+pub enum MatrixSpec {
+    Cuda,
+    Ncu { name: String, path: PathBuf, ids: Option<Vec<u64>> },
 }
 
 fn parse_matrix(s: &str) -> Result<MatrixSpec, String> {
-    let bad = || format!("'{s}' is not NAME=RAW.csv or NAME=RAW.csv:ID,ID,…");
+    if s == "cuda" {
+        return Ok(MatrixSpec::Cuda);
+    }
+    let bad =
+        || format!("'{s}' is not NAME=RAW.csv or NAME=RAW.csv:ID,ID,… (or no value: the four CUDA configurations)");
     let (name, rest) = s.split_once('=').ok_or_else(bad)?;
     let (path, ids) = match rest.rsplit_once(':') {
         Some((p, list)) if !list.is_empty() && list.split(',').all(|x| x.trim().parse::<u64>().is_ok()) => {
@@ -56,17 +90,21 @@ fn parse_matrix(s: &str) -> Result<MatrixSpec, String> {
     if name.is_empty() || path.is_empty() {
         return Err(bad());
     }
-    Ok(MatrixSpec { name: name.to_string(), path: PathBuf::from(path), ids })
+    Ok(MatrixSpec::Ncu { name: name.to_string(), path: PathBuf::from(path), ids })
 }
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
-    /// Run the model here and time it: cpu, or cuda. Default: cpu, unless only ncu exports are given.
+    /// Run the model here and time it: cpu, or cuda. Default: cpu, unless only ncu exports, a
+    /// PyTorch table or a command are given.
     #[arg(long, value_enum)]
     pub device: Option<ProfileDevice>,
     /// Model preset to run.
     #[arg(long, value_enum, default_value = "tiny")]
     pub preset: Preset,
+    /// Activation layout of the CUDA run.
+    #[arg(long, value_enum, default_value = "ndhwc")]
+    pub layout: LayoutArg,
     /// Report folder.
     #[arg(long, short, default_value = "profile-report")]
     pub out: PathBuf,
@@ -76,16 +114,39 @@ pub struct ProfileArgs {
     /// Nsight Compute details-page export (`ncu -i REP --page details --csv`): rules and speedups.
     #[arg(long)]
     pub ncu_details: Option<PathBuf>,
-    /// A configuration of the optimisation matrix from its ncu raw export: NAME=RAW.csv, or
-    /// NAME=RAW.csv:ID,ID,… to sum only those launches. Repeat it; the first is the baseline
-    /// (e.g. --matrix fp32-ncdhw=a.csv --matrix tf32-ndhwc=b.csv).
-    #[arg(long = "matrix", value_parser = parse_matrix)]
+    /// The optimisation matrix. Without a value (and --device cuda): run fp32/TF32 × NCDHW/NDHWC
+    /// here through CUPTI. NAME=RAW.csv or NAME=RAW.csv:ID,ID,…: a configuration from its ncu raw
+    /// export (repeat it; the first is the baseline).
+    #[arg(long = "matrix", value_parser = parse_matrix, num_args = 0..=1, default_missing_value = "cuda")]
     pub matrix: Vec<MatrixSpec>,
+    /// Hardware counters: re-run under Nsight Compute (`ncu --set full`) for the CUDA run or the command.
+    #[arg(long)]
+    pub counters: bool,
+    /// With --counters on a CUDA run: profile only the N kernels with the most GPU time (each at
+    /// its first launch in the recorded steps; ncu replays ~38 passes per kernel); 0 = every kernel.
+    #[arg(long, default_value_t = 6)]
+    pub counters_kernels: usize,
+    /// The Nsight Compute executable.
+    #[arg(long, default_value = "ncu")]
+    pub ncu: String,
+    /// With a COMMAND: only kernels inside this NVTX push/pop range (ncu --nvtx-include; e.g. "forward/").
+    #[arg(long)]
+    pub nvtx_include: Option<String>,
+    /// With a COMMAND: only kernels whose name matches this regex (ncu -k regex:…).
+    #[arg(long)]
+    pub kernel_regex: Option<String>,
+    /// With a COMMAND: profile at most this many kernel launches (ncu -c).
+    #[arg(long)]
+    pub launch_count: Option<usize>,
+    /// A PyTorch profiler table (`key_averages().table(...)`) to report as a pass, e.g. the
+    /// reference model's forward (tools/reference/profile_torch.py --table).
+    #[arg(long)]
+    pub torch_table: Vec<PathBuf>,
     /// Also count (without running) a training and a sampling step of these presets for the
     /// roofline predictions across GPUs.
     #[arg(long, value_enum)]
     pub predict: Vec<Preset>,
-    /// Convolution/GEMM math of the roofline predictions.
+    /// Convolution/GEMM math: of the CUDA run (fp32 or tf32) and of the roofline predictions.
     #[arg(long, value_enum, default_value = "tf32")]
     pub math: MathArg,
     /// Unrecorded repetitions before the recorded steps.
@@ -99,6 +160,12 @@ pub struct ProfileArgs {
     pub top: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Internal: this process runs under ncu for a parent `profile --counters` (steps only).
+    #[arg(long, hide = true)]
+    pub ncu_child: bool,
+    /// Run this CUDA program under Nsight Compute and report its kernels (after `--`).
+    #[arg(last = true)]
+    pub command: Vec<String>,
 }
 
 fn preset_name(p: Preset) -> &'static str {
@@ -110,15 +177,369 @@ fn preset_name(p: Preset) -> &'static str {
     }
 }
 
+fn layout_of(l: LayoutArg) -> Layout {
+    match l {
+        LayoutArg::Ncdhw => Layout::Ncdhw,
+        LayoutArg::Ndhwc => Layout::Ndhwc,
+    }
+}
+
+fn config_name(p: Precision, l: Layout) -> String {
+    format!(
+        "{}-{}",
+        if p == Precision::Fp32 { "fp32" } else { "tf32" },
+        if l == Layout::Ncdhw { "ncdhw" } else { "ndhwc" }
+    )
+}
+
+// ---- CUDA: steps through CUPTI ------------------------------------------------------------------
+
+/// Deterministic stand-in data of the model's shapes (as `analysis::profile`).
+fn host_data(cfg: &UNetConfig) -> (Vec<f32>, Vec<f32>) {
+    let s = cfg.depth * cfg.size * cfg.size;
+    let img: Vec<f32> = (0..cfg.out_channels * s).map(|i| ((i % 97) as f32 / 48.0 - 1.0).clamp(-1.0, 1.0)).collect();
+    let cond: Vec<f32> = (0..cfg.cond_channels() * s).map(|i| if (i / 7) % 3 == 0 { 1.0 } else { -1.0 }).collect();
+    (img, cond)
+}
+
+/// One recorded step: wall time between syncs and the CUPTI collection (or why there is none).
+struct Step {
+    wall_ns: u64,
+    collection: Result<Collection, String>,
+}
+
+/// Run `f` between two syncs, under CUPTI when `collect`.
+fn record(be: &CudaBackend, collect: bool, f: impl FnOnce()) -> Step {
+    be.sync();
+    let c = if collect { Collector::start().map(Some) } else { Ok(None) };
+    let t0 = Instant::now();
+    f();
+    be.sync();
+    let wall_ns = t0.elapsed().as_nanos() as u64;
+    let collection = match c {
+        Ok(Some(c)) => c.finish(),
+        Ok(None) => Err("not collected (run under ncu)".into()),
+        Err(e) => Err(e),
+    };
+    Step { wall_ns, collection }
+}
+
+/// The pass of the median wall time among the recorded steps.
+fn cupti_pass(name: &str, mut steps: Vec<Step>, notes: &mut Vec<String>, raw: &mut Vec<(String, u64)>) -> Pass {
+    let repeats: Vec<u64> = steps.iter().map(|s| s.wall_ns).collect();
+    steps.sort_by_key(|s| s.wall_ns);
+    let s = steps.swap_remove(steps.len() / 2);
+    let records = match s.collection {
+        Ok(c) => {
+            if c.dropped > 0 {
+                notes.push(format!("CUPTI dropped {} activity records in the {name} (buffers full)", c.dropped));
+            }
+            if c.unattributed > 0 {
+                notes.push(format!(
+                    "{} of {} GPU activities of the {name} could not be attributed to a backend range",
+                    c.unattributed,
+                    c.activities.len()
+                ));
+            }
+            for w in c.warnings {
+                notes.push(format!("CUPTI ({name}): {w}"));
+            }
+            raw.extend(c.activities.iter().map(|a| (a.name.clone(), a.duration_ns())));
+            c.activities.iter().map(|a| a.to_record()).collect()
+        }
+        Err(e) => {
+            notes.push(format!("CUPTI kernel timeline of the {name}: not collected because {e}"));
+            Vec::new()
+        }
+    };
+    Pass { name: name.to_string(), records, step_ns: Some(s.wall_ns), measured: true, repeats }
+}
+
+/// One training step (micro-step + Adam/EMA) and one sampling step at t = T/2, each after
+/// `warmup` unrecorded repetitions, exactly as `analysis::profile::profile_unet` runs them but
+/// without per-call syncs, each recorded step under CUPTI (when `collect`). Under ncu (`wrap`)
+/// the recorded steps sit inside one extra range, `profile`, which the parent's
+/// `--nvtx-include profile/` selects.
+fn cuda_steps(
+    be: &CudaBackend,
+    cfg: &UNetConfig,
+    o: &Options,
+    collect: bool,
+    wrap: bool,
+    notes: &mut Vec<String>,
+    raw: &mut Vec<(String, u64)>,
+) -> Result<Vec<Pass>> {
+    let tc = TrainConfig { batch: 1, grad_accum: 1, seed: o.seed, ..TrainConfig::default() };
+    let mut tr = Trainer::new(be, cfg, &tc)?;
+    let (img, cond) = host_data(cfg);
+    let mut passes = Vec::new();
+    for _ in 0..o.warmup {
+        tr.micro_step(be, &img, &cond);
+        tr.opt_step(be);
+    }
+    let mut steps = Vec::new();
+    for _ in 0..o.repeats.max(1) {
+        steps.push(record(be, collect, || {
+            if wrap {
+                be.push_range("profile");
+            }
+            be.push_range("train");
+            tr.micro_step(be, &img, &cond);
+            be.push_range("optimizer");
+            tr.opt_step(be);
+            be.pop_range();
+            be.pop_range();
+            if wrap {
+                be.pop_range();
+            }
+        }));
+    }
+    passes.push(cupti_pass("train step", steps, notes, raw));
+
+    let net = &mut tr.net;
+    let img_d = net.output_dims();
+    let cd = net.input_dims().with_c(cfg.cond_channels());
+    let mut x = be.alloc(img_d.numel())?;
+    let mut z = be.alloc(img_d.numel())?;
+    let mut c = be.alloc(cd.numel())?;
+    let rng = Philox::new(o.seed, meddpm::diffusion::train::STREAM_SAMPLE);
+    be.upload_act(&cond, cd, &mut c);
+    be.randn(&mut x, rng, 0, img_d);
+    let t = tr.sched.timesteps / 2;
+    let coefs = vec![tr.sched.ddpm_coefs(t); img_d.n];
+    let ts = vec![t as f32; img_d.n];
+    let mut step = |x: &mut <CudaBackend as Backend>::Buf, z: &mut <CudaBackend as Backend>::Buf| {
+        be.concat_channels(net.input_mut(), x, &c, img_d, img_d.c, cd.c);
+        net.forward(be, &ts);
+        be.randn(z, rng, img_d.numel() as u64, img_d);
+        be.ddpm_step(x, net.output(), z, &coefs, img_d);
+    };
+    for _ in 0..o.warmup {
+        step(&mut x, &mut z);
+    }
+    let mut steps = Vec::new();
+    for _ in 0..o.repeats.max(1) {
+        steps.push(record(be, collect, || {
+            if wrap {
+                be.push_range("profile");
+            }
+            be.push_range("sample");
+            step(&mut x, &mut z);
+            be.pop_range();
+            if wrap {
+                be.pop_range();
+            }
+        }));
+    }
+    passes.push(cupti_pass("sampling step", steps, notes, raw));
+    Ok(passes)
+}
+
+/// GPU kernel time of a pass (sum of record durations), ns.
+fn kernel_ns(p: &Pass) -> Option<f64> {
+    (!p.records.is_empty()).then(|| p.records.iter().map(|r| r.duration_ns as f64).sum())
+}
+
+// ---- Nsight Compute -----------------------------------------------------------------------------
+
+/// The last lines of a process's output, for error messages.
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// Run `ncu ARGS… -f -o DIR/NAME TARGET…`, export the raw and details pages next to the report
+/// and parse them. Every failure (ncu missing, counters not permitted, no kernel profiled) is an
+/// error string for the report.
+fn ncu_collect(ncu: &str, args: &[String], target: &[String], dir: &Path, name: &str) -> Result<NcuData, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let rep = dir.join(name);
+    let rep_file = dir.join(format!("{name}.ncu-rep"));
+    let _ = std::fs::remove_file(&rep_file);
+    let mut cmd = Command::new(ncu);
+    cmd.args(args).arg("-f").arg("-o").arg(&rep).args(target);
+    eprintln!("profile: {ncu} {} -f -o {} {}", args.join(" "), rep.display(), target.join(" "));
+    let out = cmd.output().map_err(|e| {
+        format!("Nsight Compute `{ncu}` could not be started ({e}): install Nsight Compute or pass --ncu PATH")
+    })?;
+    let log = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::write(dir.join(format!("{name}.log")), &log);
+    if log.contains("ERR_NVGPUCTRPERM") {
+        return Err("performance counters are not permitted for this user (ncu: ERR_NVGPUCTRPERM; needs root or \
+                    NVreg_RestrictProfilingToAdminUsers=0)"
+            .into());
+    }
+    if !rep_file.exists() {
+        return Err(format!(
+            "ncu wrote no report (exit {}; no kernel matched the filters?): {}",
+            out.status.code().map_or("signal".into(), |c| c.to_string()),
+            tail(&log, 4)
+        ));
+    }
+    if !out.status.success() {
+        eprintln!("warning: ncu exited with {} (report written; see {name}.log)", out.status);
+    }
+    let export = |page: &str, file: &str| -> Result<PathBuf, String> {
+        let o = Command::new(ncu)
+            .arg("-i")
+            .arg(&rep_file)
+            .args(["--page", page, "--csv", "--print-units", "base"])
+            .output()
+            .map_err(|e| format!("ncu -i {} --page {page}: {e}", rep_file.display()))?;
+        if !o.status.success() {
+            return Err(format!(
+                "ncu -i {} --page {page} failed: {}",
+                rep_file.display(),
+                tail(&String::from_utf8_lossy(&o.stderr), 3)
+            ));
+        }
+        let p = dir.join(file);
+        std::fs::write(&p, &o.stdout).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        Ok(p)
+    };
+    let raw = export("raw", &format!("{name}_raw.csv"))?;
+    let details = export("details", &format!("{name}_details.csv"))?;
+    NcuData::load(Some(&raw), Some(&details)).map_err(|e| e.to_string())
+}
+
+/// Records of the kernels ncu profiled (durations measured under replay, `--clock-control none`).
+fn ncu_records(ks: &[NcuKernel]) -> Vec<KernelRecord> {
+    ks.iter()
+        .map(|k| {
+            let c = k.counters();
+            let mut r = KernelRecord::new(&k.name, c.duration_ns.unwrap_or(0.0).round() as u64);
+            r.category = k.category;
+            r.grid = k.grid;
+            r.block = k.block;
+            r.registers = c.registers.map(|v| v as u32);
+            r
+        })
+        .collect()
+}
+
+/// ncu filter arguments for a CUDA run: the `profile/` NVTX range when the backend emits NVTX,
+/// and the top kernels of the CUPTI timeline by mangled name.
+fn child_filters(top: usize, raw_names: &[String]) -> (Vec<String>, String) {
+    let mut a = Vec::new();
+    let mut how = String::new();
+    match cupti::nvtx_status() {
+        Ok(()) => {
+            a.extend(["--nvtx".into(), "--nvtx-include".into(), "profile/".into()]);
+            how.push_str("NVTX range of the recorded training and sampling step");
+        }
+        Err(e) => {
+            how.push_str(&format!("first launches (no NVTX: {e})"));
+        }
+    }
+    if top > 0 && !raw_names.is_empty() {
+        let alts: Vec<String> = raw_names.iter().map(|n| regex_escape(n)).collect();
+        a.extend([
+            "--kernel-name-base".into(),
+            "mangled".into(),
+            "-k".into(),
+            format!("regex:^({})$", alts.join("|")),
+            "-c".into(),
+            top.to_string(),
+        ]);
+        how.push_str(&format!(", the {} kernels with the most GPU time", raw_names.len()));
+    }
+    (a, how)
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if "\\^$.|?*+()[]{}".contains(ch) {
+            o.push('\\');
+        }
+        o.push(ch);
+    }
+    o
+}
+
+/// The raw (mangled, as CUPTI reports them) names of the `n` kernels with the most GPU time.
+fn top_raw_names(acts: &[(String, u64)], n: usize) -> Vec<String> {
+    let mut by: std::collections::BTreeMap<&str, u64> = Default::default();
+    for (name, ns) in acts {
+        if name.starts_with("memcpy") || name == "memset" {
+            continue;
+        }
+        *by.entry(name.as_str()).or_default() += ns;
+    }
+    let mut v: Vec<(&str, u64)> = by.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    v.into_iter().take(n).map(|(s, _)| s.to_string()).collect()
+}
+
+// ---- the command --------------------------------------------------------------------------------
+
+/// The arguments that make a child of this binary run the same steps (under ncu).
+fn child_args(a: &ProfileArgs, precision: Precision, layout: Layout) -> Result<Vec<String>> {
+    let exe = std::env::current_exe().context("locating the meddpm binary for the ncu re-run")?;
+    Ok(vec![
+        exe.display().to_string(),
+        "profile".into(),
+        "--device".into(),
+        "cuda".into(),
+        "--preset".into(),
+        preset_name(a.preset).into(),
+        "--math".into(),
+        if precision == Precision::Fp32 { "fp32" } else { "tf32" }.into(),
+        "--layout".into(),
+        if layout == Layout::Ncdhw { "ncdhw" } else { "ndhwc" }.into(),
+        "--warmup".into(),
+        a.warmup.max(1).to_string(),
+        "--repeats".into(),
+        "1".into(),
+        "--seed".into(),
+        a.seed.to_string(),
+        "--ncu-child".into(),
+    ])
+}
+
+fn ncu_base(full: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec!["--clock-control".into(), "none".into(), "--target-processes".into(), "all".into()];
+    if full {
+        v.extend(["--set".into(), "full".into()]);
+    } else {
+        // one or two replay passes: durations, cycles, instructions, IPC, launch configuration
+        v.extend([
+            "--metrics".into(),
+            "gpu__time_duration.sum,sm__cycles_elapsed.avg,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,\
+             launch__registers_per_thread,launch__grid_size,launch__block_size"
+                .into(),
+        ]);
+    }
+    v
+}
+
 pub fn run(a: &ProfileArgs) -> Result<()> {
     let math = match a.math {
         MathArg::Fp32 => Math::Fp32,
         MathArg::Tf32 => Math::Tf32,
         MathArg::Bf16 => Math::Bf16,
     };
-    let have_ncu = a.ncu_csv.is_some() || a.ncu_details.is_some() || !a.matrix.is_empty();
-    let device = a.device.or(if have_ncu { None } else { Some(ProfileDevice::Cpu) });
+    let ncu_matrix = a.matrix.iter().any(|m| matches!(m, MatrixSpec::Ncu { .. }));
+    let cuda_matrix = a.matrix.iter().any(|m| matches!(m, MatrixSpec::Cuda));
+    let have_inputs = a.ncu_csv.is_some()
+        || a.ncu_details.is_some()
+        || ncu_matrix
+        || !a.torch_table.is_empty()
+        || !a.command.is_empty();
+    let device = a.device.or(if have_inputs { None } else { Some(ProfileDevice::Cpu) });
     let cfg = a.preset.unet();
+    let precision = if matches!(a.math, MathArg::Fp32) { Precision::Fp32 } else { Precision::Tf32 };
+    let layout = layout_of(a.layout);
+    let opts = Options { seed: a.seed, warmup: a.warmup, repeats: a.repeats, ..Options::default() };
+
+    if a.ncu_child {
+        // under ncu for a parent --counters run: only the steps, inside the `profile` range
+        let be = CudaBackend::new(0, precision, layout).context("opening the CUDA backend under ncu")?;
+        let mut notes = Vec::new();
+        cuda_steps(&be, &cfg, &opts, false, true, &mut notes, &mut Vec::new())?;
+        return Ok(());
+    }
+
     let mut input = Input {
         title: format!("Med-DDPM U-Net, preset {}", preset_name(a.preset)),
         device: "none (no model run)".into(),
@@ -136,10 +557,16 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         ..Input::default()
     };
     if device.is_none() {
-        input.title = "Nsight Compute exports".into();
-        input.config = "no model run (counters and matrix from the given exports)".into();
+        input.title = if !a.command.is_empty() {
+            "command under Nsight Compute".into()
+        } else if !a.torch_table.is_empty() && a.ncu_csv.is_none() && !ncu_matrix {
+            "PyTorch profiler tables".into()
+        } else {
+            "Nsight Compute exports".into()
+        };
+        input.config = "no model run".into();
     }
-    let opts = Options { seed: a.seed, warmup: a.warmup, repeats: a.repeats, ..Options::default() };
+    let mut counters_done = false;
     match device {
         Some(ProfileDevice::Cpu) => {
             if matches!(a.preset, Preset::WholeHead | Preset::Brats) {
@@ -159,28 +586,89 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
             );
         }
         Some(ProfileDevice::Cuda) => {
-            let precision = if matches!(a.math, MathArg::Fp32) { Precision::Fp32 } else { Precision::Tf32 };
-            match meddpm_cuda::CudaBackend::new(0, precision, Layout::Ndhwc) {
-                Ok(cuda) => {
-                    input.device_gpu = gpus::find(&cuda.info().name);
-                    // the roofline uses the math the backend runs (it has fp32 and tf32)
-                    input.math = Some(if precision == Precision::Fp32 { Math::Fp32 } else { Math::Tf32 });
-                    let be = Timed::new(cuda);
-                    input.device = be.describe();
-                    input.passes = profile_unet(&be, &cfg, &opts).context("profiling on the CUDA backend")?;
-                    input.not_collected.push(
-                        "CUPTI kernel timeline: not built yet — GPU times here are per backend call between two device \
-                         syncs (each call's kernels plus launch latency; no per-kernel names, grids or registers)"
-                            .into(),
-                    );
-                }
-                Err(e) => {
-                    eprintln!("warning: {e}");
-                    input.not_collected.push(format!("GPU timeline: no CUDA backend ({e})"));
-                }
-            }
+            counters_done = true;
+            cuda_run(a, &cfg, &opts, precision, layout, cuda_matrix, &mut input)?;
         }
         None => {}
+    }
+    if cuda_matrix && device != Some(ProfileDevice::Cuda) {
+        input.not_collected.push("optimization matrix of CUDA configurations: needs --device cuda".into());
+    }
+    // another program under ncu
+    if !a.command.is_empty() {
+        let mut args = ncu_base(a.counters);
+        if let Some(r) = &a.nvtx_include {
+            args.extend(["--nvtx".into(), "--nvtx-include".into(), r.clone()]);
+        }
+        if let Some(k) = &a.kernel_regex {
+            args.extend(["-k".into(), format!("regex:{k}")]);
+        }
+        if let Some(c) = a.launch_count {
+            args.extend(["-c".into(), c.to_string()]);
+        }
+        let what = a.command.join(" ");
+        input.config = format!("`{what}` under Nsight Compute ({})", args.join(" "));
+        match ncu_collect(&a.ncu, &args, &a.command, &a.out.join("ncu"), "command") {
+            Ok(n) => {
+                let records = ncu_records(&n.kernels);
+                let total: f64 = records.iter().map(|r| r.duration_ns as f64).sum();
+                input.device = n
+                    .kernels
+                    .first()
+                    .and_then(|k| k.metrics.get("device__attribute_display_name").map(|m| m.text.clone()))
+                    .unwrap_or_else(|| "the GPU ncu ran on".into());
+                input.passes.push(Pass {
+                    name: format!("{} (ncu, {} kernels)", short_name(&what, 60), records.len()),
+                    records,
+                    step_ns: Some(total.round() as u64),
+                    measured: true,
+                    repeats: Vec::new(),
+                });
+                input.not_collected.push(
+                    "command pass: times are Nsight Compute kernel durations under replay, kernels serialised (the \
+                     pass time is their sum, not a wall time)"
+                        .into(),
+                );
+                if a.counters {
+                    input.ncu = Some(n);
+                } else {
+                    input.not_collected.push(
+                        "hardware counters of the command: only durations, cycles, instructions and IPC were collected \
+                         (add --counters for `--set full`)"
+                            .into(),
+                    );
+                    input.ncu = Some(n);
+                }
+            }
+            Err(e) => {
+                eprintln!("warning: {e}");
+                input.not_collected.push(format!("command `{what}` under Nsight Compute: not collected because {e}"));
+            }
+        }
+        counters_done = true;
+    }
+    // PyTorch profiler tables
+    for t in &a.torch_table {
+        match std::fs::read_to_string(t)
+            .map_err(|e| meddpm::Error::io(t, e))
+            .and_then(|s| meddpm::analysis::torch::parse_table(&s, t))
+        {
+            Ok(records) => {
+                let total: f64 = records.iter().map(|r| r.duration_ns as f64).sum();
+                let name = t.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+                input.passes.push(Pass {
+                    name: format!("PyTorch {name}"),
+                    records,
+                    step_ns: Some(total.round() as u64),
+                    measured: true,
+                    repeats: Vec::new(),
+                });
+            }
+            Err(e) => {
+                eprintln!("warning: {e}");
+                input.not_collected.push(format!("PyTorch table {}: {e}", t.display()));
+            }
+        }
     }
     // counted-only passes for the roofline predictions
     for &p in &a.predict {
@@ -205,34 +693,32 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
                 input.not_collected.push(format!("hardware counters: {e}"));
             }
         }
-    } else {
+    } else if !counters_done || (!a.counters && a.command.is_empty()) {
         input.not_collected.push(
-            "hardware counters (Nsight Compute): no export given (run under `ncu --set full` and pass --ncu-csv raw.csv \
+            "hardware counters (Nsight Compute): not requested (add --counters, or pass --ncu-csv raw.csv \
              --ncu-details details.csv)"
                 .into(),
         );
     }
     for m in &a.matrix {
-        match NcuData::load(Some(&m.path), None) {
+        let MatrixSpec::Ncu { name, path, ids } = m else { continue };
+        match NcuData::load(Some(path), None) {
             Ok(n) => {
-                let ks: Vec<_> = match &m.ids {
+                let ks: Vec<_> = match ids {
                     Some(ids) => n.kernels.into_iter().filter(|k| ids.contains(&k.id)).collect(),
                     None => n.kernels,
                 };
                 if ks.is_empty() {
-                    input.not_collected.push(format!(
-                        "matrix configuration {}: no kernel with IDs {:?} in {}",
-                        m.name,
-                        m.ids,
-                        m.path.display()
-                    ));
+                    input
+                        .not_collected
+                        .push(format!("matrix configuration {name}: no kernel with IDs {ids:?} in {}", path.display()));
                 } else {
-                    input.matrix.push(ConfigInput::from_ncu(&m.name, &ks));
+                    input.matrix.push(ConfigInput::from_ncu(name, &ks));
                 }
             }
             Err(e) => {
                 eprintln!("warning: {e}");
-                input.not_collected.push(format!("matrix configuration {}: {e}", m.name));
+                input.not_collected.push(format!("matrix configuration {name}: {e}"));
             }
         }
     }
@@ -243,5 +729,136 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         report::write(&input, &a.out).with_context(|| format!("writing the report to {}", a.out.display()))?;
     print!("{}", report::summary(&r));
     println!("report: {} ({} files)", a.out.join("report.md").display(), files.len());
+    Ok(())
+}
+
+/// `--device cuda`: the CUPTI passes of the requested configuration, the per-call passes, the
+/// counters (`--counters`) and the four-configuration matrix (`--matrix`).
+fn cuda_run(
+    a: &ProfileArgs,
+    cfg: &UNetConfig,
+    opts: &Options,
+    precision: Precision,
+    layout: Layout,
+    matrix: bool,
+    input: &mut Input,
+) -> Result<()> {
+    let cuda = match CudaBackend::new(0, precision, layout) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("warning: {e}");
+            input.not_collected.push(format!("GPU timeline: no CUDA backend ({e})"));
+            if a.counters {
+                input.not_collected.push("hardware counters: no CUDA backend".into());
+            }
+            return Ok(());
+        }
+    };
+    input.device_gpu = gpus::find(&cuda.info().name);
+    input.math = Some(if precision == Precision::Fp32 { Math::Fp32 } else { Math::Tf32 });
+    input.device = cuda.describe();
+    let main_name = config_name(precision, layout);
+    input.config.push_str(&format!("; configuration {main_name}"));
+    let mut notes = Vec::new();
+    let mut raw = Vec::new();
+    // 1) the CUPTI timeline (also leaves the cuDNN algorithms in the on-disk cache for the ncu child)
+    let passes = cuda_steps(&cuda, cfg, opts, true, false, &mut notes, &mut raw).context("CUDA steps under CUPTI")?;
+    let mut matrix_rows = Vec::new();
+    if matrix {
+        let train = passes.iter().find(|p| p.name.starts_with("train"));
+        matrix_rows.push((precision, layout, train.and_then(kernel_ns)));
+    }
+    input.passes.extend(passes);
+    if let Err(e) = cupti::nvtx_status() {
+        notes.push(format!("NVTX ranges: not emitted because {e} (ncu then selects kernels by name only)"));
+    }
+    // 2) the per-call view: every backend call between two syncs
+    let timed = Timed::new(cuda);
+    let o = Options { label: " (per call, synced)".into(), ..opts.clone() };
+    input.passes.extend(profile_unet(&timed, cfg, &o).context("per-call profile on the CUDA backend")?);
+    drop(timed);
+    // 3) counters: this binary again, under ncu
+    let mut ncu_by_config = Vec::new();
+    if a.counters {
+        let names = if a.counters_kernels == 0 { Vec::new() } else { top_raw_names(&raw, a.counters_kernels) };
+        let (mut args, how) = child_filters(a.counters_kernels, &names);
+        let mut full = ncu_base(true);
+        full.append(&mut args);
+        match ncu_collect(&a.ncu, &full, &child_args(a, precision, layout)?, &a.out.join("ncu"), &main_name) {
+            Ok(n) => {
+                input.config.push_str(&format!("; counters: {how}"));
+                if a.counters_kernels == 0 {
+                    ncu_by_config.push((main_name.clone(), ConfigInput::from_ncu(&main_name, &n.kernels)));
+                }
+                input.ncu = Some(n);
+            }
+            Err(e) => {
+                eprintln!("warning: {e}");
+                input.not_collected.push(format!("hardware counters (Nsight Compute): not collected because {e}"));
+            }
+        }
+    }
+    // 4) the optimisation matrix: the other three configurations
+    if matrix {
+        for (p, l) in [
+            (Precision::Fp32, Layout::Ncdhw),
+            (Precision::Tf32, Layout::Ncdhw),
+            (Precision::Fp32, Layout::Ndhwc),
+            (Precision::Tf32, Layout::Ndhwc),
+        ] {
+            if (p, l) == (precision, layout) {
+                continue;
+            }
+            let name = config_name(p, l);
+            eprintln!("profile: matrix configuration {name}");
+            match CudaBackend::new(0, p, l) {
+                Ok(be) => {
+                    let mut n = Vec::new();
+                    let ps = cuda_steps(&be, cfg, opts, true, false, &mut n, &mut Vec::new())
+                        .with_context(|| format!("matrix configuration {name}"))?;
+                    notes.extend(n.into_iter().map(|s| format!("{name}: {s}")));
+                    let t = ps.iter().find(|p| p.name.starts_with("train")).and_then(kernel_ns);
+                    matrix_rows.push((p, l, t));
+                    drop(be);
+                    if a.counters && a.counters_kernels == 0 {
+                        let mut full = ncu_base(true);
+                        full.append(&mut child_filters(0, &[]).0);
+                        match ncu_collect(&a.ncu, &full, &child_args(a, p, l)?, &a.out.join("ncu"), &name) {
+                            Ok(n) => ncu_by_config.push((name.clone(), ConfigInput::from_ncu(&name, &n.kernels))),
+                            Err(e) => input.not_collected.push(format!("matrix counters of {name}: {e}")),
+                        }
+                    }
+                }
+                Err(e) => input.not_collected.push(format!("matrix configuration {name}: {e}")),
+            }
+        }
+        // baseline first: fp32-ncdhw
+        let order = |p: Precision, l: Layout| (p != Precision::Fp32) as u8 + 2 * (l != Layout::Ncdhw) as u8;
+        matrix_rows.sort_by_key(|r| order(r.0, r.1));
+        for (p, l, t) in matrix_rows {
+            let name = config_name(p, l);
+            let mut c = ncu_by_config
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_else(|| ConfigInput { name: name.clone(), ..ConfigInput::default() });
+            // time: GPU kernel time of one training step through CUPTI (ncu's replayed durations otherwise)
+            if t.is_some() {
+                c.time_ns = t;
+            }
+            input.matrix.push(c);
+        }
+        input.config.push_str("; matrix time = GPU kernel time of one training step (CUPTI, sum of kernel durations)");
+        if !(a.counters && a.counters_kernels == 0) {
+            input.not_collected.push(
+                "matrix SM cycles / instructions / tensor-pipe / IPC: need --counters --counters-kernels 0 (every \
+                 kernel of each configuration under ncu; slow)"
+                    .into(),
+            );
+        }
+    }
+    for n in notes {
+        input.not_collected.push(n);
+    }
     Ok(())
 }

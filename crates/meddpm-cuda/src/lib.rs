@@ -18,6 +18,7 @@
 
 mod attention;
 mod conv3d;
+pub mod cupti;
 pub mod device;
 mod diffusion;
 pub mod doctor;
@@ -25,6 +26,7 @@ mod elementwise;
 mod groupnorm;
 mod linear;
 mod loss;
+mod nvtx;
 mod optim;
 mod silu;
 mod upsample;
@@ -271,6 +273,14 @@ impl Backend for CudaBackend {
     }
     fn sync(&self) {
         self.dev.sync();
+    }
+    fn push_range(&self, name: &str) {
+        nvtx::push(name);
+        cupti::range_push(name);
+    }
+    fn pop_range(&self) {
+        cupti::range_pop();
+        nvtx::pop();
     }
 
     fn conv3d_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, cs: ConvShape) {
