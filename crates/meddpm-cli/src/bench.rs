@@ -440,3 +440,38 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: BenchArgs,
+    }
+
+    /// The CI path: the tiny preset on the CPU backend writes one row whose FLOP rate is the
+    /// analytic count over the measured time, and the JSON carries the model's parameter count.
+    #[test]
+    fn cpu_tiny_bench_writes_json() {
+        let path = std::env::temp_dir().join(format!("meddpm-bench-test-{}.json", std::process::id()));
+        let p = path.to_str().unwrap();
+        let cli =
+            Cli::parse_from(["x", "--device", "cpu", "--preset", "tiny", "--iters", "2", "--warmup", "1", "--json", p]);
+        run(&cli.a).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert_eq!(v["params"].as_u64(), Some(184_649), "tiny preset parameter count");
+        let rows = v["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        let (fwd, train) = (r["fwd_ms"].as_f64().unwrap(), r["train_ms"].as_f64().unwrap());
+        assert!(fwd > 0.0 && train > fwd, "fwd {fwd} ms, train {train} ms");
+        assert_eq!(r["fwd_all_ms"].as_array().unwrap().len(), 2);
+        let tflops = v["fwd_flops"].as_f64().unwrap() / (fwd * 1e-3) / 1e12;
+        assert!((r["fwd_tflops"].as_f64().unwrap() - tflops).abs() <= 1e-9 * tflops.max(1.0));
+        assert!(r["mem_used_bytes"].is_null(), "no memory figure on the CPU");
+    }
+}
