@@ -30,9 +30,13 @@ for part in "$@"; do
   t0=$(date +%s)
   case $part in
     check)
-      OUT="$RES" bash scripts/gpu-check.sh "$BIN"
-      "$BIN/golden" --nocapture --test-threads=1 >"$RES/golden.log" 2>&1
-      grep -E "^test |test result" "$RES/golden.log" ;;
+      "$BIN/doctor" >"$RES/doctor.log" 2>&1; grep -E "cuDNN|driver|device 0" "$RES/doctor.log"
+      "$BIN/kernels_compile" --nocapture >"$RES/kernels_compile.log" 2>&1
+      for t in parity golden; do
+        timeout 300 "$BIN/$t" --nocapture --test-threads=1 >"$RES/$t.log" 2>&1
+        echo "$t: exit $?"; grep -E "^test |test result|NOT OK|panicked" "$RES/$t.log" | tail -25
+      done
+      [ -n "${PRIMITIVES:-}" ] && timeout 240 "$BIN/bench_primitives" "$RES" 5 >"$RES/bench_primitives.log" 2>&1 ;;
     bench)
       "$BIN/meddpm" bench --device cuda --preset whole-head --json "$RES/bench.json" --torch ;;
     torch)   BIN="$BIN/meddpm" TEST_BIN="$BIN/torch_full" RES="$RES" bash scripts/gpu/torch_full.sh ;;
