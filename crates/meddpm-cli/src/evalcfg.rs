@@ -277,15 +277,15 @@ pub struct Report {
 }
 
 /// A mask/image pair at model size plus the native volumes for the panel.
-struct PairData {
-    info: PairInfo,
-    cond: Vec<f32>,
+pub struct PairData {
+    pub info: PairInfo,
+    pub cond: Vec<f32>,
     /// Real image at model size, [0, 1].
-    real: Vec<f32>,
+    pub real: Vec<f32>,
     /// Label per voxel at model size.
-    labels: Vec<u8>,
-    mask_vol: Volume,
-    real_vol: Volume,
+    pub labels: Vec<u8>,
+    pub mask_vol: Volume,
+    pub real_vol: Volume,
 }
 
 fn norm(v: &[f32], [lo, hi]: [f64; 2]) -> Vec<f32> {
@@ -485,7 +485,8 @@ fn sample_all<B: Backend>(
     Ok((out, t0.elapsed().as_secs_f64()))
 }
 
-type Samples = Vec<Vec<Vec<f32>>>;
+/// `samples[pair][seed]`: one host volume per mask and seed.
+pub type Samples = Vec<Vec<Vec<f32>>>;
 
 /// Run one configuration; Err(reason) for a configuration that cannot start (skipped).
 fn run_config(
@@ -515,7 +516,7 @@ fn run_config(
 }
 
 /// The mask/image pairs to sample, at model size.
-fn load_pairs(a: &EvalConfigsArgs, cfg: &UNetConfig, range: [f64; 2]) -> Result<(Vec<PairData>, String)> {
+pub fn load_pairs(a: &EvalConfigsArgs, cfg: &UNetConfig, range: [f64; 2]) -> Result<(Vec<PairData>, String)> {
     let size = [cfg.depth, cfg.size, cfg.size];
     let mut conv = Convention::whole_head();
     conv.num_labels = cfg.cond_channels() + 1;
@@ -576,6 +577,75 @@ fn load_pairs(a: &EvalConfigsArgs, cfg: &UNetConfig, range: [f64; 2]) -> Result<
         });
     }
     Ok((out, source))
+}
+
+/// The samples of one configuration that ran: `samples[pair][seed]`, host (1, D, H, W).
+pub struct Run {
+    pub name: String,
+    pub backend: String,
+    pub seconds: f64,
+    pub seconds_per_sample: f64,
+    pub samples: Samples,
+}
+
+/// Quality, agreement with `runs[0]` (the baseline), the baseline's spread and the verdicts.
+pub fn compare(
+    runs: &[Run],
+    pairs: &[PairData],
+    seeds: &[u64],
+    metrics: &Metrics,
+    range: [f64; 2],
+) -> Result<(Vec<ConfigReport>, Vec<Spread>)> {
+    let dims = metrics.dims;
+    let mut configurations = Vec::new();
+    let mut all_quality: Vec<Vec<Quality>> = Vec::new();
+    for (ci, r) in runs.iter().enumerate() {
+        let mut quality = Vec::new();
+        let mut agreement = Vec::new();
+        for (pi, p) in pairs.iter().enumerate() {
+            let names = metric_names(&p.info.labels, metrics.ms.is_some());
+            for (k, &seed) in seeds.iter().enumerate() {
+                let what = format!("{} sample (pair {}, seed {seed})", r.name, p.info.index);
+                let g = norm(&r.samples[pi][k], range);
+                Vol::new(&what, dims, &g)?.check_finite(&what)?;
+                let vals = metrics.quality(&g, &p.real, &p.labels, &p.info.labels)?;
+                quality.push(Quality { pair: p.info.index, seed, metrics: names.iter().cloned().zip(vals).collect() });
+                let b = norm(&runs[0].samples[pi][k], range);
+                let (max_abs_diff, psnr_db, ssim) = metrics.agreement(&g, &b, range)?;
+                agreement.push(Agreement { pair: p.info.index, seed, max_abs_diff, psnr_db, ssim });
+            }
+        }
+        all_quality.push(quality.clone());
+        configurations.push(ConfigReport {
+            name: r.name.clone(),
+            status: if ci == 0 { "baseline".into() } else { "ran".into() },
+            skip_reason: None,
+            backend: Some(r.backend.clone()),
+            seconds: Some(r.seconds),
+            seconds_per_sample: Some(r.seconds_per_sample),
+            agreement,
+            quality,
+            verdict: None,
+        });
+    }
+    let mut spread = Vec::new();
+    for p in pairs {
+        for name in metric_names(&p.info.labels, metrics.ms.is_some()) {
+            let vals: Vec<f64> = all_quality[0]
+                .iter()
+                .filter(|q| q.pair == p.info.index)
+                .filter_map(|q| q.metrics.iter().find(|(m, _)| *m == name).map(|(_, v)| *v))
+                .filter(|v| !v.is_nan())
+                .collect();
+            if let Some(stat) = Stat::of(&vals) {
+                spread.push(Spread { pair: p.info.index, metric: name, stat });
+            }
+        }
+    }
+    for ci in 1..configurations.len() {
+        configurations[ci].verdict = verdict(&all_quality[ci], &all_quality[0], &spread, seeds.len());
+    }
+    Ok((configurations, spread))
 }
 
 pub fn run(a: &EvalConfigsArgs) -> Result<()> {
@@ -699,58 +769,19 @@ pub fn run(a: &EvalConfigsArgs) -> Result<()> {
     // Metrics on [0, 1].
     let baseline_name = ran[0].0.name();
     let n_samples = pairs.len() * seeds.len();
-    let mut configurations = Vec::new();
-    let mut all_quality: Vec<Vec<Quality>> = Vec::new();
-    for (ci, (c, desc, total, secs, samples)) in ran.iter().enumerate() {
-        let mut quality = Vec::new();
-        let mut agreement = Vec::new();
-        for (pi, p) in pairs.iter().enumerate() {
-            let names = metric_names(&p.info.labels, metrics.ms.is_some());
-            for (k, &seed) in seeds.iter().enumerate() {
-                let g = norm(&samples[pi][k], range);
-                Vol::new(&format!("{} sample (pair {}, seed {seed})", c.name(), p.info.index), dims, &g)?
-                    .check_finite(&format!("{} sample (pair {}, seed {seed})", c.name(), p.info.index))?;
-                let vals = metrics.quality(&g, &p.real, &p.labels, &p.info.labels)?;
-                quality.push(Quality { pair: p.info.index, seed, metrics: names.iter().cloned().zip(vals).collect() });
-                let b = norm(&ran[0].4[pi][k], range);
-                let (max_abs_diff, psnr_db, ssim) = metrics.agreement(&g, &b, range)?;
-                agreement.push(Agreement { pair: p.info.index, seed, max_abs_diff, psnr_db, ssim });
-            }
-        }
-        all_quality.push(quality.clone());
-        configurations.push(ConfigReport {
+    let runs: Vec<Run> = ran
+        .into_iter()
+        .map(|(c, desc, total, secs, samples)| Run {
             name: c.name(),
-            status: if ci == 0 { "baseline".into() } else { "ran".into() },
-            skip_reason: None,
-            backend: Some(desc.clone()),
-            seconds: Some(*total),
-            seconds_per_sample: Some(secs / n_samples as f64),
-            agreement,
-            quality,
-            verdict: None,
-        });
-    }
-
-    // Spread of the baseline, then verdicts.
-    let mut spread = Vec::new();
-    for p in &pairs {
-        for name in metric_names(&p.info.labels, metrics.ms.is_some()) {
-            let vals: Vec<f64> = all_quality[0]
-                .iter()
-                .filter(|q| q.pair == p.info.index)
-                .filter_map(|q| q.metrics.iter().find(|(m, _)| *m == name).map(|(_, v)| *v))
-                .filter(|v| !v.is_nan())
-                .collect();
-            if let Some(stat) = Stat::of(&vals) {
-                spread.push(Spread { pair: p.info.index, metric: name, stat });
-            }
-        }
-    }
+            backend: desc,
+            seconds: total,
+            seconds_per_sample: secs / n_samples as f64,
+            samples,
+        })
+        .collect();
+    let (mut configurations, spread) = compare(&runs, &pairs, &seeds, &metrics, range)?;
     if seeds.len() < 2 {
         notes.push("one seed per mask: no seed-to-seed spread, so no verdicts (use --seeds ≥ 2)".into());
-    }
-    for ci in 1..configurations.len() {
-        configurations[ci].verdict = verdict(&all_quality[ci], &all_quality[0], &spread, seeds.len());
     }
     for (c, why) in &skipped {
         configurations.push(ConfigReport {
@@ -811,7 +842,7 @@ pub fn run(a: &EvalConfigsArgs) -> Result<()> {
     let conv = Convention::whole_head();
     for (pi, p) in pairs.iter().enumerate() {
         let gens: Vec<Volume> =
-            ran.iter().map(|r| conv.output_volumes(&r.4[pi][0], 1, dims, &p.mask_vol).remove(0)).collect();
+            runs.iter().map(|r| conv.output_volumes(&r.samples[pi][0], 1, dims, &p.mask_vol).remove(0)).collect();
         let mut cols: Vec<(&Volume, Kind)> = vec![(&p.mask_vol, Kind::Labels), (&p.real_vol, Kind::Intensity)];
         cols.extend(gens.iter().map(|v| (v, Kind::Intensity)));
         let pos = label_position(&p.mask_vol, 2.0).unwrap_or([0.5; 3]);

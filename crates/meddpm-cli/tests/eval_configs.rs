@@ -255,3 +255,59 @@ fn verdict_rule() {
     let off = vec![q(0, 0, 2.0), q(0, 1, 2.0), q(0, 2, 2.1)];
     assert!(!verdict(&off, &same, &flat, 3).unwrap().within_spread);
 }
+
+/// The comparison path the GPU takes (several configurations), fed with CPU samples: a copy of
+/// the baseline shifted by 1e-4 must agree to 1e-4 and stay within spread; a copy scaled by 0.5
+/// must fall outside.
+#[test]
+fn several_configurations_compare_against_the_baseline() {
+    let dir = scratch("cmp");
+    let ck = tiny_checkpoint(&dir);
+    let a = args(&ck, &dir.join("out"), &["--device", "cpu"]);
+    let ckp = Checkpoint::read(&ck).unwrap();
+    let cfg = ckp.unet.clone().unwrap();
+    let (pairs, _) = evalcfg::load_pairs(&a, &cfg, [-1.0, 1.0]).unwrap();
+    let be = CpuBackend::new();
+    let mut net = UNet::new(&be, &cfg, 1).unwrap();
+    let specs = net.specs.clone();
+    net.set_params(&be, &ckp.group("ema", &specs).unwrap()).unwrap();
+    let mut sampler = Sampler::new(&be, &net).unwrap();
+    let seeds = [0u64, 1, 2];
+    let base: Vec<Vec<Vec<f32>>> = pairs
+        .iter()
+        .map(|p| {
+            seeds
+                .iter()
+                .map(|&s| sampler.sample(&be, &mut net, &Schedule::cosine(T), &p.cond, s, |_| {}).unwrap())
+                .collect()
+        })
+        .collect();
+    let map = |f: &dyn Fn(f32) -> f32| -> Vec<Vec<Vec<f32>>> {
+        base.iter().map(|p| p.iter().map(|v| v.iter().map(|&x| f(x)).collect()).collect()).collect()
+    };
+    let run = |name: &str, samples| evalcfg::Run {
+        name: name.into(),
+        backend: "test".into(),
+        seconds: 0.0,
+        seconds_per_sample: 0.0,
+        samples,
+    };
+    let runs = vec![run("base", base.clone()), run("shift", map(&|x| x + 1e-4)), run("half", map(&|x| 0.5 * x))];
+    let (m, _) = Metrics::new([8, 8, 8], None).unwrap();
+    let (reps, spread) = evalcfg::compare(&runs, &pairs, &seeds, &m, [-1.0, 1.0]).unwrap();
+    assert_eq!(reps.len(), 3);
+    assert_eq!(reps[0].status, "baseline");
+    assert!(reps[0].verdict.is_none());
+    assert_eq!(spread.len(), 2 * (1 + 4 + 2 * pairs[0].info.labels.len()));
+    let shift = &reps[1];
+    assert_eq!(shift.agreement.len(), 6);
+    for ag in &shift.agreement {
+        assert!((ag.max_abs_diff - 1e-4).abs() < 2e-6, "{ag:?}"); // f32 rounding of x + 1e-4
+        assert!((ag.psnr_db - 86.02).abs() < 0.1, "{ag:?}"); // −10·log10((0.5e-4)²)
+    }
+    let v = shift.verdict.as_ref().unwrap();
+    assert!(v.within_spread, "{v:?}");
+    let v = reps[2].verdict.as_ref().unwrap();
+    assert!(!v.within_spread && v.worst_ratio > 1.0, "{v:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
