@@ -36,10 +36,10 @@ for part in "$@"; do
         timeout 300 "$BIN/$t" --nocapture --test-threads=1 >"$RES/$t.log" 2>&1
         echo "$t: exit $?"; grep -E "^test |test result|NOT OK|panicked" "$RES/$t.log" | tail -25
       done
-      [ -n "${PRIMITIVES:-}" ] && timeout 240 "$BIN/bench_primitives" "$RES" 5 >"$RES/bench_primitives.log" 2>&1 ;;
+      if [ -n "${PRIMITIVES:-}" ]; then timeout 240 "$BIN/bench_primitives" "$RES" 5 >"$RES/bench_primitives.log" 2>&1; fi ;;
     bench)
       "$BIN/meddpm" bench --device cuda --preset whole-head --json "$RES/bench.json" --torch ;;
-    torch)   BIN="$BIN/meddpm" TEST_BIN="$BIN/torch_full" RES="$RES" bash scripts/gpu/torch_full.sh ;;
+    torch)   TEST_BIN="$BIN/torch_full" BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/torch_full.sh ;;
     evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;
     profile) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/profile.sh ;;
     *) echo "unknown part $part" ;;

@@ -6,6 +6,7 @@
 mod bench;
 mod convert;
 mod eval;
+mod evalcfg;
 mod masks;
 mod preview;
 mod profile;
@@ -44,6 +45,9 @@ enum Cmd {
     Convert(convert::ConvertArgs),
     /// Synthesis quality: SSIM / MS-SSIM (MONAI definitions), PSNR, MAE, MMD, histograms.
     Eval(eval::EvalArgs),
+    /// Sample the same masks and seeds under each precision × layout (and the CPU reference);
+    /// compare with the fp32 baseline and its seed-to-seed spread.
+    EvalConfigs(evalcfg::EvalConfigsArgs),
     /// Where a training and a sampling step spend their time: per-op/kernel breakdown, Nsight
     /// Compute counters, the optimization matrix, roofline.
     Profile(profile::ProfileArgs),
@@ -62,6 +66,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Convert(a) => convert::run(a),
         Cmd::Eval(a) => eval::run(a),
+        Cmd::EvalConfigs(a) => evalcfg::run(a),
         Cmd::Profile(a) => profile::run(a),
         Cmd::Doctor => run::doctor(),
     };
