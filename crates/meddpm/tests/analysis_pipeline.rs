@@ -251,3 +251,38 @@ fn report_without_inputs_says_what_is_missing() {
     assert!(md.contains("## GPU table (datasheet)"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A pass whose records carry no FLOP counts (as CUPTI kernel records) gets no roofline bound:
+/// summing only its byte-counted copies would print a meaningless microsecond "bound".
+#[test]
+fn passes_without_flop_counts_get_no_roofline() {
+    use meddpm::analysis::kernels::KernelRecord;
+    let mut copy = KernelRecord::new("memcpy HtoD", 2_000);
+    copy.bytes = Some(1e6);
+    let mut conv = KernelRecord::new("sm90_xmma_fprop_implicit_gemm_tf32", 2_000_000);
+    conv.flops = Some(4.6e11);
+    conv.bytes = Some(1e9);
+    let pass = |name: &str, records: Vec<KernelRecord>| Pass {
+        name: name.into(),
+        records,
+        step_ns: Some(3_000_000),
+        measured: true,
+        repeats: vec![3_000_000],
+    };
+    let input = Input {
+        title: "t".into(),
+        device: "d".into(),
+        passes: vec![
+            pass("cupti pass", vec![KernelRecord::new("sm90_xmma_fprop_x", 2_000_000), copy]),
+            pass("counted pass", vec![conv]),
+        ],
+        top_n: 5,
+        ..Input::default()
+    };
+    let r = report::build(&input);
+    let s = report::summary(&r);
+    assert!(!s.contains("roofline bound, cupti pass"), "{s}");
+    assert!(s.contains("roofline bound, counted pass"), "{s}");
+    let md = report::markdown(&r);
+    assert!(md.contains("No roofline: the records of this pass carry no FLOP counts"), "{md}");
+}

@@ -383,6 +383,14 @@ pub fn markdown(r: &Report) -> String {
         );
         for p in &r.passes {
             let _ = writeln!(o, "### {}\n", p.name);
+            if !has_counts(p) {
+                let _ = writeln!(
+                    o,
+                    "No roofline: the records of this pass carry no FLOP counts (e.g. CUPTI kernel records); \
+                     see the counted pass of the same step.\n"
+                );
+                continue;
+            }
             let mut header: Vec<String> =
                 vec!["category".into(), "FLOPs".into(), "bytes".into(), "counted calls".into()];
             if p.measured {
@@ -1163,7 +1171,7 @@ pub fn summary(r: &Report) -> String {
             top.join(", ")
         );
     }
-    for h in &r.passes {
+    for h in r.passes.iter().filter(|h| has_counts(h)) {
         let line: Vec<String> = r
             .gpus
             .iter()
@@ -1181,4 +1189,10 @@ pub fn summary(r: &Report) -> String {
         let _ = writeln!(o, "  not collected: {n}");
     }
     o
+}
+
+/// True when a pass's records carry FLOP counts, so its roofline bound means something (CUPTI
+/// kernel records have none: summing the byte-only calls would give a meaningless tiny bound).
+fn has_counts(p: &PassReport) -> bool {
+    p.predictions.iter().any(|c| c.flops > 0.0)
 }
