@@ -1,7 +1,8 @@
 //! `meddpm convert in.pt out.safetensors [--weights ema|model]`: turn a reference Med-DDPM PyTorch
 //! checkpoint (spec §4.1: `torch.save({'step', 'model', 'ema'})`, or a bare state dict such as the
 //! fast-sampling net) into a safetensors state dict with PyTorch's own key names, which both
-//! meddpm (`Checkpoint::read`) and PyTorch (`load_state_dict`) accept as it is.
+//! meddpm (`Checkpoint::read`) and PyTorch (`load_state_dict`) accept as it is. Given a meddpm
+//! checkpoint instead, it exports its EMA (or online) weights the same way (meddpm → PyTorch).
 //!
 //! The configuration is inferred from the tensor shapes; what shapes cannot tell (volume size,
 //! heads, GroupNorm groups) defaults to the reference (128³ for the whole-head topology,
@@ -50,6 +51,9 @@ pub struct ConvertArgs {
 }
 
 pub fn run(a: &ConvertArgs) -> Result<()> {
+    if !is_pytorch_file(&a.input)? {
+        return export_meddpm(a);
+    }
     let ck = torch::read_state_dicts(&a.input)?;
     let which = if ck.dicts.contains_key("") {
         ""
@@ -113,6 +117,42 @@ pub fn run(a: &ConvertArgs) -> Result<()> {
     Ok(())
 }
 
+/// PyTorch files are zip archives (torch ≥ 1.6) or raw pickles (legacy).
+fn is_pytorch_file(path: &std::path::Path) -> Result<bool> {
+    use std::io::Read;
+    let mut head = [0u8; 4];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(n >= 4 && head == *b"PK\x03\x04" || n >= 2 && head[0] == 0x80)
+}
+
+/// A meddpm checkpoint (or safetensors state dict) → a plain PyTorch-keyed state dict: the
+/// export direction, so meddpm-trained weights load into the reference code.
+fn export_meddpm(a: &ConvertArgs) -> Result<()> {
+    use meddpm::checkpoint::load::{load_weights_with, LoadHints, WeightGroup};
+    let group = match a.weights {
+        Weights::Ema => WeightGroup::Ema,
+        Weights::Model => WeightGroup::Model,
+    };
+    let w = load_weights_with(&a.input, group, &LoadHints { size: a.depth.zip(a.size), ..LoadHints::default() })?;
+    for m in &w.warnings {
+        eprintln!("warning: {}: {m}", a.input.display());
+    }
+    let mut meta = BTreeMap::new();
+    meta.insert("source".to_string(), a.input.display().to_string());
+    meta.insert("source_dict".to_string(), format!("{:?}", a.weights).to_lowercase());
+    torch::export_safetensors(&a.output, &w.cfg, &w.params, a.diffusion_keys, meta)?;
+    println!(
+        "wrote {}: {} tensors from {} ({:?} weights)",
+        a.output.display(),
+        w.params.len(),
+        a.input.display(),
+        a.weights
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +160,43 @@ mod tests {
 
     fn fixture(p: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/torch").join(p)
+    }
+
+    #[test]
+    fn exports_a_meddpm_checkpoint_as_a_plain_state_dict() {
+        use meddpm::checkpoint::{save_trainer, Checkpoint};
+        use meddpm::cpu::CpuBackend;
+        use meddpm::diffusion::{TrainConfig, Trainer};
+        let be = CpuBackend::new();
+        let cfg = UNetConfig::tiny();
+        let mut tr =
+            Trainer::new(&be, &cfg, &TrainConfig { lr: 1e-2, ema_start: 0, ema_every: 1, ..TrainConfig::default() })
+                .unwrap();
+        let (img, cond) = meddpm::phantom::pair(8, 8, 8, 0);
+        for _ in 0..2 {
+            tr.train_step(&be, || Ok((img.clone(), cond.clone()))).unwrap();
+        }
+        let dir = std::env::temp_dir().join(format!("meddpm-export-{}", std::process::id()));
+        let (ck, out) = (dir.join("ck.safetensors"), dir.join("plain.safetensors"));
+        save_trainer(&ck, &be, &tr).unwrap();
+        let args = ConvertArgs {
+            input: ck.clone(),
+            output: out.clone(),
+            weights: Weights::Ema,
+            depth: None,
+            size: None,
+            heads: 1,
+            groups: 32,
+            diffusion_keys: false,
+        };
+        run(&args).unwrap();
+        let plain = Checkpoint::read(&out).unwrap();
+        let specs = meddpm::model::param_specs(&cfg);
+        let got = plain.group("", &specs).unwrap();
+        // the EMA (decay 0.995 after step 0) differs from the online weights: check it is the EMA
+        assert_eq!(got, tr.ema.clone());
+        assert_ne!(got, tr.net.host_tensors(&be, false));
+        std::fs::remove_dir_all(dir).ok();
     }
 
     #[test]
