@@ -51,7 +51,7 @@ pub struct ConvertArgs {
 }
 
 pub fn run(a: &ConvertArgs) -> Result<()> {
-    if !is_pytorch_file(&a.input)? {
+    if !meddpm::checkpoint::load::is_pytorch_file(&a.input)? {
         return export_meddpm(a);
     }
     let ck = torch::read_state_dicts(&a.input)?;
@@ -115,16 +115,6 @@ pub fn run(a: &ConvertArgs) -> Result<()> {
         cfg.size,
     );
     Ok(())
-}
-
-/// PyTorch files are zip archives (torch ≥ 1.6) or raw pickles (legacy).
-fn is_pytorch_file(path: &std::path::Path) -> Result<bool> {
-    use std::io::Read;
-    let mut head = [0u8; 4];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| f.read(&mut head))
-        .with_context(|| format!("reading {}", path.display()))?;
-    Ok(n >= 4 && head == *b"PK\x03\x04" || n >= 2 && head[0] == 0x80)
 }
 
 /// A meddpm checkpoint (or safetensors state dict) → a plain PyTorch-keyed state dict: the

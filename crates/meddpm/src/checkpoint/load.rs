@@ -82,14 +82,18 @@ pub fn load_weights(path: &Path, group: WeightGroup, size_hint: Option<(usize, u
     load_weights_with(path, group, &LoadHints { size: size_hint, ..LoadHints::default() })
 }
 
+/// True for PyTorch files: zip archives (torch ≥ 1.6) or raw pickles (legacy format).
+pub fn is_pytorch_file(path: &Path) -> Result<bool> {
+    let mut head = [0u8; 8];
+    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| Error::io(path, e))?;
+    Ok(n >= 4 && &head[..4] == b"PK\x03\x04" || n >= 2 && head[0] == 0x80 && head[1] <= 5)
+}
+
 /// Sampling weights from any supported file (see the module doc). Errors name the file and say
 /// what was expected: an unknown format, a missing group, or every missing / unexpected /
 /// wrong-shaped key when the weights are not this kind of U-Net.
 pub fn load_weights_with(path: &Path, group: WeightGroup, hints: &LoadHints) -> Result<LoadedWeights> {
-    let mut head = [0u8; 8];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| Error::io(path, e))?;
-    let is_torch = n >= 4 && &head[..4] == b"PK\x03\x04" || n >= 2 && head[0] == 0x80 && head[1] <= 5;
-    if is_torch {
+    if is_pytorch_file(path)? {
         load_torch(path, group, hints)
     } else {
         load_safetensors(path, group, hints)
