@@ -8,6 +8,8 @@
 #   torch    full-size .pt import: PyTorch vs meddpm forward (scripts/gpu/torch_full.sh)
 #   evalcfg  train the demo on the GPU, sample under every precision × layout, quality verdicts
 #   profile  CUPTI kernel breakdown, optimization matrix, ncu counters, PyTorch comparison
+#   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
+# BENCH_ARGS (default --torch) are extra arguments of the bench part.
 # Each part writes $OUT/<part>.tar.gz (its full results) and one line to $OUT/summary.txt.
 set -uo pipefail
 BIN=$(cd "${BIN_DIR:-.devbin/all}" && pwd)
@@ -38,7 +40,8 @@ for part in "$@"; do
       done
       if [ -n "${PRIMITIVES:-}" ]; then timeout 240 "$BIN/bench_primitives" "$RES" 5 >"$RES/bench_primitives.log" 2>&1; fi ;;
     bench)
-      "$BIN/meddpm" bench --device cuda --preset whole-head --json "$RES/bench.json" --torch ;;
+      "$BIN/meddpm" bench --device cuda --preset whole-head --json "$RES/bench.json" ${BENCH_ARGS---torch} ;;
+    nvtx)    BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/nvtx_probe.sh ;;
     torch)   TEST_BIN="$BIN/torch_full" BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/torch_full.sh ;;
     evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;
     profile) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/profile.sh ;;

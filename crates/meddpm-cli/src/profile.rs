@@ -60,6 +60,13 @@ pub enum MathArg {
     Bf16,
 }
 
+/// Which steps a CUDA run records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Steps {
+    Both,
+    Train,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LayoutArg {
     Ncdhw,
@@ -129,6 +136,9 @@ pub struct ProfileArgs {
     /// The Nsight Compute executable.
     #[arg(long, default_value = "ncu")]
     pub ncu: String,
+    /// Stop an ncu run after this many seconds (the report says so and keeps the rest).
+    #[arg(long, default_value_t = 900)]
+    pub ncu_timeout: u64,
     /// With a COMMAND: only kernels inside this NVTX push/pop range (ncu --nvtx-include; e.g. "forward/").
     #[arg(long)]
     pub nvtx_include: Option<String>,
@@ -163,6 +173,9 @@ pub struct ProfileArgs {
     /// Internal: this process runs under ncu for a parent `profile --counters` (steps only).
     #[arg(long, hide = true)]
     pub ncu_child: bool,
+    /// Internal, with --ncu-child: which recorded steps sit in the `profile` range.
+    #[arg(long, hide = true, value_enum, default_value = "both")]
+    pub ncu_child_steps: Steps,
     /// Run this CUDA program under Nsight Compute and report its kernels (after `--`).
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -260,10 +273,12 @@ fn cupti_pass(name: &str, mut steps: Vec<Step>, notes: &mut Vec<String>, raw: &m
 /// without per-call syncs, each recorded step under CUPTI (when `collect`). Under ncu (`wrap`)
 /// the recorded steps sit inside one extra range, `profile`, which the parent's
 /// `--nvtx-include profile/` selects.
+#[allow(clippy::too_many_arguments)]
 fn cuda_steps(
     be: &CudaBackend,
     cfg: &UNetConfig,
     o: &Options,
+    which: Steps,
     collect: bool,
     wrap: bool,
     notes: &mut Vec<String>,
@@ -295,6 +310,9 @@ fn cuda_steps(
         }));
     }
     passes.push(cupti_pass("train step", steps, notes, raw));
+    if which == Steps::Train {
+        return Ok(passes);
+    }
 
     let net = &mut tr.net;
     let img_d = net.output_dims();
@@ -351,19 +369,49 @@ fn tail(s: &str, n: usize) -> String {
 /// Run `ncu ARGS… -f -o DIR/NAME TARGET…`, export the raw and details pages next to the report
 /// and parse them. Every failure (ncu missing, counters not permitted, no kernel profiled) is an
 /// error string for the report.
-fn ncu_collect(ncu: &str, args: &[String], target: &[String], dir: &Path, name: &str) -> Result<NcuData, String> {
+fn ncu_collect(
+    ncu: &str,
+    args: &[String],
+    target: &[String],
+    dir: &Path,
+    name: &str,
+    timeout_s: u64,
+) -> Result<NcuData, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let rep = dir.join(name);
     let rep_file = dir.join(format!("{name}.ncu-rep"));
+    let log_path = dir.join(format!("{name}.log"));
     let _ = std::fs::remove_file(&rep_file);
+    let log_file =
+        std::fs::File::create(&log_path).map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
+    let log_err = log_file.try_clone().map_err(|e| format!("{}: {e}", log_path.display()))?;
     let mut cmd = Command::new(ncu);
-    cmd.args(args).arg("-f").arg("-o").arg(&rep).args(target);
+    cmd.args(args).arg("-f").arg("-o").arg(&rep).args(target).stdout(log_file).stderr(log_err);
     eprintln!("profile: {ncu} {} -f -o {} {}", args.join(" "), rep.display(), target.join(" "));
-    let out = cmd.output().map_err(|e| {
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| {
         format!("Nsight Compute `{ncu}` could not be started ({e}): install Nsight Compute or pass --ncu PATH")
     })?;
-    let log = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let _ = std::fs::write(dir.join(format!("{name}.log")), &log);
+    // ncu and its target write to the log file; poll so that a run past --ncu-timeout is stopped
+    // and reported instead of taking the whole report down with it
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if t0.elapsed().as_secs() >= timeout_s => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "ncu ran past the {timeout_s} s limit (--ncu-timeout) and was stopped; its output is in {}",
+                    log_path.display()
+                ));
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            Err(e) => return Err(format!("waiting for ncu: {e}")),
+        }
+    };
+    eprintln!("profile: ncu run {name} took {:.1} s", t0.elapsed().as_secs_f64());
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let out = std::process::Output { status, stdout: Vec::new(), stderr: Vec::new() };
     if log.contains("ERR_NVGPUCTRPERM") {
         return Err("performance counters are not permitted for this user (ncu: ERR_NVGPUCTRPERM; needs root or \
                     NVreg_RestrictProfilingToAdminUsers=0)"
@@ -474,7 +522,7 @@ fn top_raw_names(acts: &[(String, u64)], n: usize) -> Vec<String> {
 // ---- the command --------------------------------------------------------------------------------
 
 /// The arguments that make a child of this binary run the same steps (under ncu).
-fn child_args(a: &ProfileArgs, precision: Precision, layout: Layout) -> Result<Vec<String>> {
+fn child_args(a: &ProfileArgs, precision: Precision, layout: Layout, steps: Steps) -> Result<Vec<String>> {
     let exe = std::env::current_exe().context("locating the meddpm binary for the ncu re-run")?;
     Ok(vec![
         exe.display().to_string(),
@@ -494,8 +542,20 @@ fn child_args(a: &ProfileArgs, precision: Precision, layout: Layout) -> Result<V
         "--seed".into(),
         a.seed.to_string(),
         "--ncu-child".into(),
+        "--ncu-child-steps".into(),
+        if steps == Steps::Train { "train" } else { "both" }.into(),
     ])
 }
+
+/// The metrics of a matrix configuration (every kernel of one training step, a few replay passes):
+/// time, SM cycles, instructions, IPC and the tensor pipes (all tensor work, HMMA/HGMMA, Hopper's
+/// wgmma instruction share), plus the launch configuration.
+const MATRIX_METRICS: &str = "gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.avg,\
+smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,\
+sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,\
+sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\
+sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active,\
+launch__registers_per_thread,launch__grid_size,launch__block_size";
 
 fn ncu_base(full: bool) -> Vec<String> {
     let mut v: Vec<String> = vec!["--clock-control".into(), "none".into(), "--target-processes".into(), "all".into()];
@@ -535,8 +595,12 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
     if a.ncu_child {
         // under ncu for a parent --counters run: only the steps, inside the `profile` range
         let be = CudaBackend::new(0, precision, layout).context("opening the CUDA backend under ncu")?;
+        eprintln!(
+            "profile (ncu child): NVTX {}",
+            if cupti::nvtx_tool_attached() { "ranges go to the attached tool" } else { "has no tool attached" }
+        );
         let mut notes = Vec::new();
-        cuda_steps(&be, &cfg, &opts, false, true, &mut notes, &mut Vec::new())?;
+        cuda_steps(&be, &cfg, &opts, a.ncu_child_steps, false, true, &mut notes, &mut Vec::new())?;
         return Ok(());
     }
 
@@ -608,7 +672,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         }
         let what = a.command.join(" ");
         input.config = format!("`{what}` under Nsight Compute ({})", args.join(" "));
-        match ncu_collect(&a.ncu, &args, &a.command, &a.out.join("ncu"), "command") {
+        match ncu_collect(&a.ncu, &args, &a.command, &a.out.join("ncu"), "command", a.ncu_timeout) {
             Ok(n) => {
                 let records = ncu_records(&n.kernels);
                 let total: f64 = records.iter().map(|r| r.duration_ns as f64).sum();
@@ -762,7 +826,8 @@ fn cuda_run(
     let mut notes = Vec::new();
     let mut raw = Vec::new();
     // 1) the CUPTI timeline (also leaves the cuDNN algorithms in the on-disk cache for the ncu child)
-    let passes = cuda_steps(&cuda, cfg, opts, true, false, &mut notes, &mut raw).context("CUDA steps under CUPTI")?;
+    let passes = cuda_steps(&cuda, cfg, opts, Steps::Both, true, false, &mut notes, &mut raw)
+        .context("CUDA steps under CUPTI")?;
     let mut matrix_rows = Vec::new();
     if matrix {
         let train = passes.iter().find(|p| p.name.starts_with("train"));
@@ -777,19 +842,22 @@ fn cuda_run(
     let o = Options { label: " (per call, synced)".into(), ..opts.clone() };
     input.passes.extend(profile_unet(&timed, cfg, &o).context("per-call profile on the CUDA backend")?);
     drop(timed);
-    // 3) counters: this binary again, under ncu
-    let mut ncu_by_config = Vec::new();
+    // 3) counters: this binary again, under ncu (`--set full` on the top kernels, or on all of them)
     if a.counters {
         let names = if a.counters_kernels == 0 { Vec::new() } else { top_raw_names(&raw, a.counters_kernels) };
         let (mut args, how) = child_filters(a.counters_kernels, &names);
         let mut full = ncu_base(true);
         full.append(&mut args);
-        match ncu_collect(&a.ncu, &full, &child_args(a, precision, layout)?, &a.out.join("ncu"), &main_name) {
+        match ncu_collect(
+            &a.ncu,
+            &full,
+            &child_args(a, precision, layout, Steps::Both)?,
+            &a.out.join("ncu"),
+            &main_name,
+            a.ncu_timeout,
+        ) {
             Ok(n) => {
                 input.config.push_str(&format!("; counters: {how}"));
-                if a.counters_kernels == 0 {
-                    ncu_by_config.push((main_name.clone(), ConfigInput::from_ncu(&main_name, &n.kernels)));
-                }
                 input.ncu = Some(n);
             }
             Err(e) => {
@@ -798,38 +866,51 @@ fn cuda_run(
             }
         }
     }
-    // 4) the optimisation matrix: the other three configurations
+    // 4) the optimisation matrix: every configuration's training step through CUPTI, and with
+    //    --counters every kernel of that step under ncu with the matrix metrics
     if matrix {
-        for (p, l) in [
+        let mut ncu_by_config: Vec<(String, ConfigInput)> = Vec::new();
+        let configs = [
             (Precision::Fp32, Layout::Ncdhw),
             (Precision::Tf32, Layout::Ncdhw),
             (Precision::Fp32, Layout::Ndhwc),
             (Precision::Tf32, Layout::Ndhwc),
-        ] {
-            if (p, l) == (precision, layout) {
-                continue;
-            }
+        ];
+        for (p, l) in configs {
             let name = config_name(p, l);
-            eprintln!("profile: matrix configuration {name}");
-            match CudaBackend::new(0, p, l) {
-                Ok(be) => {
-                    let mut n = Vec::new();
-                    let ps = cuda_steps(&be, cfg, opts, true, false, &mut n, &mut Vec::new())
-                        .with_context(|| format!("matrix configuration {name}"))?;
-                    notes.extend(n.into_iter().map(|s| format!("{name}: {s}")));
-                    let t = ps.iter().find(|p| p.name.starts_with("train")).and_then(kernel_ns);
-                    matrix_rows.push((p, l, t));
-                    drop(be);
-                    if a.counters && a.counters_kernels == 0 {
-                        let mut full = ncu_base(true);
-                        full.append(&mut child_filters(0, &[]).0);
-                        match ncu_collect(&a.ncu, &full, &child_args(a, p, l)?, &a.out.join("ncu"), &name) {
-                            Ok(n) => ncu_by_config.push((name.clone(), ConfigInput::from_ncu(&name, &n.kernels))),
-                            Err(e) => input.not_collected.push(format!("matrix counters of {name}: {e}")),
-                        }
+            if (p, l) != (precision, layout) {
+                eprintln!("profile: matrix configuration {name}");
+                match CudaBackend::new(0, p, l) {
+                    Ok(be) => {
+                        let mut n = Vec::new();
+                        let ps = cuda_steps(&be, cfg, opts, Steps::Train, true, false, &mut n, &mut Vec::new())
+                            .with_context(|| format!("matrix configuration {name}"))?;
+                        notes.extend(n.into_iter().map(|s| format!("{name}: {s}")));
+                        let t = ps.iter().find(|p| p.name.starts_with("train")).and_then(kernel_ns);
+                        matrix_rows.push((p, l, t));
+                    }
+                    Err(e) => {
+                        input.not_collected.push(format!("matrix configuration {name}: {e}"));
+                        continue;
                     }
                 }
-                Err(e) => input.not_collected.push(format!("matrix configuration {name}: {e}")),
+            }
+            if a.counters {
+                let mut args = ncu_base(false);
+                args.splice(args.len() - 1.., [MATRIX_METRICS.to_string()]);
+                args.append(&mut child_filters(0, &[]).0);
+                eprintln!("profile: matrix counters of {name} (every kernel of one training step)");
+                match ncu_collect(
+                    &a.ncu,
+                    &args,
+                    &child_args(a, p, l, Steps::Train)?,
+                    &a.out.join("ncu"),
+                    &format!("matrix-{name}"),
+                    a.ncu_timeout,
+                ) {
+                    Ok(n) => ncu_by_config.push((name.clone(), ConfigInput::from_ncu(&name, &n.kernels))),
+                    Err(e) => input.not_collected.push(format!("matrix counters of {name}: {e}")),
+                }
             }
         }
         // baseline first: fp32-ncdhw
@@ -848,11 +929,14 @@ fn cuda_run(
             }
             input.matrix.push(c);
         }
-        input.config.push_str("; matrix time = GPU kernel time of one training step (CUPTI, sum of kernel durations)");
-        if !(a.counters && a.counters_kernels == 0) {
+        input.config.push_str(
+            "; matrix = one training step per configuration: time = Σ kernel durations through CUPTI, SM cycles / \
+             instructions / tensor pipes / IPC = every kernel of the step under ncu (matrix metrics)",
+        );
+        if !a.counters {
             input.not_collected.push(
-                "matrix SM cycles / instructions / tensor-pipe / IPC: need --counters --counters-kernels 0 (every \
-                 kernel of each configuration under ncu; slow)"
+                "matrix SM cycles / instructions / tensor-pipe / IPC: need --counters (every kernel of one training \
+                 step of each configuration under ncu)"
                     .into(),
             );
         }

@@ -341,9 +341,14 @@ pub fn available() -> Result<(), String> {
     init()
 }
 
-/// `Ok` when the backend emits NVTX ranges, else why not.
+/// `Ok` when the backend emits NVTX ranges to a tool that asks for them, else why not.
 pub fn nvtx_status() -> Result<(), String> {
     crate::nvtx::status()
+}
+
+/// Whether a tool (ncu, nsys) receives this process's NVTX ranges.
+pub fn nvtx_tool_attached() -> bool {
+    crate::nvtx::tool_attached()
 }
 
 /// Called by `CudaBackend::push_range`.

@@ -111,8 +111,8 @@ pub(crate) fn channel_sums(dev: &Device, src: &CudaSlice<f32>, x: Dims, cl: bool
     let nout = if over_n == 1 { x.c } else { x.n * x.c };
     dev.launch(
         "chan_sum_finalize",
-        (nout.div_ceil(128) as u32, 1, 1),
-        (128, 1, 1),
+        (nout as u32, 1, 1),
+        (256, 1, 1),
         &[P(pp), P(out), I(x.n as i32), I(x.c as i32), I(nchunks as i32), I(over_n), I(accum)],
     );
 }
