@@ -1,10 +1,11 @@
 //! Kernel records: the name → category classifier on real kernel names (PyTorch's H200 profile
 //! tables, the cudarc conv3d probe's CUPTI list, ncu exports) and on our NVRTC kernel names; the
-//! demangler; the breakdown tables against hand-computed sums; the PyTorch table import against
-//! sums read off `../shared/perf` by hand.
+//! demangler; the breakdown tables against hand-computed sums; the GPU idle time (busy, gaps,
+//! outside, overlap, where the GPU waits) on a hand-drawn timeline; the PyTorch table import
+//! against sums read off `../shared/perf` by hand.
 
-use meddpm::analysis::breakdown::breakdown;
-use meddpm::analysis::kernels::{classify, demangle, short_name, Category, KernelRecord};
+use meddpm::analysis::breakdown::{breakdown, idle, GapRow, IDLE_GAPS, IDLE_OUTSIDE, IDLE_OVERLAP, IDLE_SPAN_EXCESS};
+use meddpm::analysis::kernels::{classify, demangle, short_name, Category, KernelRecord, OUR_KERNELS};
 use meddpm::analysis::torch::parse_table;
 use std::path::{Path, PathBuf};
 
@@ -103,6 +104,71 @@ fn our_nvrtc_kernel_names() {
     }
 }
 
+/// The exact kernel names `meddpm-cuda` compiles (device.rs `KERNEL_NAMES`), with the category
+/// each belongs to, decided by hand from what the kernel does.
+const NVRTC_BY_HAND: &[(&str, Category)] = &[
+    // GroupNorm statistics and backward sums per channel, GroupNorm finalize/apply
+    ("chan_stats_ncdhw", Normalization),
+    ("chan_stats_ndhwc1", Normalization),
+    ("chan_stats_ndhwc4", Normalization),
+    ("chan_gnbwd_ncdhw", Normalization),
+    ("chan_gnbwd_ndhwc1", Normalization),
+    ("chan_gnbwd_ndhwc4", Normalization),
+    ("gn_stats_finalize", Normalization),
+    ("gn_apply", Normalization),
+    ("gn_bwd_finalize", Normalization),
+    ("gn_bwd_apply", Normalization),
+    ("gn_apply4", Normalization),
+    ("gn_bwd_apply4", Normalization),
+    // channel sums (conv bias gradient) and row sums
+    ("chan_sum_ncdhw", Reduction),
+    ("chan_sum_ndhwc1", Reduction),
+    ("chan_sum_ndhwc4", Reduction),
+    ("chan_sum_finalize", Reduction),
+    ("rows_sum_accum", Reduction),
+    ("loss_partial", Reduction),
+    ("loss_final", Reduction),
+    ("loss_bwd", Elementwise),
+    ("pad_nc", Layout),
+    ("unpad_c_bias", Layout),
+    ("softmax_rows", GemmAttention),
+    ("softmax_bwd_rows", GemmAttention),
+    ("silu_fwd", Elementwise),
+    ("silu_bwd", Elementwise),
+    ("add_assign", Elementwise),
+    ("scale_buf", Elementwise),
+    ("add_channel_bias", Elementwise),
+    ("concat_channels", Elementwise),
+    ("split_channels", Elementwise),
+    ("upsample_fwd", Elementwise),
+    ("upsample_bwd", Elementwise),
+    ("randn", Elementwise),
+    ("q_sample", Elementwise),
+    ("ddpm_step", Elementwise),
+    ("adam_step", Optimizer),
+    ("ema_update", Optimizer),
+];
+
+#[test]
+fn every_meddpm_cuda_kernel_has_its_hand_picked_category() {
+    for (name, want) in NVRTC_BY_HAND {
+        assert_eq!(classify(name), *want, "{name}");
+        // as CUPTI records them: the plain extern "C" name goes through the demangler unchanged
+        let r = KernelRecord::new(name, 1);
+        assert_eq!((r.name.as_str(), r.category), (*name, *want));
+    }
+    // the exported table is exactly this list: no name missing, none extra, none "other"
+    let mut table: Vec<(&str, Category)> = OUR_KERNELS.to_vec();
+    let mut hand: Vec<(&str, Category)> = NVRTC_BY_HAND.to_vec();
+    table.sort();
+    hand.sort();
+    assert_eq!(table, hand);
+    assert!(OUR_KERNELS.iter().all(|(_, c)| *c != Other));
+    // names that only resemble ours still go through the heuristics
+    assert_eq!(classify("chan_stats_ncdhw_v2"), Other);
+    assert_eq!(classify("void gn_apply<float>(float const*)"), Normalization);
+}
+
 #[test]
 fn demangling() {
     assert_eq!(demangle("_Z3addPfPKfi"), "add(float*, float const*, int)");
@@ -141,6 +207,8 @@ fn breakdown_tables_match_hand_sums() {
     let b = breakdown("step", &rs, Some(5_000_000), 10);
     assert_eq!(b.kernel_ns, 4_000_000);
     assert_eq!(b.unattributed_ns(), Some(1_000_000));
+    assert_eq!(b.idle, None, "CPU-style records carry no timestamps");
+    assert!(b.idle_rows().is_empty());
     let conv = &b.by_category[0];
     assert_eq!((conv.key.as_str(), conv.calls, conv.total_ns), ("conv forward", 2, 3_000_000));
     assert!((conv.pct_of_kernels - 75.0).abs() < 1e-9);
@@ -150,12 +218,133 @@ fn breakdown_tables_match_hand_sums() {
     assert!((conv.gbps.unwrap() - 500.0).abs() < 1e-9);
     let silu = b.by_category.iter().find(|r| r.category == Some(Elementwise)).unwrap();
     assert_eq!((silu.flops, silu.tflops, silu.gbps), (None, None, None));
+    let gn = b.by_category.iter().find(|r| r.category == Some(Normalization)).unwrap();
+    // bytes on every call, FLOPs on none: 2e9 B in 0.5 ms = 4000 GB/s
+    assert_eq!((gn.flops, gn.tflops, gn.bytes), (None, None, Some(2.0e9)));
+    assert!((gn.gbps.unwrap() - 4000.0).abs() < 1e-9);
     let blk = &b.by_block[0];
     assert_eq!((blk.key.as_str(), blk.calls, blk.total_ns), ("input_blocks.1.0", 3, 2_750_000));
+    // silu has neither count, groupnorm no FLOPs: the block shows no partial sums
+    assert_eq!((blk.flops, blk.bytes, blk.tflops, blk.gbps), (None, None, None, None));
+    let blk2 = b.by_block.iter().find(|r| r.key == "input_blocks.2.0").unwrap();
+    assert_eq!((blk2.flops, blk2.bytes), (Some(2.0e11), Some(0.5e9)));
+    assert!((blk2.tflops.unwrap() - 200.0).abs() < 1e-9 && (blk2.gbps.unwrap() - 500.0).abs() < 1e-9);
     assert_eq!(b.by_block.iter().find(|r| r.key == "(outside blocks)").unwrap().total_ns, 250_000);
     let ph: Vec<(&str, u64)> = b.by_phase.iter().map(|r| (r.key.as_str(), r.total_ns)).collect();
     assert_eq!(ph, vec![("train/forward", 3_750_000), ("train/optimizer", 250_000)]);
     assert_eq!((b.top[0].key.as_str(), b.top[0].calls), ("conv3d_fwd_k3", 2));
+}
+
+/// The H200 report's defect: a 16-byte memset was the only byte-counted call of a block of conv
+/// kernels, and the block showed "bytes 16, GB/s 0.0".
+#[test]
+fn a_memset_alone_does_not_give_a_block_its_bytes() {
+    let mut rs = vec![
+        rec("sm90_xmma_fprop_implicit_gemm_tf32", 3_000_000, "train/forward/output_blocks.9.0", None, None),
+        rec("Memset (Device)", 1_000, "train/forward/output_blocks.9.0", None, Some(16.0)),
+    ];
+    rs.push(rec("Memset (Device)", 3_000, "train", None, Some(48.0)));
+    let b = breakdown("cupti", &rs, None, 5);
+    let blk = b.by_block.iter().find(|r| r.key == "output_blocks.9.0").unwrap();
+    assert_eq!((blk.bytes, blk.gbps, blk.flops, blk.tflops), (None, None, None, None));
+    // the memset category has a count on every call: 64 B in 4 µs = 0.016 GB/s
+    let mem = b.by_category.iter().find(|r| r.category == Some(Memory)).unwrap();
+    assert_eq!(mem.bytes, Some(64.0));
+    assert!((mem.gbps.unwrap() - 0.016).abs() < 1e-12, "{:?}", mem.gbps);
+}
+
+/// A kernel record with a GPU start timestamp.
+fn at(name: &str, start: u64, ns: u64, range: &str) -> KernelRecord {
+    let mut r = rec(name, ns, range, None, None);
+    r.start_ns = Some(start);
+    r
+}
+
+/// A hand-drawn timeline (ns, records deliberately out of order):
+///
+/// ```text
+///  100      350 400 450 500   650 670 700      1000    1100 1150 1200   1300      1500 = step
+///   [ conv A      )                                                              (step from 0)
+///            [silu B )            overlap A∩B = 50
+///                        [ gn_apply C     )
+///                               [mem D)        D inside C: overlap 20
+///                                                [adam E )
+///                                                          [ema F)
+///                                                                [scale G)      G starts at F's end
+/// ```
+///
+/// busy = 350 + 200 + 100 + 50 + 100 = 800; span = 1300 − 100 = 1200; gaps = 50 (before C) + 300
+/// (before E) + 50 (before F) = 400 = span − busy; outside = 1500 − 1200 = 300 (100 before A, 200
+/// after G); Σ durations = 300+100+200+20+100+50+100 = 870; overlap = 870 − 800 = 70.
+fn timeline() -> Vec<KernelRecord> {
+    vec![
+        at("adam_step", 1000, 100, "train/optimizer"),
+        at("conv3d_fwd_k3", 100, 300, "train/forward/input_blocks.1.0"),
+        at("gn_apply", 500, 200, "train/forward/middle_block.0"),
+        at("silu_fwd", 350, 100, "train/forward/input_blocks.1.0"),
+        at("Memset (Device)", 650, 20, "train/forward/middle_block.0"),
+        at("ema_update", 1150, 50, "train/optimizer"),
+        at("scale_buf", 1200, 100, "train/optimizer"),
+    ]
+}
+
+fn gap(key: &str, gaps: usize, total_ns: u64, largest_ns: u64, step: u64) -> GapRow {
+    GapRow { key: key.into(), gaps, total_ns, largest_ns, pct_of_step: 100.0 * total_ns as f64 / step as f64 }
+}
+
+#[test]
+fn idle_time_of_a_hand_drawn_timeline() {
+    let rs = timeline();
+    let b = breakdown("cupti", &rs, Some(1500), 10);
+    assert_eq!(b.kernel_ns, 870);
+    let i = b.idle.as_ref().expect("every record has a timestamp and the step is known");
+    assert_eq!((i.busy_ns, i.span_ns, i.gaps_ns, i.outside_ns, i.overlap_ns, i.gaps), (800, 1200, 400, 300, 70, 3));
+    // each gap charged to the kernel after it: C (middle_block.0, 50), E and F (optimizer, 300 + 50)
+    assert_eq!(
+        i.by_range,
+        vec![gap("train/optimizer", 2, 350, 300, 1500), gap("train/forward/middle_block.0", 1, 50, 50, 1500)]
+    );
+    assert_eq!(i.by_phase, vec![gap("train/optimizer", 2, 350, 300, 1500), gap("train/forward", 1, 50, 50, 1500)]);
+    // the by-category table with its idle rows covers the step exactly
+    let rows = b.idle_rows();
+    let keyed: Vec<(&str, Option<usize>, i64)> = rows.iter().map(|r| (r.key.as_str(), r.count, r.ns)).collect();
+    assert_eq!(keyed, vec![(IDLE_GAPS, Some(3), 400), (IDLE_OUTSIDE, None, 300), (IDLE_OVERLAP, None, -70)]);
+    let pct: f64 = b.by_category.iter().map(|r| r.pct_of_step.unwrap()).sum::<f64>()
+        + rows.iter().map(|r| r.pct_of_step).sum::<f64>();
+    assert!((pct - 100.0).abs() < 1e-9, "{pct}");
+    assert!((rows[0].pct_of_step - 400.0 / 15.0).abs() < 1e-12);
+    // record order does not matter
+    let mut rev = rs.clone();
+    rev.reverse();
+    assert_eq!(breakdown("cupti", &rev, Some(1500), 10).idle, b.idle);
+}
+
+#[test]
+fn idle_needs_every_timestamp_and_a_step() {
+    let mut rs = timeline();
+    assert_eq!(breakdown("no step", &rs, None, 5).idle, None);
+    assert_eq!(idle(&[], 1000), None);
+    rs[3].start_ns = None;
+    assert_eq!(breakdown("one missing", &rs, Some(1500), 5).idle, None);
+    // JSON written before the field existed still loads (serde default: no timestamp)
+    let old = r#"{"name":"k","duration_ns":5,"grid":null,"block":null,"registers":null,"shared_mem":null,
+        "range":null,"category":"elementwise","flops":null,"bytes":null}"#;
+    let r: KernelRecord = serde_json::from_str(old).unwrap();
+    assert_eq!((r.start_ns, r.duration_ns), (None, 5));
+}
+
+/// A step shorter than the kernel span (clocks that disagree): outside clamps at 0 and a
+/// correction row keeps the table summing to the step.
+#[test]
+fn span_longer_than_the_step() {
+    let b = breakdown("short step", &timeline(), Some(1000), 10);
+    let i = b.idle.as_ref().unwrap();
+    assert_eq!((i.outside_ns, i.span_ns, i.gaps_ns), (0, 1200, 400));
+    let rows = b.idle_rows();
+    assert_eq!(rows.last().map(|r| (r.key.as_str(), r.ns)), Some((IDLE_SPAN_EXCESS, -200)));
+    let pct: f64 = b.by_category.iter().map(|r| r.pct_of_step.unwrap()).sum::<f64>()
+        + rows.iter().map(|r| r.pct_of_step).sum::<f64>();
+    assert!((pct - 100.0).abs() < 1e-9, "{pct}");
 }
 
 fn shared() -> Option<PathBuf> {

@@ -286,3 +286,99 @@ fn passes_without_flop_counts_get_no_roofline() {
     let md = report::markdown(&r);
     assert!(md.contains("No roofline: the records of this pass carry no FLOP counts"), "{md}");
 }
+
+/// A CUPTI-like pass (records with GPU start timestamps) next to a per-call pass without them:
+/// the report splits the first one's step into kernels, gaps and time outside kernels (category
+/// table, summary, "where the GPU waits", breakdown.csv, report.json, the chart), and keeps
+/// step − Σ calls for the second.
+#[test]
+fn report_of_a_pass_with_gpu_timestamps() {
+    use meddpm::analysis::kernels::KernelRecord;
+    let at = |name: &str, start: u64, ns: u64, range: &str| {
+        let mut r = KernelRecord::new(name, ns);
+        r.start_ns = Some(start);
+        r.range = Some(range.into());
+        r
+    };
+    // a 10 µs step, kernels at [1, 4) [3.5, 4.5) [5, 7) [7, 8) µs; by hand: busy 3.5 + 2 + 1 =
+    // 6.5 µs, span 8 − 1 = 7 µs, one gap of 0.5 µs (before gn_apply; adam_step starts as gn_apply
+    // ends), outside 10 − 7 = 3 µs, overlap Σ 7 − busy 6.5 = 0.5 µs
+    let cupti = vec![
+        at("conv3d_fwd_k3", 1_000, 3_000, "train/forward/input_blocks.1.0"),
+        at("silu_fwd", 3_500, 1_000, "train/forward/input_blocks.1.0"),
+        at("gn_apply", 5_000, 2_000, "train/forward/middle_block.0"),
+        at("adam_step", 7_000, 1_000, "train/optimizer"),
+    ];
+    let mut synced = KernelRecord::new("conv3d_forward", 6_000);
+    synced.flops = Some(1e9);
+    synced.bytes = Some(1e6);
+    let pass = |name: &str, records: Vec<KernelRecord>, step: u64| Pass {
+        name: name.into(),
+        records,
+        step_ns: Some(step),
+        measured: true,
+        repeats: vec![step],
+    };
+    let input = Input {
+        title: "t".into(),
+        device: "d".into(),
+        passes: vec![pass("cupti step", cupti, 10_000), pass("synced step", vec![synced], 8_000)],
+        top_n: 5,
+        ..Input::default()
+    };
+    let dir = tmp("idle");
+    let (r, files) = report::write(&input, &dir).unwrap();
+    let i = r.passes[0].breakdown.idle.as_ref().unwrap();
+    assert_eq!((i.busy_ns, i.span_ns, i.gaps_ns, i.outside_ns, i.overlap_ns), (6_500, 7_000, 500, 3_000, 500));
+    assert!(r.passes[1].breakdown.idle.is_none());
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    // summary: gaps and outside for the CUPTI pass, step − Σ calls (2 µs) for the synced one
+    assert!(
+        md.contains(
+            "| cupti step | measured | 4 | 10.0 µs | 10.0 µs – 10.0 µs (1 runs) | 7.0 µs | 500 ns | 3.0 µs | — |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("| synced step | measured | 1 | 8.0 µs | 8.0 µs – 8.0 µs (1 runs) | 6.0 µs | — | — | 2.0 µs |"),
+        "{md}"
+    );
+    // category table: idle rows, overlap correction, the step row
+    assert!(md.contains("| GPU idle: gaps between kernels | 1 gap | 500 ns | — | 5.0 % |"), "{md}");
+    assert!(md.contains("| GPU idle: before first / after last kernel | — | 3.0 µs | — | 30.0 % |"), "{md}");
+    assert!(md.contains("| kernel overlap (concurrent time counted twice above) | — | -500 ns | — | -5.0 % |"), "{md}");
+    assert!(md.contains("| **step** | 4 | 10.0 µs | — | 100.0 % |"), "{md}");
+    assert!(md.contains("### Where the GPU waits"), "{md}");
+    assert!(md.contains("| train/forward/middle_block.0 | 1 | 500 ns | 500 ns | 5.0 % |"), "{md}");
+    // breakdown.csv: category and idle rows of the CUPTI pass sum to 100 % of the step
+    let rows = csv::parse(&std::fs::read_to_string(dir.join("breakdown.csv")).unwrap());
+    let pct: f64 = rows
+        .iter()
+        .filter(|x| x[0] == "cupti step" && (x[1] == "category" || x[1] == "idle"))
+        .map(|x| x[7].parse::<f64>().unwrap())
+        .sum();
+    assert!((pct - 100.0).abs() < 1e-9, "{pct}");
+    let ns: i64 = rows
+        .iter()
+        .filter(|x| x[0] == "cupti step" && (x[1] == "category" || x[1] == "idle"))
+        .map(|x| x[5].parse::<i64>().unwrap())
+        .sum();
+    assert_eq!(ns, 10_000);
+    let w = rows.iter().find(|x| x[0] == "cupti step" && x[1] == "idle_range").unwrap();
+    assert_eq!(
+        (w[2].as_str(), w[4].as_str(), w[5].as_str(), w[12].as_str()),
+        ("train/forward/middle_block.0", "1", "500", "500")
+    );
+    assert!(rows.iter().all(|x| x[0] != "synced step" || !x[1].starts_with("idle")));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(json["passes"][0]["breakdown"]["idle"]["gaps_ns"], 500);
+    assert!(json["passes"][1]["breakdown"]["idle"].is_null());
+    assert!(files.iter().any(|f| f.ends_with("breakdown.svg")));
+    let svg = std::fs::read_to_string(dir.join("breakdown.svg")).unwrap();
+    assert!(svg.contains("GPU idle (gaps + outside kernels)") && svg.contains("step − Σ calls (no timestamps)"));
+    let kcsv = csv::parse(&std::fs::read_to_string(dir.join("kernels.csv")).unwrap());
+    assert_eq!(kcsv[0].last().map(|s| s.as_str()), Some("start_ns"));
+    assert_eq!(kcsv[1].last().map(|s| s.as_str()), Some("1000"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

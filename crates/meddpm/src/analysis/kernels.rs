@@ -6,7 +6,9 @@
 //! same breakdown. The categories are the paper's runtime-breakdown axes (issue 4); the name rules
 //! follow `../shared/docs/peers.md` §D.3/§D.4 (cuDNN xmma/implicit-GEMM names, cuDNN layout
 //! transforms, PyTorch's GroupNorm kernels) plus the names of our own NVRTC kernels
-//! (`groupnorm_*`, `silu_*`, `conv3d_*`, `adam_*`, …).
+//! (`groupnorm_*`, `silu_*`, `conv3d_*`, `adam_*`, …). The exact names of the NVRTC kernels that
+//! `meddpm-cuda` compiles (its `KERNEL_NAMES`) are looked up in [`OUR_KERNELS`] before any name
+//! heuristic, so each of them has a category decided by hand.
 //!
 //! Names may arrive mangled (`_Z…`, CUPTI), demangled (`void cudnn::…<…>(…)`, ncu) or truncated
 //! (profiler tables cut them at ~100 characters, which breaks demangling): classification works
@@ -149,17 +151,80 @@ pub fn short_name(name: &str, max: usize) -> String {
     }
 }
 
+/// Our own NVRTC kernels (`meddpm-cuda`'s `KERNEL_NAMES`), by exact name, with the category each
+/// belongs to. [`classify`] consults this table before any heuristic: several of these names
+/// (`chan_sum_finalize`, `gn_bwd_apply4`, `chan_gnbwd_*`, `chan_stats_*`) match no pattern.
+///
+/// - `chan_stats_*` (GroupNorm per-channel statistics), `chan_gnbwd_*` (GroupNorm backward
+///   per-channel sums), `gn_*`: normalization;
+/// - `chan_sum_*` (channel sums: the convolution bias gradient) and `rows_sum_accum`: reduction;
+/// - `pad_nc`, `unpad_c_bias` (channel padding for the tensor-core layouts): layout conversion;
+/// - `softmax_*` (attention): GEMM/attention;
+/// - `loss_partial`, `loss_final`: reduction; `loss_bwd`: elementwise;
+/// - activations, adds, scales, concat/split, upsampling, RNG and the diffusion update: elementwise;
+/// - `adam_step`, `ema_update`: optimizer.
+pub const OUR_KERNELS: &[(&str, Category)] = &[
+    ("chan_stats_ncdhw", Category::Normalization),
+    ("chan_stats_ndhwc1", Category::Normalization),
+    ("chan_stats_ndhwc4", Category::Normalization),
+    ("chan_gnbwd_ncdhw", Category::Normalization),
+    ("chan_gnbwd_ndhwc1", Category::Normalization),
+    ("chan_gnbwd_ndhwc4", Category::Normalization),
+    ("chan_sum_ncdhw", Category::Reduction),
+    ("chan_sum_ndhwc1", Category::Reduction),
+    ("chan_sum_ndhwc4", Category::Reduction),
+    ("chan_sum_finalize", Category::Reduction),
+    ("gn_stats_finalize", Category::Normalization),
+    ("gn_apply", Category::Normalization),
+    ("gn_bwd_finalize", Category::Normalization),
+    ("gn_bwd_apply", Category::Normalization),
+    ("gn_apply4", Category::Normalization),
+    ("gn_bwd_apply4", Category::Normalization),
+    ("silu_fwd", Category::Elementwise),
+    ("silu_bwd", Category::Elementwise),
+    ("add_assign", Category::Elementwise),
+    ("scale_buf", Category::Elementwise),
+    ("add_channel_bias", Category::Elementwise),
+    ("concat_channels", Category::Elementwise),
+    ("split_channels", Category::Elementwise),
+    ("pad_nc", Category::Layout),
+    ("unpad_c_bias", Category::Layout),
+    ("rows_sum_accum", Category::Reduction),
+    ("softmax_rows", Category::GemmAttention),
+    ("softmax_bwd_rows", Category::GemmAttention),
+    ("upsample_fwd", Category::Elementwise),
+    ("upsample_bwd", Category::Elementwise),
+    ("loss_partial", Category::Reduction),
+    ("loss_final", Category::Reduction),
+    ("loss_bwd", Category::Elementwise),
+    ("randn", Category::Elementwise),
+    ("q_sample", Category::Elementwise),
+    ("ddpm_step", Category::Elementwise),
+    ("adam_step", Category::Optimizer),
+    ("ema_update", Category::Optimizer),
+];
+
+/// The category of one of our own NVRTC kernels, by exact name ([`OUR_KERNELS`]); `None` for any
+/// other name.
+pub fn our_kernel(name: &str) -> Option<Category> {
+    let n = name.trim();
+    OUR_KERNELS.iter().find(|(k, _)| *k == n).map(|&(_, c)| c)
+}
+
 fn has(s: &str, pats: &[&str]) -> bool {
     pats.iter().any(|p| s.contains(p))
 }
 
 /// The category of a kernel from its name (mangled, demangled or truncated; case-insensitive).
 ///
-/// Order matters: memory operations and layout transforms first (cuDNN transform kernels carry
+/// Our own NVRTC kernels are looked up by exact name first ([`OUR_KERNELS`]). Then order matters: memory operations and layout transforms first (cuDNN transform kernels carry
 /// conv-like template arguments), then the convolution directions (xmma conv kernels contain
 /// "gemm"), then normalisation (PyTorch's GroupNorm apply is an elementwise kernel whose lambda
 /// names the group norm), optimiser, GEMM/attention, reductions, and elementwise last.
 pub fn classify(name: &str) -> Category {
+    if let Some(c) = our_kernel(name) {
+        return c;
+    }
     let s = name.to_ascii_lowercase();
     let s = s.trim();
     if s.starts_with("memcpy")
@@ -333,6 +398,11 @@ pub struct KernelRecord {
     pub name: String,
     /// Wall time: CUPTI end − start, or the CPU call time between two `sync()`s.
     pub duration_ns: u64,
+    /// GPU start timestamp, ns, arbitrary origin (CUPTI's clock): `None` for CPU-timed calls, ncu
+    /// and PyTorch-table records. When every record of a pass has one, the breakdown measures the
+    /// GPU's idle time between kernels ([`super::breakdown::Idle`]).
+    #[serde(default)]
+    pub start_ns: Option<u64>,
     /// Launch grid (blocks), where there is one.
     pub grid: Option<[u32; 3]>,
     /// Launch block (threads), where there is one.
@@ -363,6 +433,7 @@ impl KernelRecord {
         KernelRecord {
             name,
             duration_ns,
+            start_ns: None,
             grid: None,
             block: None,
             registers: None,

@@ -1,13 +1,15 @@
 //! The profile report: one folder with `report.md` (what a person reads), CSV tables, `report.json`
 //! (everything, machine-readable), SVG charts (`breakdown.svg`: a stacked category breakdown per
-//! pass/configuration; `roofline.svg`: the records placed on the roofline of the device), and a
-//! short terminal summary.
+//! pass/configuration, up to the step time; `roofline.svg`: the records placed on the roofline of
+//! the device), and a short terminal summary. Passes whose records carry GPU start timestamps
+//! (CUPTI) also get the GPU idle time: gaps between kernels and time outside them, and where the
+//! GPU waits (see [`super::breakdown::Idle`]).
 //!
 //! Every number says where it comes from: times of profiled passes are *measured* on the device
 //! that ran them; roofline times are *predicted*; GPU table values are *datasheet* values. What
 //! could not be collected is listed by name, and the rest of the report is still written.
 
-use super::breakdown::{breakdown, Breakdown, Row};
+use super::breakdown::{breakdown, Breakdown, GapRow, Row};
 use super::csv;
 use super::gpus::{self, check, CategoryPrediction, Check, Gpu, Math, Verdict};
 use super::kernels::{short_name, Category, KernelRecord};
@@ -248,6 +250,46 @@ fn rows_md(rows: &[Row], measured: bool, with_rate: bool) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Rows of the "where the GPU waits" section shown per range.
+pub const WAITS_TOP: usize = 15;
+
+/// "1 gap", "3 gaps".
+fn gaps(n: usize) -> String {
+    format!("{n} gap{}", if n == 1 { "" } else { "s" })
+}
+
+fn gap_rows_md(rows: &[GapRow]) -> Vec<Vec<String>> {
+    rows.iter()
+        .map(|g| {
+            vec![
+                md_escape(&g.key),
+                g.gaps.to_string(),
+                fmt_ns(g.total_ns as f64),
+                fmt_ns(g.largest_ns as f64),
+                format!("{:.1} %", g.pct_of_step),
+            ]
+        })
+        .collect()
+}
+
+fn waits_md(o: &mut String, i: &super::breakdown::Idle) {
+    let _ = writeln!(o, "### Where the GPU waits\n");
+    let _ = writeln!(
+        o,
+        "Each gap between kernels on the GPU timeline is charged to the kernel that follows it, i.e. to what \
+         the GPU was waiting for (its launch, host work before it, a synchronisation): {}, {} in all.\n",
+        gaps(i.gaps),
+        fmt_ns(i.gaps_ns as f64)
+    );
+    if i.gaps == 0 {
+        return;
+    }
+    md_table(o, &["phase", "gaps", "idle", "largest gap", "% of step"], &gap_rows_md(&i.by_phase));
+    let n = i.by_range.len().min(WAITS_TOP);
+    let _ = writeln!(o, "Top {n} of {} ranges by idle time before their kernels:\n", i.by_range.len());
+    md_table(o, &["range", "gaps", "idle", "largest gap", "% of step"], &gap_rows_md(&i.by_range[..n]));
+}
+
 /// The Markdown report.
 pub fn markdown(r: &Report) -> String {
     let mut o = String::new();
@@ -270,7 +312,9 @@ pub fn markdown(r: &Report) -> String {
             .zip(&r.repeats)
             .map(|(p, reps)| {
                 let b = &p.breakdown;
-                let flops: f64 = b.by_category.iter().filter_map(|c| c.flops).sum();
+                // every counted FLOP (rows show a count only when all their calls have one)
+                let flops: f64 = p.predictions.iter().map(|c| c.flops).sum();
+                let idle = b.idle.as_ref().filter(|_| p.measured);
                 vec![
                     md_escape(&p.name),
                     if p.measured { "measured" } else { "counted only" }.into(),
@@ -286,8 +330,10 @@ pub fn markdown(r: &Report) -> String {
                         _ => "—".into(),
                     },
                     if p.measured { fmt_ns(b.kernel_ns as f64) } else { "—".into() },
+                    idle.map(|i| fmt_ns(i.gaps_ns as f64)).unwrap_or("—".into()),
+                    idle.map(|i| fmt_ns(i.outside_ns as f64)).unwrap_or("—".into()),
                     match (p.measured, b.unattributed_ns()) {
-                        (true, Some(u)) => fmt_ns(u as f64),
+                        (true, Some(u)) if idle.is_none() => fmt_ns(u as f64),
                         _ => "—".into(),
                     },
                     fmt_si(flops),
@@ -303,10 +349,19 @@ pub fn markdown(r: &Report) -> String {
                 "step (wall, median)",
                 "min – max of repeats",
                 "Σ calls",
-                "unattributed",
+                "GPU idle (gaps)",
+                "outside kernels",
+                "step − Σ calls (no timestamps)",
                 "FLOPs counted",
             ],
             &rows,
+        );
+        let _ = writeln!(
+            o,
+            "GPU idle (gaps): time between kernels on the GPU timeline (launch latency, host work, syncs inside \
+             the step); outside kernels: step time before the first kernel starts and after the last one ends. \
+             Both need the kernels' GPU start timestamps (CUPTI); for other passes only step − Σ calls is known \
+             (host work, launch gaps and per-call syncs together).\n"
         );
         let _ = writeln!(o, "![category breakdown per pass](breakdown.svg)\n");
     }
@@ -318,12 +373,41 @@ pub fn markdown(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "FLOPs are counted for convolutions, linears and attention matmuls only (\"—\": an op without a FLOP \
-             count, e.g. elementwise); TFLOP/s and GB/s divide the counts by the measured time of the counted calls.\n"
+            "FLOPs are counted for convolutions, linears and attention matmuls only, bytes for the calls we count \
+             (CUPTI kernels have neither, only copies and fills carry bytes). A row shows FLOPs and TFLOP/s only \
+             when every call in it has a FLOP count, bytes and GB/s only when every call has a byte count \
+             (\"—\" otherwise, e.g. a row with an elementwise op); TFLOP/s and GB/s divide by the row's measured \
+             time.\n"
         );
         let _ = writeln!(o, "### By category\n");
         let mut rows = rows_md(&b.by_category, p.measured, true);
-        if p.measured {
+        let idle_rows = if p.measured { b.idle_rows() } else { Vec::new() };
+        if !idle_rows.is_empty() {
+            for x in &idle_rows {
+                rows.push(vec![
+                    x.key.clone(),
+                    x.count.map(gaps).unwrap_or("—".into()),
+                    fmt_ns(x.ns as f64),
+                    "—".into(),
+                    format!("{:.1} %", x.pct_of_step),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ]);
+            }
+            rows.push(vec![
+                "**step**".into(),
+                b.records.to_string(),
+                b.step_ns.map(|s| fmt_ns(s as f64)).unwrap_or("—".into()),
+                "—".into(),
+                "100.0 %".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+        } else if p.measured {
             rows.push(vec![
                 "**total**".into(),
                 b.records.to_string(),
@@ -343,6 +427,26 @@ pub fn markdown(r: &Report) -> String {
             &["category", "calls", "time", "% of calls", "% of step", "FLOPs", "bytes", "TFLOP/s", "GB/s"],
             &rows,
         );
+        if let (Some(i), true) = (&b.idle, p.measured) {
+            let _ = writeln!(
+                o,
+                "GPU timeline (CUPTI start timestamps): busy {} (union of kernel intervals), span {} (first kernel \
+                 start to last kernel end), gaps {} in {}, outside {}{}.\n",
+                fmt_ns(i.busy_ns as f64),
+                fmt_ns(i.span_ns as f64),
+                fmt_ns(i.gaps_ns as f64),
+                gaps(i.gaps),
+                fmt_ns(i.outside_ns as f64),
+                if i.overlap_ns > 0 {
+                    format!(
+                        "; kernels overlapped for {} (Σ kernel time exceeds busy by that)",
+                        fmt_ns(i.overlap_ns as f64)
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
         let _ = writeln!(o, "### By phase\n");
         md_table(
             &mut o,
@@ -355,6 +459,9 @@ pub fn markdown(r: &Report) -> String {
             &["block", "calls", "time", "% of calls", "% of step", "FLOPs", "bytes", "TFLOP/s", "GB/s"],
             &rows_md(&b.by_block, p.measured, true),
         );
+        if let (Some(i), true) = (&b.idle, p.measured) {
+            waits_md(&mut o, i);
+        }
         let _ = writeln!(o, "### Top {} kernels / ops\n", b.top.len());
         let rows: Vec<Vec<String>> = b
             .top
@@ -710,6 +817,7 @@ pub fn csv_files(r: &Report, input: &Input) -> Vec<(&'static str, String)> {
         "block",
         "registers",
         "shared_mem",
+        "start_ns",
     ]);
     for p in input.passes.iter().filter(|p| p.measured) {
         for k in &p.records {
@@ -726,6 +834,7 @@ pub fn csv_files(r: &Report, input: &Input) -> Vec<(&'static str, String)> {
                 dims(k.block),
                 k.registers.map(|v| v.to_string()).unwrap_or_default(),
                 k.shared_mem.map(|v| v.to_string()).unwrap_or_default(),
+                k.start_ns.map(|v| v.to_string()).unwrap_or_default(),
             ]);
         }
     }
@@ -743,6 +852,7 @@ pub fn csv_files(r: &Report, input: &Input) -> Vec<(&'static str, String)> {
         "bytes",
         "tflops",
         "gbps",
+        "largest_ns",
     ]);
     for p in &r.passes {
         let b = &p.breakdown;
@@ -762,7 +872,45 @@ pub fn csv_files(r: &Report, input: &Input) -> Vec<(&'static str, String)> {
                     o2s(row.bytes),
                     if p.measured { o2s(row.tflops) } else { String::new() },
                     if p.measured { o2s(row.gbps) } else { String::new() },
+                    String::new(),
                 ]);
+            }
+        }
+        // GPU idle (passes with timestamps): table "idle" holds the step rows below the categories
+        // (signed: corrections are negative; calls = number of gaps), "idle_phase" / "idle_range"
+        // the gaps charged to the phase / range of the kernel that follows each gap
+        let Some(i) = b.idle.as_ref().filter(|_| p.measured) else { continue };
+        let empty = || vec![String::new(); 4];
+        for x in b.idle_rows() {
+            let mut v = vec![
+                p.name.clone(),
+                "idle".into(),
+                x.key.clone(),
+                String::new(),
+                x.count.map(|c| c.to_string()).unwrap_or_default(),
+                x.ns.to_string(),
+                String::new(),
+                x.pct_of_step.to_string(),
+            ];
+            v.extend(empty());
+            v.push(String::new());
+            s += &csv::line(&v);
+        }
+        for (t, rows) in [("idle_phase", &i.by_phase), ("idle_range", &i.by_range)] {
+            for g in rows {
+                let mut v = vec![
+                    p.name.clone(),
+                    t.to_string(),
+                    g.key.clone(),
+                    String::new(),
+                    g.gaps.to_string(),
+                    g.total_ns.to_string(),
+                    String::new(),
+                    g.pct_of_step.to_string(),
+                ];
+                v.extend(empty());
+                v.push(g.largest_ns.to_string());
+                s += &csv::line(&v);
             }
         }
     }
@@ -965,14 +1113,27 @@ fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::format(path, format!("could not draw the chart: {e}"))
 }
 
-/// Stacked category breakdown, one bar per measured pass (ms).
+/// The segment on top of a pass's category bars that brings the bar to the step time: step − Σ
+/// calls, ns (0 when the calls exceed the step), and whether it is measured GPU idle time (the
+/// pass has timestamps: gaps + outside kernels, less any kernel overlap) or only the
+/// unattributed rest of a pass without timestamps. `None` without a step time.
+fn rest_segment(b: &Breakdown) -> Option<(u64, bool)> {
+    b.step_ns.map(|s| (s.saturating_sub(b.kernel_ns), b.idle.is_some()))
+}
+
+/// Stacked category breakdown, one bar per measured pass (ms), topped by the rest of the step
+/// (GPU idle for passes with timestamps, step − Σ calls for others) so that bars reach the step.
 pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
     use plotters::prelude::*;
     let passes: Vec<&PassReport> = r.passes.iter().filter(|p| p.measured && p.breakdown.kernel_ns > 0).collect();
     if passes.is_empty() {
         return Ok(false);
     }
-    let ymax = passes.iter().map(|p| p.breakdown.kernel_ns as f64 / 1e6).fold(0.0, f64::max) * 1.1;
+    let ymax = passes
+        .iter()
+        .map(|p| p.breakdown.kernel_ns.max(p.breakdown.step_ns.unwrap_or(0)) as f64 / 1e6)
+        .fold(0.0, f64::max)
+        * 1.1;
     let n = passes.len();
     let root = SVGBackend::new(path, (820, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
@@ -1017,6 +1178,31 @@ pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
             .map_err(|e| plot_err(path, e))?
             .label(cat.label())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color(cat).filled()));
+    }
+    for (measured_idle, label, c) in [
+        (true, "GPU idle (gaps + outside kernels)", RGBColor(220, 220, 220)),
+        (false, "step − Σ calls (no timestamps)", RGBColor(255, 235, 170)),
+    ] {
+        let rects: Vec<_> = passes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let (ns, is_idle) = rest_segment(&p.breakdown)?;
+                (is_idle == measured_idle && ns > 0).then(|| {
+                    let y0 = p.breakdown.kernel_ns as f64 / 1e6;
+                    let bar = [(SegmentValue::Exact(i), y0), (SegmentValue::Exact(i + 1), y0 + ns as f64 / 1e6)];
+                    Rectangle::new(bar, c.filled())
+                })
+            })
+            .collect();
+        if rects.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(rects)
+            .map_err(|e| plot_err(path, e))?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
     }
     chart
         .configure_series_labels()
@@ -1170,6 +1356,16 @@ pub fn summary(r: &Report) -> String {
             fmt_ns(b.kernel_ns as f64),
             top.join(", ")
         );
+        if let Some(i) = &b.idle {
+            let _ = writeln!(
+                o,
+                "  {:<20} GPU idle: gaps {} ({}), outside kernels {}",
+                "",
+                fmt_ns(i.gaps_ns as f64),
+                gaps(i.gaps),
+                fmt_ns(i.outside_ns as f64)
+            );
+        }
     }
     for h in r.passes.iter().filter(|h| has_counts(h)) {
         let line: Vec<String> = r
