@@ -238,7 +238,13 @@ fn record(be: &CudaBackend, collect: bool, f: impl FnOnce()) -> Step {
 }
 
 /// The pass of the median wall time among the recorded steps.
-fn cupti_pass(name: &str, mut steps: Vec<Step>, notes: &mut Vec<String>, raw: &mut Vec<(String, u64)>) -> Pass {
+fn cupti_pass(
+    name: &str,
+    mut steps: Vec<Step>,
+    plain: Vec<u64>,
+    notes: &mut Vec<String>,
+    raw: &mut Vec<(String, u64)>,
+) -> Pass {
     let repeats: Vec<u64> = steps.iter().map(|s| s.wall_ns).collect();
     steps.sort_by_key(|s| s.wall_ns);
     let s = steps.swap_remove(steps.len() / 2);
@@ -265,7 +271,14 @@ fn cupti_pass(name: &str, mut steps: Vec<Step>, notes: &mut Vec<String>, raw: &m
             Vec::new()
         }
     };
-    Pass { name: name.to_string(), records, step_ns: Some(s.wall_ns), measured: true, repeats }
+    let plain_step_ns = median(plain);
+    Pass { name: name.to_string(), records, step_ns: Some(s.wall_ns), measured: true, repeats, plain_step_ns }
+}
+
+/// Median of wall times (`None` when empty).
+fn median(mut v: Vec<u64>) -> Option<u64> {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied()
 }
 
 /// One training step (micro-step + Adam/EMA) and one sampling step at t = T/2, each after
@@ -292,24 +305,29 @@ fn cuda_steps(
         tr.micro_step(be, &img, &cond);
         tr.opt_step(be);
     }
-    let mut steps = Vec::new();
+    let mut train = || {
+        if wrap {
+            be.push_range("profile");
+        }
+        be.push_range("train");
+        tr.micro_step(be, &img, &cond);
+        be.push_range("optimizer");
+        tr.opt_step(be);
+        be.pop_range();
+        be.pop_range();
+        if wrap {
+            be.pop_range();
+        }
+    };
+    // recorded steps alternate with plain ones (CUPTI off, as `meddpm bench` runs them)
+    let (mut steps, mut plain) = (Vec::new(), Vec::new());
     for _ in 0..o.repeats.max(1) {
-        steps.push(record(be, collect, || {
-            if wrap {
-                be.push_range("profile");
-            }
-            be.push_range("train");
-            tr.micro_step(be, &img, &cond);
-            be.push_range("optimizer");
-            tr.opt_step(be);
-            be.pop_range();
-            be.pop_range();
-            if wrap {
-                be.pop_range();
-            }
-        }));
+        if collect {
+            plain.push(record(be, false, &mut train).wall_ns);
+        }
+        steps.push(record(be, collect, &mut train));
     }
-    passes.push(cupti_pass("train step", steps, notes, raw));
+    passes.push(cupti_pass("train step", steps, plain, notes, raw));
     if which == Steps::Train {
         return Ok(passes);
     }
@@ -335,21 +353,25 @@ fn cuda_steps(
     for _ in 0..o.warmup {
         step(&mut x, &mut z);
     }
-    let mut steps = Vec::new();
-    for _ in 0..o.repeats.max(1) {
-        steps.push(record(be, collect, || {
-            if wrap {
-                be.push_range("profile");
-            }
-            be.push_range("sample");
-            step(&mut x, &mut z);
+    let mut sample = || {
+        if wrap {
+            be.push_range("profile");
+        }
+        be.push_range("sample");
+        step(&mut x, &mut z);
+        be.pop_range();
+        if wrap {
             be.pop_range();
-            if wrap {
-                be.pop_range();
-            }
-        }));
+        }
+    };
+    let (mut steps, mut plain) = (Vec::new(), Vec::new());
+    for _ in 0..o.repeats.max(1) {
+        if collect {
+            plain.push(record(be, false, &mut sample).wall_ns);
+        }
+        steps.push(record(be, collect, &mut sample));
     }
-    passes.push(cupti_pass("sampling step", steps, notes, raw));
+    passes.push(cupti_pass("sampling step", steps, plain, notes, raw));
     Ok(passes)
 }
 
@@ -687,6 +709,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
                     step_ns: Some(total.round() as u64),
                     measured: true,
                     repeats: Vec::new(),
+                    plain_step_ns: None,
                 });
                 input.not_collected.push(
                     "command pass: times are Nsight Compute kernel durations under replay, kernels serialised (the \
@@ -726,6 +749,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
                     step_ns: Some(total.round() as u64),
                     measured: true,
                     repeats: Vec::new(),
+                    plain_step_ns: None,
                 });
             }
             Err(e) => {

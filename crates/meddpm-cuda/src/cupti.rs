@@ -80,6 +80,7 @@ impl Activity {
             (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
         };
         k.range = self.range.clone();
+        k.start_ns = Some(self.start_ns);
         if let Some(b) = self.bytes {
             k.bytes = Some(b as f64);
         }
@@ -582,7 +583,7 @@ mod tests {
         let k = a.to_record();
         assert_eq!(k.name, "groupnorm_stats(float const*, float*, int)");
         assert_eq!(k.category, Category::Normalization);
-        assert_eq!(k.duration_ns, 250);
+        assert_eq!((k.duration_ns, k.start_ns), (250, Some(100)));
         assert_eq!(k.shared_mem, Some(3072));
         assert_eq!((k.grid, k.block, k.registers), (Some([4, 2, 1]), Some([128, 1, 1]), Some(40)));
         assert_eq!(k.block_name(), Some("out"));

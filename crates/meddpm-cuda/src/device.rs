@@ -471,3 +471,21 @@ impl Device {
         self.stream.synchronize().unwrap_or_else(|e| panic!("CUDA stream synchronize: {e}"));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The profiler's exact-name table (`meddpm::analysis::kernels::OUR_KERNELS`) must list every
+    /// kernel this crate compiles, and nothing else, so no kernel of ours lands in "other".
+    #[test]
+    fn every_kernel_has_a_profiler_category() {
+        use meddpm::analysis::kernels::{classify, Category, OUR_KERNELS};
+        let mut ours: Vec<&str> = super::KERNEL_NAMES.to_vec();
+        let mut table: Vec<&str> = OUR_KERNELS.iter().map(|(n, _)| *n).collect();
+        ours.sort_unstable();
+        table.sort_unstable();
+        assert_eq!(ours, table, "KERNEL_NAMES and OUR_KERNELS differ");
+        for k in super::KERNEL_NAMES {
+            assert_ne!(classify(k), Category::Other, "{k}");
+        }
+    }
+}

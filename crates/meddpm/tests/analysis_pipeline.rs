@@ -268,6 +268,7 @@ fn passes_without_flop_counts_get_no_roofline() {
         step_ns: Some(3_000_000),
         measured: true,
         repeats: vec![3_000_000],
+        plain_step_ns: None,
     };
     let input = Input {
         title: "t".into(),
@@ -318,11 +319,15 @@ fn report_of_a_pass_with_gpu_timestamps() {
         step_ns: Some(step),
         measured: true,
         repeats: vec![step],
+        plain_step_ns: None,
     };
     let input = Input {
         title: "t".into(),
         device: "d".into(),
-        passes: vec![pass("cupti step", cupti, 10_000), pass("synced step", vec![synced], 8_000)],
+        passes: vec![
+            Pass { plain_step_ns: Some(8_000), ..pass("cupti step", cupti, 10_000) },
+            pass("synced step", vec![synced], 8_000),
+        ],
         top_n: 5,
         ..Input::default()
     };
@@ -335,12 +340,12 @@ fn report_of_a_pass_with_gpu_timestamps() {
     // summary: gaps and outside for the CUPTI pass, step − Σ calls (2 µs) for the synced one
     assert!(
         md.contains(
-            "| cupti step | measured | 4 | 10.0 µs | 10.0 µs – 10.0 µs (1 runs) | 7.0 µs | 500 ns | 3.0 µs | — |"
+            "| cupti step | measured | 4 | 10.0 µs | 10.0 µs – 10.0 µs (1 runs) | 8.0 µs (+25.0 %) | 7.0 µs | 500 ns | 3.0 µs | — |"
         ),
         "{md}"
     );
     assert!(
-        md.contains("| synced step | measured | 1 | 8.0 µs | 8.0 µs – 8.0 µs (1 runs) | 6.0 µs | — | — | 2.0 µs |"),
+        md.contains("| synced step | measured | 1 | 8.0 µs | 8.0 µs – 8.0 µs (1 runs) | — | 6.0 µs | — | — | 2.0 µs |"),
         "{md}"
     );
     // category table: idle rows, overlap correction, the step row

@@ -61,6 +61,7 @@ fn median_pass(name: String, mut runs: Vec<(u64, Vec<KernelRecord>)>, measured: 
         step_ns: measured.then_some(ns),
         measured,
         repeats: if measured { repeats } else { Vec::new() },
+        plain_step_ns: None,
     }
 }
 

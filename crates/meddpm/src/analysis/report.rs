@@ -33,6 +33,9 @@ pub struct Pass {
     pub measured: bool,
     /// Step times of every recorded repetition, ns; `records` are those of the median one.
     pub repeats: Vec<u64>,
+    /// Median wall time of the same step repeated without the recording (CUPTI off), ns: what
+    /// `meddpm bench` measures, so the report shows the profiler's own overhead.
+    pub plain_step_ns: Option<u64>,
 }
 
 /// Everything the report is built from.
@@ -64,6 +67,8 @@ pub struct PassReport {
     pub predictions: Vec<CategoryPrediction>,
     /// Prediction vs measurement on the device, per category and in total (GPU devices only).
     pub checks: Vec<(String, Check)>,
+    /// See [`Pass::plain_step_ns`].
+    pub plain_step_ns: Option<u64>,
 }
 
 /// One ncu kernel in the report.
@@ -117,7 +122,14 @@ pub fn build(input: &Input) -> Report {
                 }
                 checks.push(("all counted categories".into(), check(tp, tm, 0.05)));
             }
-            PassReport { name: p.name.clone(), measured: p.measured, breakdown: b, predictions, checks }
+            PassReport {
+                name: p.name.clone(),
+                measured: p.measured,
+                breakdown: b,
+                predictions,
+                checks,
+                plain_step_ns: p.plain_step_ns,
+            }
         })
         .collect::<Vec<_>>();
     if input.device_gpu.is_none() && passes.iter().any(|p| p.measured) {
@@ -329,6 +341,13 @@ pub fn markdown(r: &Report) -> String {
                         }
                         _ => "—".into(),
                     },
+                    match (p.plain_step_ns, b.step_ns) {
+                        (Some(q), Some(s)) => {
+                            format!("{} ({:+.1} %)", fmt_ns(q as f64), 100.0 * (s as f64 - q as f64) / q.max(1) as f64)
+                        }
+                        (Some(q), None) => fmt_ns(q as f64),
+                        _ => "—".into(),
+                    },
                     if p.measured { fmt_ns(b.kernel_ns as f64) } else { "—".into() },
                     idle.map(|i| fmt_ns(i.gaps_ns as f64)).unwrap_or("—".into()),
                     idle.map(|i| fmt_ns(i.outside_ns as f64)).unwrap_or("—".into()),
@@ -348,6 +367,7 @@ pub fn markdown(r: &Report) -> String {
                 "calls",
                 "step (wall, median)",
                 "min – max of repeats",
+                "step without profiler (overhead)",
                 "Σ calls",
                 "GPU idle (gaps)",
                 "outside kernels",
@@ -361,7 +381,9 @@ pub fn markdown(r: &Report) -> String {
             "GPU idle (gaps): time between kernels on the GPU timeline (launch latency, host work, syncs inside \
              the step); outside kernels: step time before the first kernel starts and after the last one ends. \
              Both need the kernels' GPU start timestamps (CUPTI); for other passes only step − Σ calls is known \
-             (host work, launch gaps and per-call syncs together).\n"
+             (host work, launch gaps and per-call syncs together). Step without profiler: the median wall time \
+             of the same step repeated with CUPTI off (what `meddpm bench` measures), and how much longer the \
+             recorded step took.\n"
         );
         let _ = writeln!(o, "![category breakdown per pass](breakdown.svg)\n");
     }
