@@ -50,5 +50,7 @@ for part in "$@"; do
   rc=$?
   echo "== $part: exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
   tail -n 30 "$RES/console.log"
-  tar czf "$OUT/$part.tar.gz" -C "$OUT" "$part" && rm -rf "$RES"
+  # ncu report files (.ncu-rep) stay behind: their CSV exports come back, and they pass 16 MiB
+  tar czf "$OUT/$part.tar.gz" --exclude="*.ncu-rep" -C "$OUT" "$part" && rm -rf "$RES"
+  ls -la "$OUT/$part.tar.gz"
 done

@@ -703,6 +703,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
                     .first()
                     .and_then(|k| k.metrics.get("device__attribute_display_name").map(|m| m.text.clone()))
                     .unwrap_or_else(|| "the GPU ncu ran on".into());
+                input.device_gpu = gpus::find(&input.device);
                 input.passes.push(Pass {
                     name: format!("{} (ncu, {} kernels)", short_name(&what, 60), records.len()),
                     records,

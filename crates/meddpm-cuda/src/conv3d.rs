@@ -920,25 +920,50 @@ fn check_lens(cs: ConvShape, x: usize, w: usize, y: usize, b: usize) {
 
 /// dinp (per Accum), dw += , db += .
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn backward(
-    dev: &Device,
-    cache: &mut ConvCache,
-    dinp: Option<(&mut CudaSlice<f32>, Accum)>,
-    dw: &mut CudaSlice<f32>,
-    db: &mut CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    inp: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    cs: ConvShape,
-) {
-    check_lens(cs, inp.len(), w.len(), dout.len(), db.len());
-    assert_eq!(dw.len(), cs.w_len(), "conv3d backward: dw length");
-    let (xp, wp, dyp) = (dev.ptr(inp), dev.ptr(w), dev.ptr(dout));
-    let cl = cache.layout == Layout::Ndhwc;
-    // Bias gradient: db[c] += sum over n and voxels of dout.
-    crate::elementwise::channel_sums(dev, dout, cs.out(), cl, crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db)));
+/// Whether the weight gradient goes to our kernel (kernels/conv3d.cu) instead of cuDNN: 3×3×3,
+/// stride 1, at most 4 output channels — cuDNN 9.19 runs these on a slow sm80 kernel (13.2 of
+/// 185 ms in a whole-head TF32 training step on the H200).
+pub(crate) fn small_cout_wgrad(cs: ConvShape) -> bool {
+    cs.k == 3 && cs.stride == 1 && cs.cout <= 4
+}
 
-    let (one, zero) = (1.0f32, 0.0f32);
+/// dW += the weight gradient of a few-output-channel conv (kernels/conv3d.cu), fp32 in every
+/// precision mode.
+fn wgrad_small(
+    dev: &Device,
+    dw: &mut CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    cs: ConvShape,
+    cl: bool,
+) {
+    use Arg::{I, P};
+    let x = cs.x;
+    let s = x.s();
+    let (cg, chunk_len) = if cl { (x.c.min(64), 2048) } else { (1, 8192) };
+    let nchunks = s.div_ceil(chunk_len).max(1);
+    let groups = x.c.div_ceil(cg);
+    let per = cs.cout * 27;
+    let part = dev.scratch(x.n * nchunks * x.c * per);
+    let pp = dev.ptr(&part);
+    let dims = [I(x.c as i32), I(x.d as i32), I(x.h as i32), I(x.w as i32), I(chunk_len as i32), I(nchunks as i32)];
+    let mut args = vec![P(dev.ptr(inp)), P(dev.ptr(dout)), P(pp)];
+    args.extend(dims);
+    args.push(I(cl as i32));
+    let name =
+        ["conv3d_wgrad_small1", "conv3d_wgrad_small2", "conv3d_wgrad_small3", "conv3d_wgrad_small4"][cs.cout - 1];
+    dev.launch(name, (nchunks as u32, groups as u32, x.n as u32), (256, 1, 1), &args);
+    dev.launch(
+        "conv3d_wgrad_small_finalize",
+        ((per * x.c) as u32, 1, 1),
+        (256, 1, 1),
+        &[P(pp), P(dev.ptr_mut(dw)), I(x.n as i32), I(x.c as i32), I(cs.cout as i32), I(nchunks as i32), I(cl as i32)],
+    );
+}
+
+/// dW += the weight gradient through cuDNN (beta = 1: accumulate).
+fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: &mut CudaSlice<f32>, xp: u64, dyp: u64, cs: ConvShape) {
+    let one = 1.0f32;
     // Weight gradient (beta = 1: accumulate). cudnnFind writes its output, so it gets a scratch dw.
     let dwp = dev.ptr_mut(dw);
     let a = if cache.plan(cs).algo[2].is_some() {
@@ -976,6 +1001,32 @@ pub(crate) fn backward(
             },
             "cudnnConvolutionBackwardFilter",
         );
+    }
+}
+
+pub(crate) fn backward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    dinp: Option<(&mut CudaSlice<f32>, Accum)>,
+    dw: &mut CudaSlice<f32>,
+    db: &mut CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    inp: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    cs: ConvShape,
+) {
+    check_lens(cs, inp.len(), w.len(), dout.len(), db.len());
+    assert_eq!(dw.len(), cs.w_len(), "conv3d backward: dw length");
+    let (xp, wp, dyp) = (dev.ptr(inp), dev.ptr(w), dev.ptr(dout));
+    let cl = cache.layout == Layout::Ndhwc;
+    // Bias gradient: db[c] += sum over n and voxels of dout.
+    crate::elementwise::channel_sums(dev, dout, cs.out(), cl, crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db)));
+
+    let (one, zero) = (1.0f32, 0.0f32);
+    if small_cout_wgrad(cs) {
+        wgrad_small(dev, dw, inp, dout, cs, cl);
+    } else {
+        cudnn_wgrad(dev, cache, dw, xp, dyp, cs);
     }
 
     // Data gradient.

@@ -36,6 +36,7 @@ pub(crate) const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("loss.cu", include_str!("../kernels/loss.cu")),
     ("diffusion.cu", include_str!("../kernels/diffusion.cu")),
     ("optim.cu", include_str!("../kernels/optim.cu")),
+    ("conv3d.cu", include_str!("../kernels/conv3d.cu")),
 ];
 
 /// Every `extern "C"` kernel in [`KERNEL_SOURCES`].
@@ -78,6 +79,11 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "ddpm_step",
     "adam_step",
     "ema_update",
+    "conv3d_wgrad_small1",
+    "conv3d_wgrad_small2",
+    "conv3d_wgrad_small3",
+    "conv3d_wgrad_small4",
+    "conv3d_wgrad_small_finalize",
 ];
 
 /// One kernel argument. Pointers are raw device addresses; `Raw` passes a `#[repr(C)]` struct by

@@ -221,6 +221,10 @@ fn conv3d_parity() {
         (ConvShape::new(Dims::new(1, 64, 12, 12, 12), 64, 3, 1), Some(Accum::Add)), // tensor-core shapes
         (ConvShape::new(Dims::new(1, 64, 12, 12, 12), 64, 3, 2), Some(Accum::Overwrite)),
         (ConvShape::new(Dims::new(2, 96, 6, 6, 6), 192, 1, 1), Some(Accum::Overwrite)),
+        // our few-output-channel weight gradient (kernels/conv3d.cu): 2 channel groups in NDHWC
+        // (70 = 64 + 6), several chunks, Cout 2 and 4, batch 2
+        (ConvShape::new(Dims::new(2, 70, 7, 9, 6), 4, 3, 1), Some(Accum::Add)),
+        (ConvShape::new(Dims::new(1, 64, 17, 18, 19), 2, 3, 1), Some(Accum::Overwrite)),
     ];
     for (i, (cs, acc)) in cases.into_iter().enumerate() {
         conv_case(&gs, cs, acc, 100 + 10 * i as u64);

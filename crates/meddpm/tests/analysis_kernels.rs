@@ -147,6 +147,12 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("ddpm_step", Elementwise),
     ("adam_step", Optimizer),
     ("ema_update", Optimizer),
+    // our weight gradient of few-output-channel convs
+    ("conv3d_wgrad_small1", ConvWgrad),
+    ("conv3d_wgrad_small2", ConvWgrad),
+    ("conv3d_wgrad_small3", ConvWgrad),
+    ("conv3d_wgrad_small4", ConvWgrad),
+    ("conv3d_wgrad_small_finalize", ConvWgrad),
 ];
 
 #[test]

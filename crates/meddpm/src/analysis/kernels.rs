@@ -202,6 +202,11 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("ddpm_step", Category::Elementwise),
     ("adam_step", Category::Optimizer),
     ("ema_update", Category::Optimizer),
+    ("conv3d_wgrad_small1", Category::ConvWgrad),
+    ("conv3d_wgrad_small2", Category::ConvWgrad),
+    ("conv3d_wgrad_small3", Category::ConvWgrad),
+    ("conv3d_wgrad_small4", Category::ConvWgrad),
+    ("conv3d_wgrad_small_finalize", Category::ConvWgrad),
 ];
 
 /// The category of one of our own NVRTC kernels, by exact name ([`OUR_KERNELS`]); `None` for any

@@ -355,7 +355,7 @@ pub fn markdown(r: &Report) -> String {
                         (true, Some(u)) if idle.is_none() => fmt_ns(u as f64),
                         _ => "—".into(),
                     },
-                    fmt_si(flops),
+                    if flops > 0.0 { fmt_si(flops) } else { "—".into() },
                 ]
             })
             .collect();
