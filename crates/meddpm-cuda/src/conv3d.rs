@@ -939,25 +939,35 @@ fn wgrad_small(
 ) {
     use Arg::{I, P};
     let x = cs.x;
-    let s = x.s();
-    let (cg, chunk_len) = if cl { (x.c.min(64), 2048) } else { (1, 8192) };
-    let nchunks = s.div_ceil(chunk_len).max(1);
+    // channels per block and line slots per block (kernels/conv3d.cu); NDHWC threads take 4 lines each
+    let cg = if cl { x.c.min(64) } else { 1 };
+    let rows = 256 / cg;
+    let lines_per_block = if cl { rows * 4 } else { rows };
+    let nchunks = (x.n * x.d * x.h).div_ceil(lines_per_block).max(1);
     let groups = x.c.div_ceil(cg);
     let per = cs.cout * 27;
-    let part = dev.scratch(x.n * nchunks * x.c * per);
+    let part = dev.scratch(nchunks * x.c * per);
     let pp = dev.ptr(&part);
-    let dims = [I(x.c as i32), I(x.d as i32), I(x.h as i32), I(x.w as i32), I(chunk_len as i32), I(nchunks as i32)];
-    let mut args = vec![P(dev.ptr(inp)), P(dev.ptr(dout)), P(pp)];
-    args.extend(dims);
-    args.push(I(cl as i32));
+    let args = [
+        P(dev.ptr(inp)),
+        P(dev.ptr(dout)),
+        P(pp),
+        I(x.n as i32),
+        I(x.c as i32),
+        I(x.d as i32),
+        I(x.h as i32),
+        I(x.w as i32),
+        I(lines_per_block as i32),
+        I(cl as i32),
+    ];
     let name =
         ["conv3d_wgrad_small1", "conv3d_wgrad_small2", "conv3d_wgrad_small3", "conv3d_wgrad_small4"][cs.cout - 1];
-    dev.launch(name, (nchunks as u32, groups as u32, x.n as u32), (256, 1, 1), &args);
+    dev.launch(name, (nchunks as u32, groups as u32, 1), (256, 1, 1), &args);
     dev.launch(
         "conv3d_wgrad_small_finalize",
         ((per * x.c) as u32, 1, 1),
         (256, 1, 1),
-        &[P(pp), P(dev.ptr_mut(dw)), I(x.n as i32), I(x.c as i32), I(cs.cout as i32), I(nchunks as i32), I(cl as i32)],
+        &[P(pp), P(dev.ptr_mut(dw)), I(x.c as i32), I(cs.cout as i32), I(nchunks as i32), I(cl as i32)],
     );
 }
 

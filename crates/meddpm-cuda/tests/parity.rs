@@ -145,6 +145,28 @@ fn upload_download_roundtrip_and_layout() {
     }
 }
 
+/// Large uploads go through the backend's two page-locked buffers per length, used in turn: five
+/// uploads queued back to back (so buffers are refilled while earlier copies may be in flight),
+/// of two lengths, must all arrive intact; a 1-channel activation skips the layout change.
+#[test]
+fn large_uploads_through_pinned_buffers() {
+    let Some(gs) = gpus() else { return };
+    for g in &gs {
+        let (n1, n2) = (1 << 18, (1 << 18) + 5);
+        let hosts: Vec<Vec<f32>> = (0..5).map(|i| rnd(if i % 3 == 2 { n2 } else { n1 }, 500 + i, 1.0)).collect();
+        let mut bufs: Vec<_> = hosts.iter().map(|h| g.alloc(h.len()).unwrap()).collect();
+        for (h, b) in hosts.iter().zip(bufs.iter_mut()) {
+            g.upload(h, b);
+        }
+        for (i, (h, b)) in hosts.iter().zip(&bufs).enumerate() {
+            assert!(get_raw(g, b) == *h, "{}: pinned upload {i} differs", name(g));
+        }
+        let x = Dims::new(1, 1, 64, 64, 65);
+        let h = rnd(x.numel(), 510, 1.0);
+        assert_eq!(get_act(g, &act(g, &h, x), x), h, "{}: 1-channel activation", name(g));
+    }
+}
+
 // ---- convolution ---------------------------------------------------------------------------
 
 fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: u64) {
