@@ -31,7 +31,7 @@ use meddpm::analysis::gpus::{self, Math};
 use meddpm::analysis::kernels::{short_name, KernelRecord};
 use meddpm::analysis::matrix::ConfigInput;
 use meddpm::analysis::ncu::{NcuData, NcuKernel};
-use meddpm::analysis::profile::{profile_unet, Options};
+use meddpm::analysis::profile::{host_data, profile_unet, Options};
 use meddpm::analysis::report::{self, Input, Pass};
 use meddpm::analysis::timed::{NullBackend, Timed};
 use meddpm::cpu::CpuBackend;
@@ -207,14 +207,6 @@ fn config_name(p: Precision, l: Layout) -> String {
 
 // ---- CUDA: steps through CUPTI ------------------------------------------------------------------
 
-/// Deterministic stand-in data of the model's shapes (as `analysis::profile`).
-fn host_data(cfg: &UNetConfig) -> (Vec<f32>, Vec<f32>) {
-    let s = cfg.depth * cfg.size * cfg.size;
-    let img: Vec<f32> = (0..cfg.out_channels * s).map(|i| ((i % 97) as f32 / 48.0 - 1.0).clamp(-1.0, 1.0)).collect();
-    let cond: Vec<f32> = (0..cfg.cond_channels() * s).map(|i| if (i / 7) % 3 == 0 { 1.0 } else { -1.0 }).collect();
-    (img, cond)
-}
-
 /// One recorded step: wall time between syncs and the CUPTI collection (or why there is none).
 struct Step {
     wall_ns: u64,
@@ -281,6 +273,19 @@ fn median(mut v: Vec<u64>) -> Option<u64> {
     v.get(v.len() / 2).copied()
 }
 
+/// `repeats` recorded runs of `step` (under CUPTI when `collect`), each after a plain run (CUPTI
+/// off, as `meddpm bench` runs it): the recorded steps and the plain wall times.
+fn repeat_steps(be: &CudaBackend, repeats: usize, collect: bool, step: &mut dyn FnMut()) -> (Vec<Step>, Vec<u64>) {
+    let (mut steps, mut plain) = (Vec::new(), Vec::new());
+    for _ in 0..repeats.max(1) {
+        if collect {
+            plain.push(record(be, false, &mut *step).wall_ns);
+        }
+        steps.push(record(be, collect, &mut *step));
+    }
+    (steps, plain)
+}
+
 /// One training step (micro-step + Adam/EMA) and one sampling step at t = T/2, each after
 /// `warmup` unrecorded repetitions, exactly as `analysis::profile::profile_unet` runs them but
 /// without per-call syncs, each recorded step under CUPTI (when `collect`). Under ncu (`wrap`)
@@ -319,14 +324,7 @@ fn cuda_steps(
             be.pop_range();
         }
     };
-    // recorded steps alternate with plain ones (CUPTI off, as `meddpm bench` runs them)
-    let (mut steps, mut plain) = (Vec::new(), Vec::new());
-    for _ in 0..o.repeats.max(1) {
-        if collect {
-            plain.push(record(be, false, &mut train).wall_ns);
-        }
-        steps.push(record(be, collect, &mut train));
-    }
+    let (steps, plain) = repeat_steps(be, o.repeats, collect, &mut train);
     passes.push(cupti_pass("train step", steps, plain, notes, raw));
     if which == Steps::Train {
         return Ok(passes);
@@ -364,13 +362,7 @@ fn cuda_steps(
             be.pop_range();
         }
     };
-    let (mut steps, mut plain) = (Vec::new(), Vec::new());
-    for _ in 0..o.repeats.max(1) {
-        if collect {
-            plain.push(record(be, false, &mut sample).wall_ns);
-        }
-        steps.push(record(be, collect, &mut sample));
-    }
+    let (steps, plain) = repeat_steps(be, o.repeats, collect, &mut sample);
     passes.push(cupti_pass("sampling step", steps, plain, notes, raw));
     Ok(passes)
 }

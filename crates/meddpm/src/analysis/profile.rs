@@ -43,7 +43,7 @@ impl Default for Options {
 }
 
 /// Deterministic stand-in data of the model's shapes: an image in [−1, 1] and ±1 masks.
-fn host_data(cfg: &UNetConfig) -> (Vec<f32>, Vec<f32>) {
+pub fn host_data(cfg: &UNetConfig) -> (Vec<f32>, Vec<f32>) {
     let s = cfg.depth * cfg.size * cfg.size;
     let img: Vec<f32> = (0..cfg.out_channels * s).map(|i| ((i % 97) as f32 / 48.0 - 1.0).clamp(-1.0, 1.0)).collect();
     let cond: Vec<f32> = (0..cfg.cond_channels() * s).map(|i| if (i / 7) % 3 == 0 { 1.0 } else { -1.0 }).collect();
