@@ -367,11 +367,6 @@ fn cuda_steps(
     Ok(passes)
 }
 
-/// GPU kernel time of a pass (sum of record durations), ns.
-fn kernel_ns(p: &Pass) -> Option<f64> {
-    (!p.records.is_empty()).then(|| p.records.iter().map(|r| r.duration_ns as f64).sum())
-}
-
 // ---- Nsight Compute -----------------------------------------------------------------------------
 
 /// The last lines of a process's output, for error messages.
@@ -848,7 +843,7 @@ fn cuda_run(
     let mut matrix_rows = Vec::new();
     if matrix {
         let train = passes.iter().find(|p| p.name.starts_with("train"));
-        matrix_rows.push((precision, layout, train.and_then(kernel_ns)));
+        matrix_rows.push((precision, layout, train.filter(|p| !p.records.is_empty()).map(|p| p.records.clone())));
     }
     input.passes.extend(passes);
     if let Err(e) = cupti::nvtx_status() {
@@ -903,8 +898,8 @@ fn cuda_run(
                         let ps = cuda_steps(&be, cfg, opts, Steps::Train, true, false, &mut n, &mut Vec::new())
                             .with_context(|| format!("matrix configuration {name}"))?;
                         notes.extend(n.into_iter().map(|s| format!("{name}: {s}")));
-                        let t = ps.iter().find(|p| p.name.starts_with("train")).and_then(kernel_ns);
-                        matrix_rows.push((p, l, t));
+                        let recs = ps.into_iter().find(|p| p.name.starts_with("train")).map(|p| p.records);
+                        matrix_rows.push((p, l, recs.filter(|r| !r.is_empty())));
                     }
                     Err(e) => {
                         input.not_collected.push(format!("matrix configuration {name}: {e}"));
@@ -933,16 +928,18 @@ fn cuda_run(
         // baseline first: fp32-ncdhw
         let order = |p: Precision, l: Layout| (p != Precision::Fp32) as u8 + 2 * (l != Layout::Ncdhw) as u8;
         matrix_rows.sort_by_key(|r| order(r.0, r.1));
-        for (p, l, t) in matrix_rows {
+        for (p, l, recs) in matrix_rows {
             let name = config_name(p, l);
             let mut c = ncu_by_config
                 .iter()
                 .find(|(n, _)| *n == name)
                 .map(|(_, c)| c.clone())
                 .unwrap_or_else(|| ConfigInput { name: name.clone(), ..ConfigInput::default() });
-            // time: GPU kernel time of one training step through CUPTI (ncu's replayed durations otherwise)
-            if t.is_some() {
-                c.time_ns = t;
+            // time and time by category: the training step's kernels through CUPTI (ncu's replayed
+            // durations otherwise)
+            if let Some(recs) = recs {
+                c.time_ns = Some(recs.iter().map(|r| r.duration_ns as f64).sum());
+                c = c.with_records(&recs);
             }
             input.matrix.push(c);
         }

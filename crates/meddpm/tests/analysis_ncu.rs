@@ -162,6 +162,12 @@ fn matrix_fma_ncdhw_vs_tf32_ncdhw_from_the_exports() {
     assert!((t.ratios.ipc.unwrap() - ipc / 3.16).abs() < 1e-9);
     assert!((t.ratios.tensor.unwrap() - tw / 1.35).abs() < 1e-9);
     assert!(rows[0].is_baseline && rows[0].ratios.time == Some(1.0));
+    // time by category: the FMA conv alone; the TF32 conv (7) and the three layout transforms
+    assert_eq!(rows[0].input.by_category, vec![(Category::ConvForward, 4_070_048.0)]);
+    assert_eq!(
+        t.input.by_category,
+        vec![(Category::ConvForward, 337_984.0), (Category::Layout, 39_584.0 + 3_680.0 + 35_136.0)]
+    );
 }
 
 #[test]

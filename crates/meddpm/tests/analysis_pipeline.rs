@@ -200,6 +200,8 @@ fn report_folder_with_every_section() {
         "matrix.csv",
         "breakdown.svg",
         "roofline.svg",
+        "matrix.svg",
+        "matrix_categories.csv",
     ] {
         assert!(names.contains(f), "{f} not written: {names:?}");
     }
@@ -213,6 +215,10 @@ fn report_folder_with_every_section() {
         "TheoreticalOccupancy",
         "## Optimization matrix",
         "TF32 NCDHW",
+        "### Kernel time by category per configuration",
+        "| conv forward | 4.070 ms | 338.0 µs (0.083×) |",
+        "| layout conversion | — | 78.4 µs |",
+        "![kernel time by category per configuration](matrix.svg)",
     ] {
         assert!(md.contains(s), "report.md lacks {s:?}");
     }

@@ -6,8 +6,10 @@
 //! run (time only). A ratio is `config / baseline`: 0.01 means a hundred times fewer cycles.
 //! Missing inputs stay `None` and print as "not collected".
 
+use super::kernels::{Category, KernelRecord};
 use super::ncu::{totals, NcuKernel};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// What is known about one configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -19,9 +21,27 @@ pub struct ConfigInput {
     /// Tensor-pipe utilisation, %.
     pub tensor_pct: Option<f64>,
     pub ipc: Option<f64>,
+    /// Kernel time by category, ns (the stacked bar of this configuration); empty when unknown.
+    #[serde(default)]
+    pub by_category: Vec<(Category, f64)>,
+}
+
+/// Σ time per category of `(category, ns)` pairs, in [`Category::ALL`] order, empty categories left out.
+pub fn category_times(items: impl IntoIterator<Item = (Category, f64)>) -> Vec<(Category, f64)> {
+    let mut m: BTreeMap<Category, f64> = BTreeMap::new();
+    for (c, t) in items {
+        *m.entry(c).or_default() += t;
+    }
+    Category::ALL.iter().filter_map(|c| m.get(c).filter(|t| **t > 0.0).map(|t| (*c, *t))).collect()
 }
 
 impl ConfigInput {
+    /// Kernel time by category from a timeline's records (CUPTI).
+    pub fn with_records(mut self, records: &[KernelRecord]) -> Self {
+        self.by_category = category_times(records.iter().map(|r| (r.category, r.duration_ns as f64)));
+        self
+    }
+
     /// Totals of the kernels one configuration ran, from its ncu export.
     pub fn from_ncu(name: &str, kernels: &[NcuKernel]) -> Self {
         let t = totals(kernels);
@@ -32,6 +52,7 @@ impl ConfigInput {
             instructions: t.instructions,
             tensor_pct: t.tensor_pct,
             ipc: t.ipc,
+            by_category: category_times(kernels.iter().filter_map(|k| Some((k.category, k.counters().duration_ns?)))),
         }
     }
 }

@@ -650,6 +650,7 @@ pub fn markdown(r: &Report) -> String {
             .collect();
         md_table(&mut o, &["configuration", "time", "SM cycles", "instructions", "tensor pipe", "IPC"], &rows);
         let _ = writeln!(o, "Ratios are configuration / baseline (0.010× = a hundred times fewer).\n");
+        matrix_by_category(&mut o, &r.matrix);
     }
     let _ = writeln!(o, "## Not collected\n");
     if r.not_collected.is_empty() {
@@ -1107,6 +1108,15 @@ pub fn csv_files(r: &Report, input: &Input) -> Vec<(&'static str, String)> {
             ]);
         }
         files.push(("matrix.csv", s));
+        if r.matrix.iter().any(|m| !m.input.by_category.is_empty()) {
+            let mut s = csv::line(&["configuration", "category", "time_ns"]);
+            for m in &r.matrix {
+                for (c, ns) in &m.input.by_category {
+                    s += &csv::line(&[m.input.name.clone(), c.label().to_string(), format!("{ns}")]);
+                }
+            }
+            files.push(("matrix_categories.csv", s));
+        }
     }
     files
 }
@@ -1143,31 +1153,69 @@ fn rest_segment(b: &Breakdown) -> Option<(u64, bool)> {
     b.step_ns.map(|s| (s.saturating_sub(b.kernel_ns), b.idle.is_some()))
 }
 
+/// One stacked bar: time by category (ms), optionally topped by the rest of the step (ms, and
+/// whether it is measured GPU idle time, see [`rest_segment`]).
+struct Bar {
+    name: String,
+    segments: Vec<(Category, f64)>,
+    rest: Option<(f64, bool)>,
+}
+
 /// Stacked category breakdown, one bar per measured pass (ms), topped by the rest of the step
 /// (GPU idle for passes with timestamps, step − Σ calls for others) so that bars reach the step.
 pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
+    let bars: Vec<Bar> = r
+        .passes
+        .iter()
+        .filter(|p| p.measured && p.breakdown.kernel_ns > 0)
+        .map(|p| Bar {
+            name: p.name.clone(),
+            segments: p
+                .breakdown
+                .by_category
+                .iter()
+                .filter_map(|row| Some((row.category?, row.total_ns as f64 / 1e6)))
+                .collect(),
+            rest: rest_segment(&p.breakdown).map(|(ns, idle)| (ns as f64 / 1e6, idle)),
+        })
+        .collect();
+    stacked_svg(&bars, &format!("Time by category — {}", r.title), "ms (measured)", path)
+}
+
+/// Stacked category breakdown of the optimisation matrix, one bar per configuration (ms).
+pub fn matrix_svg(r: &Report, path: &Path) -> Result<bool> {
+    let bars: Vec<Bar> = r
+        .matrix
+        .iter()
+        .filter(|m| !m.input.by_category.is_empty())
+        .map(|m| Bar {
+            name: m.input.name.clone(),
+            segments: m.input.by_category.iter().map(|(c, ns)| (*c, ns / 1e6)).collect(),
+            rest: None,
+        })
+        .collect();
+    stacked_svg(&bars, "Optimization matrix: kernel time by category", "ms (measured)", path)
+}
+
+fn stacked_svg(bars: &[Bar], caption: &str, y_desc: &str, path: &Path) -> Result<bool> {
     use plotters::prelude::*;
-    let passes: Vec<&PassReport> = r.passes.iter().filter(|p| p.measured && p.breakdown.kernel_ns > 0).collect();
-    if passes.is_empty() {
+    if bars.is_empty() {
         return Ok(false);
     }
-    let ymax = passes
-        .iter()
-        .map(|p| p.breakdown.kernel_ns.max(p.breakdown.step_ns.unwrap_or(0)) as f64 / 1e6)
-        .fold(0.0, f64::max)
-        * 1.1;
-    let n = passes.len();
+    let total = |b: &Bar| b.segments.iter().map(|s| s.1).sum::<f64>();
+    let ymax = bars.iter().map(|b| total(b) + b.rest.map_or(0.0, |r| r.0)).fold(0.0, f64::max) * 1.1;
+    let n = bars.len();
     let root = SVGBackend::new(path, (820, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
-    // one segment per pass plus an empty one on the right for the legend
+    // one segment per bar plus an empty one on the right for the legend
     let mut chart = ChartBuilder::on(&root)
-        .caption(format!("Time by category — {}", r.title), ("sans-serif", 18))
+        .caption(caption, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((0..n + 1).into_segmented(), 0f64..ymax)
+        .build_cartesian_2d((0..n + 1).into_segmented(), 0f64..ymax.max(1e-9))
         .map_err(|e| plot_err(path, e))?;
-    let names: Vec<String> = passes.iter().map(|p| p.name.clone()).collect();
+    let names: Vec<String> = bars.iter().map(|b| b.name.clone()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -1176,16 +1224,15 @@ pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
             SegmentValue::CenterOf(i) if *i < names.len() => names[*i].clone(),
             _ => String::new(),
         })
-        .y_desc("ms (measured)")
+        .y_desc(y_desc)
         .draw()
         .map_err(|e| plot_err(path, e))?;
     for cat in Category::ALL {
         let mut rects = Vec::new();
-        for (i, p) in passes.iter().enumerate() {
+        for (i, b) in bars.iter().enumerate() {
             let mut y0 = 0.0;
-            for row in &p.breakdown.by_category {
-                let t = row.total_ns as f64 / 1e6;
-                if row.category == Some(cat) {
+            for &(c, t) in &b.segments {
+                if c == cat {
                     let bar = [(SegmentValue::Exact(i), y0), (SegmentValue::Exact(i + 1), y0 + t)];
                     rects.push(Rectangle::new(bar, color(cat).filled()).into_dyn());
                 }
@@ -1205,14 +1252,14 @@ pub fn breakdown_svg(r: &Report, path: &Path) -> Result<bool> {
         (true, "GPU idle (gaps + outside kernels)", RGBColor(220, 220, 220)),
         (false, "step − Σ calls (no timestamps)", RGBColor(255, 235, 170)),
     ] {
-        let rects: Vec<_> = passes
+        let rects: Vec<_> = bars
             .iter()
             .enumerate()
-            .filter_map(|(i, p)| {
-                let (ns, is_idle) = rest_segment(&p.breakdown)?;
-                (is_idle == measured_idle && ns > 0).then(|| {
-                    let y0 = p.breakdown.kernel_ns as f64 / 1e6;
-                    let bar = [(SegmentValue::Exact(i), y0), (SegmentValue::Exact(i + 1), y0 + ns as f64 / 1e6)];
+            .filter_map(|(i, b)| {
+                let (ms, is_idle) = b.rest?;
+                (is_idle == measured_idle && ms > 0.0).then(|| {
+                    let y0 = total(b);
+                    let bar = [(SegmentValue::Exact(i), y0), (SegmentValue::Exact(i + 1), y0 + ms)];
                     Rectangle::new(bar, c.filled())
                 })
             })
@@ -1322,6 +1369,43 @@ pub fn roofline_svg(r: &Report, input: &Input, path: &Path) -> Result<bool> {
 
 // ---- writing -----------------------------------------------------------------------------------
 
+/// The matrix configurations' kernel time by category, side by side (ms, and the ratio to the
+/// baseline's time in that category), with the chart.
+fn matrix_by_category(o: &mut String, m: &[MatrixRow]) {
+    let with: Vec<&MatrixRow> = m.iter().filter(|r| !r.input.by_category.is_empty()).collect();
+    if with.is_empty() {
+        return;
+    }
+    let base = m.iter().find(|r| r.is_baseline).filter(|r| !r.input.by_category.is_empty());
+    let time = |r: &MatrixRow, c: Category| r.input.by_category.iter().find(|x| x.0 == c).map(|x| x.1);
+    let cats: Vec<Category> =
+        Category::ALL.iter().copied().filter(|&c| with.iter().any(|r| time(r, c).is_some())).collect();
+    let _ = writeln!(
+        o,
+        "### Kernel time by category per configuration
+"
+    );
+    let rows: Vec<Vec<String>> = cats
+        .iter()
+        .map(|&c| {
+            let mut row = vec![c.label().to_string()];
+            for r in &with {
+                row.push(match (time(r, c), base.and_then(|b| time(b, c))) {
+                    (Some(t), Some(b)) if b > 0.0 && !r.is_baseline => format!("{} ({:.3}×)", fmt_ns(t), t / b),
+                    (Some(t), _) => fmt_ns(t),
+                    (None, _) => "—".into(),
+                });
+            }
+            row
+        })
+        .collect();
+    let mut head = vec!["category".to_string()];
+    head.extend(with.iter().map(|r| md_escape(&r.input.name)));
+    let head: Vec<&str> = head.iter().map(|s| s.as_str()).collect();
+    md_table(o, &head, &rows);
+    let _ = writeln!(o, "![kernel time by category per configuration](matrix.svg)\n");
+}
+
 /// Write the whole report into `dir` (created if needed). Returns the files written.
 pub fn write(input: &Input, dir: &Path) -> Result<(Report, Vec<PathBuf>)> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -1339,6 +1423,10 @@ pub fn write(input: &Input, dir: &Path) -> Result<(Report, Vec<PathBuf>)> {
     } else if r.passes.iter().any(|p| p.measured) {
         r.not_collected.push("breakdown chart: no measured call time to draw".into());
     }
+    let mp = dir.join("matrix.svg");
+    if matrix_svg(&r, &mp)? {
+        written.push(mp);
+    }
     let rp = dir.join("roofline.svg");
     if roofline_svg(&r, input, &rp)? {
         written.push(rp);
@@ -1351,6 +1439,9 @@ pub fn write(input: &Input, dir: &Path) -> Result<(Report, Vec<PathBuf>)> {
     }
     if !written.iter().any(|p| p.ends_with("roofline.svg")) {
         md = md.replace("![roofline](roofline.svg)\n", "");
+    }
+    if !written.iter().any(|p| p.ends_with("matrix.svg")) {
+        md = md.replace("![kernel time by category per configuration](matrix.svg)\n", "");
     }
     put("report.md", &md, &mut written)?;
     for (name, text) in csv_files(&r, input) {
