@@ -73,7 +73,9 @@ pub struct BackendArgs {
     /// auto | cpu | cuda | cuda:N
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: Device,
-    /// Convolution/GEMM math on the GPU: fp32 (true FMA) or tf32 (tensor cores).
+    /// Precision on the GPU: fp32 (true FMA), tf32 (tensor-core convs and GEMMs) or bf16 (activations
+    /// stored in bf16, bf16 tensor-core convs, fp32 statistics/loss/weights/optimizer). On the CPU,
+    /// bf16 emulates the GPU's bf16 rounding; fp32 and tf32 are the fp32 reference.
     #[arg(long, value_enum, default_value = "tf32")]
     pub precision: PrecisionArg,
     /// Activation layout on the GPU: ndhwc (channels-last, default) or ncdhw.
@@ -85,6 +87,7 @@ pub struct BackendArgs {
 pub enum PrecisionArg {
     Fp32,
     Tf32,
+    Bf16,
 }
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum LayoutArg {
@@ -97,6 +100,7 @@ impl BackendArgs {
         match self.precision {
             PrecisionArg::Fp32 => Precision::Fp32,
             PrecisionArg::Tf32 => Precision::Tf32,
+            PrecisionArg::Bf16 => Precision::Bf16,
         }
     }
     fn layout(&self) -> Layout {
@@ -122,7 +126,10 @@ macro_rules! with_backend {
     ($args:expr, $be:ident => $body:expr) => {{
         match $args.resolve() {
             Device::Cpu | Device::Auto => {
-                let $be = CpuBackend::new();
+                let $be = CpuBackend::with_precision(match $args.precision() {
+                    Precision::Bf16 => Precision::Bf16,
+                    Precision::Fp32 | Precision::Tf32 => Precision::Fp32,
+                })?;
                 $body
             }
             Device::Cuda(i) => {
@@ -621,14 +628,20 @@ pub fn info(a: &InfoArgs) -> Result<()> {
         f.linear / 1e9
     );
     println!("train micro-step GFLOP: {:.1}", f.train_step(&cfg) / 1e9);
-    // The activation plan, counted without allocating (NullBackend buffers are lengths).
-    let plan = UNet::new(&meddpm::analysis::timed::NullBackend::default(), &cfg, 1)?;
+    // The buffer plan, counted without allocating (NullBackend buffers are lengths), per storage
+    // precision (fp32 and tf32 store the same).
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-    println!(
-        "planned memory (B=1, fp32): activations+gradients+scratch {:.2} GiB; parameters, gradients, Adam m/v, EMA {:.2} GiB",
-        gib(plan.act_bytes),
-        gib(5 * 4 * params)
-    );
+    let plans = [Precision::Fp32, Precision::Bf16]
+        .map(|p| UNet::new(&meddpm::analysis::timed::NullBackend { precision: p, ..Default::default() }, &cfg, 1));
+    let [p32, p16] = plans;
+    let (p32, p16) = (p32?, p16?);
+    println!("\nplanned memory, batch 1 (GiB)       fp32/tf32      bf16");
+    for ((name, a), (_, b)) in p32.mem.rows().iter().zip(p16.mem.rows().iter()) {
+        println!("  {name:<50} {:>8.3}  {:>8.3}", gib(*a), gib(*b));
+    }
+    let opt = 3 * 4 * params;
+    println!("  {:<50} {:>8.3}  {:>8.3}", "EMA weights, Adam m and v (f32)", gib(opt), gib(opt));
+    println!("  {:<50} {:>8.3}  {:>8.3}", "total", gib(p32.mem.total() + opt), gib(p16.mem.total() + opt));
     Ok(())
 }
 

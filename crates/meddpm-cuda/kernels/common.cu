@@ -5,11 +5,73 @@
 //   cl == 0: NCDHW, element (n, c, s) at (n*C + c)*S + s;  cl == 1: NDHWC, at (n*S + s)*C + c.
 // - Flat indices are 64-bit (a 128^3 x 512 x 2 activation has more than 2^31 elements).
 // - `accum` == 1 adds into the destination (Accum::Add), 0 overwrites it.
+// - Element types: activation buffers hold f32 or bf16 (GpuBuf's tag). A kernel that reads or writes
+//   them takes `void*` pointers and a flag `bf` (or a bit mask `dt`, one bit per pointer, documented at
+//   the kernel) and dispatches once, at its start, to a body templated on the storage type T (float or
+//   bf16). Bodies read through ld()/ld4() and write through st()/st4(): all arithmetic is f32, and a
+//   bf16 store rounds to nearest even (f2bf, the twin of meddpm::backend::round_bf16).
 // No #include: NVRTC compiles these without the CUDA headers.
 
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned int u32;
+typedef unsigned short u16;
+
+// bf16 storage: the upper half of an f32. A distinct struct type so overloads tell it from u16.
+struct bf16 {
+    u16 b;
+};
+__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((u32)h.b) << 16); }
+__device__ __forceinline__ bf16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    bf16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        r.b = (u16)((u | 0x00400000u) >> 16);  // NaN stays a (quiet) NaN
+    } else {
+        r.b = (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return r;
+}
+
+__device__ __forceinline__ float ld(const float* p, i64 i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16* p, i64 i) { return bf2f(p[i]); }
+__device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(bf16* p, i64 i, float v) { p[i] = f2bf(v); }
+
+// Four consecutive elements p[4*i4 .. 4*i4+3] (16-byte f32 / 8-byte bf16 accesses; aligned by the
+// host's conditions).
+__device__ __forceinline__ void ld4(const float* p, i64 i4, float* v) {
+    float4 t = reinterpret_cast<const float4*>(p)[i4];
+    v[0] = t.x;
+    v[1] = t.y;
+    v[2] = t.z;
+    v[3] = t.w;
+}
+__device__ __forceinline__ void ld4(const bf16* p, i64 i4, float* v) {
+    uint2 t = reinterpret_cast<const uint2*>(p)[i4];
+    v[0] = __uint_as_float(t.x << 16);
+    v[1] = __uint_as_float(t.x & 0xffff0000u);
+    v[2] = __uint_as_float(t.y << 16);
+    v[3] = __uint_as_float(t.y & 0xffff0000u);
+}
+__device__ __forceinline__ void st4(float* p, i64 i4, const float* v) {
+    reinterpret_cast<float4*>(p)[i4] = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void st4(bf16* p, i64 i4, const float* v) {
+    uint2 t;
+    t.x = (u32)f2bf(v[0]).b | ((u32)f2bf(v[1]).b << 16);
+    t.y = (u32)f2bf(v[2]).b | ((u32)f2bf(v[3]).b << 16);
+    reinterpret_cast<uint2*>(p)[i4] = t;
+}
+
+// Run templated body F<T>(args...) with T = bf16 when `bf`, else float.
+#define DISPATCH(bf, F, ...)            \
+    do {                                \
+        if (bf)                         \
+            F<bf16>(__VA_ARGS__);       \
+        else                            \
+            F<float>(__VA_ARGS__);      \
+    } while (0)
 
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 

@@ -38,17 +38,26 @@ extern "C" __global__ void gn_stats_finalize(const float* part, float* mean, flo
     }
 }
 
-// out = (x - mu) * r * gamma + beta; when act != null also act = silu(out).
-extern "C" __global__ void gn_apply(const float* x, const float* mean, const float* rstd, const float* gamma,
-                                    const float* beta, float* out, float* act, int C, i64 S, int G, i64 total, int cl) {
+// out = (x - mu) * r * gamma + beta; when act != null also act = silu(out) (from the unrounded value).
+// x, out, act: activations of the type `bf` selects; the rest f32.
+template <typename T>
+__device__ void gn_apply_t(const void* xv, const float* mean, const float* rstd, const float* gamma,
+                           const float* beta, void* outv, void* actv, int C, i64 S, int G, i64 total, int cl) {
+    const T* x = (const T*)xv;
+    T *out = (T*)outv, *act = (T*)actv;
     int cpg = C / G;
     GRID_STRIDE(i, total) {
         int c = chan_of(i, C, S, cl);
         int ng = sample_of(i, (i64)C * S) * G + c / cpg;
-        float v = (x[i] - mean[ng]) * rstd[ng] * gamma[c] + beta[c];
-        out[i] = v;
-        if (act) act[i] = v * sigmoid_f(v);
+        float v = (ld(x, i) - mean[ng]) * rstd[ng] * gamma[c] + beta[c];
+        st(out, i, v);
+        if (act) st(act, i, v * sigmoid_f(v));
     }
+}
+extern "C" __global__ void gn_apply(const void* x, const float* mean, const float* rstd, const float* gamma,
+                                    const float* beta, void* out, void* act, int C, i64 S, int G, i64 total, int cl,
+                                    int bf) {
+    DISPATCH(bf, gn_apply_t, x, mean, rstd, gamma, beta, out, act, C, S, G, total, cl);
 }
 
 // grid G, block 256. dgamma[c] += sum_n r*B, dbeta[c] += sum_n A; coef[(n*G+g)*2] = (m1, m2).
@@ -86,36 +95,49 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
     }
 }
 
-// dx = r * (gamma_c * g - m1 - xhat * m2), g = dout (* silu'(y) when y != null).
-extern "C" __global__ void gn_bwd_apply(const float* dout, const float* x, const float* y, const float* mean,
-                                        const float* rstd, const float* gamma, const float* coef, float* dx, int C,
-                                        i64 S, int G, i64 total, int cl, int accum) {
+// dx = r * (gamma_c * g - m1 - xhat * m2), g = dout (* silu'(y) when y != null). dout, x, y, dx:
+// activations of the type `bf` selects. dx may be dout itself (each element is read before it is
+// written, by the same thread).
+template <typename T>
+__device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const void* yv, const float* mean,
+                               const float* rstd, const float* gamma, const float* coef, void* dxv, int C, i64 S,
+                               int G, i64 total, int cl, int accum) {
+    const T *dout = (const T*)doutv, *x = (const T*)xv, *y = (const T*)yv;
+    T* dx = (T*)dxv;
     int cpg = C / G;
     GRID_STRIDE(i, total) {
         int c = chan_of(i, C, S, cl);
         int ng = sample_of(i, (i64)C * S) * G + c / cpg;
-        float g = dout[i];
-        if (y) g *= silu_grad(y[i]);
+        float g = ld(dout, i);
+        if (y) g *= silu_grad(ld(y, i));
         float r = rstd[ng];
-        float xh = (x[i] - mean[ng]) * r;
+        float xh = (ld(x, i) - mean[ng]) * r;
         float v = r * (gamma[c] * g - coef[2 * ng] - xh * coef[2 * ng + 1]);
-        dx[i] = accum ? dx[i] + v : v;
+        st(dx, i, accum ? ld(dx, i) + v : v);
     }
 }
+extern "C" __global__ void gn_bwd_apply(const void* dout, const void* x, const void* y, const float* mean,
+                                        const float* rstd, const float* gamma, const float* coef, void* dx, int C,
+                                        i64 S, int G, i64 total, int cl, int accum, int bf) {
+    DISPATCH(bf, gn_bwd_apply_t, dout, x, y, mean, rstd, gamma, coef, dx, C, S, G, total, cl, accum);
+}
 
-// Vectorised versions of gn_apply / gn_bwd_apply: four consecutive elements per thread with 16-byte
-// accesses. Host condition: total % 4 == 0 and (NDHWC: C % 4 == 0, the four are channels c..c+3 of
-// one voxel; NCDHW: S % 4 == 0, the four share channel c).
-extern "C" __global__ void gn_apply4(const float* x, const float* mean, const float* rstd, const float* gamma,
-                                     const float* beta, float* out, float* act, int C, i64 S, int G, i64 total, int cl) {
+// Vectorised versions of gn_apply / gn_bwd_apply: four consecutive elements per thread (16-byte f32
+// or 8-byte bf16 accesses). Host condition: total % 4 == 0 and (NDHWC: C % 4 == 0, the four are
+// channels c..c+3 of one voxel; NCDHW: S % 4 == 0, the four share channel c).
+template <typename T>
+__device__ void gn_apply4_t(const void* xv, const float* mean, const float* rstd, const float* gamma,
+                            const float* beta, void* outv, void* actv, int C, i64 S, int G, i64 total, int cl) {
+    const T* x = (const T*)xv;
+    T *out = (T*)outv, *act = (T*)actv;
     int cpg = C / G;
     i64 total4 = total / 4;
     GRID_STRIDE(i4, total4) {
         i64 i = 4 * i4;
         int c = chan_of(i, C, S, cl);
         int nG = sample_of(i, (i64)C * S) * G;
-        float4 xv = reinterpret_cast<const float4*>(x)[i4];
-        float xs[4] = {xv.x, xv.y, xv.z, xv.w}, ys[4], as[4];
+        float xs[4], ys[4], as[4];
+        ld4(x, i4, xs);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int cj = cl ? c + j : c;
@@ -124,33 +146,38 @@ extern "C" __global__ void gn_apply4(const float* x, const float* mean, const fl
             ys[j] = v;
             as[j] = v * sigmoid_f(v);
         }
-        reinterpret_cast<float4*>(out)[i4] = make_float4(ys[0], ys[1], ys[2], ys[3]);
-        if (act) reinterpret_cast<float4*>(act)[i4] = make_float4(as[0], as[1], as[2], as[3]);
+        st4(out, i4, ys);
+        if (act) st4(act, i4, as);
     }
 }
+extern "C" __global__ void gn_apply4(const void* x, const float* mean, const float* rstd, const float* gamma,
+                                     const float* beta, void* out, void* act, int C, i64 S, int G, i64 total, int cl,
+                                     int bf) {
+    DISPATCH(bf, gn_apply4_t, x, mean, rstd, gamma, beta, out, act, C, S, G, total, cl);
+}
 
-extern "C" __global__ void gn_bwd_apply4(const float* dout, const float* x, const float* y, const float* mean,
-                                         const float* rstd, const float* gamma, const float* coef, float* dx, int C,
-                                         i64 S, int G, i64 total, int cl, int accum) {
+template <typename T>
+__device__ void gn_bwd_apply4_t(const void* doutv, const void* xv, const void* yv, const float* mean,
+                                const float* rstd, const float* gamma, const float* coef, void* dxv, int C, i64 S,
+                                int G, i64 total, int cl, int accum) {
+    const T *dout = (const T*)doutv, *x = (const T*)xv, *y = (const T*)yv;
+    T* dx = (T*)dxv;
     int cpg = C / G;
     i64 total4 = total / 4;
     GRID_STRIDE(i4, total4) {
         i64 i = 4 * i4;
         int c = chan_of(i, C, S, cl);
         int nG = sample_of(i, (i64)C * S) * G;
-        float4 dv = reinterpret_cast<const float4*>(dout)[i4];
-        float4 xv = reinterpret_cast<const float4*>(x)[i4];
-        float ds[4] = {dv.x, dv.y, dv.z, dv.w}, xs[4] = {xv.x, xv.y, xv.z, xv.w}, r4[4];
+        float ds[4], xs[4], os[4] = {0.0f, 0.0f, 0.0f, 0.0f}, r4[4];
+        ld4(dout, i4, ds);
+        ld4(x, i4, xs);
         if (y) {
-            float4 yv = reinterpret_cast<const float4*>(y)[i4];
-            ds[0] *= silu_grad(yv.x);
-            ds[1] *= silu_grad(yv.y);
-            ds[2] *= silu_grad(yv.z);
-            ds[3] *= silu_grad(yv.w);
+            float ys[4];
+            ld4(y, i4, ys);
+#pragma unroll
+            for (int j = 0; j < 4; j++) ds[j] *= silu_grad(ys[j]);
         }
-        float4 old = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (accum) old = reinterpret_cast<const float4*>(dx)[i4];
-        float os[4] = {old.x, old.y, old.z, old.w};
+        if (accum) ld4(dx, i4, os);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int cj = cl ? c + j : c;
@@ -159,6 +186,11 @@ extern "C" __global__ void gn_bwd_apply4(const float* dout, const float* x, cons
             float xh = (xs[j] - mean[ng]) * r;
             r4[j] = os[j] + r * (gamma[cj] * ds[j] - coef[2 * ng] - xh * coef[2 * ng + 1]);
         }
-        reinterpret_cast<float4*>(dx)[i4] = make_float4(r4[0], r4[1], r4[2], r4[3]);
+        st4(dx, i4, r4);
     }
+}
+extern "C" __global__ void gn_bwd_apply4(const void* dout, const void* x, const void* y, const float* mean,
+                                         const float* rstd, const float* gamma, const float* coef, void* dx, int C,
+                                         i64 S, int G, i64 total, int cl, int accum, int bf) {
+    DISPATCH(bf, gn_bwd_apply4_t, dout, x, y, mean, rstd, gamma, coef, dx, C, S, G, total, cl, accum);
 }

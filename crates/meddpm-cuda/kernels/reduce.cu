@@ -10,25 +10,27 @@
 //   OP_GNBWD: (sum g, sum g*(x - mu_group)) with g = dout, or dout*silu'(y) when y is given;
 //   OP_SUM:   (sum x, 0).
 // Stage 2 combines the chunks in double precision (see groupnorm.cu and chan_sum_finalize).
+// The activation inputs (a, b, y) share one storage type T; the `bf` argument of the extern
+// kernels selects it (common.cu).
 
 #define OP_STATS 0
 #define OP_GNBWD 1
 #define OP_SUM 2
 
-template <int OP>
-__device__ __forceinline__ void chan_acc(const float* a, const float* b, const float* y, i64 i, float mu,
-                                         float shift, float& s, float& q) {
+template <int OP, typename T>
+__device__ __forceinline__ void chan_acc(const T* a, const T* b, const T* y, i64 i, float mu, float shift, float& s,
+                                         float& q) {
     if (OP == OP_STATS) {
-        float v = a[i] - shift;
+        float v = ld(a, i) - shift;
         s += v;
         q += v * v;
     } else if (OP == OP_GNBWD) {
-        float g = a[i];
-        if (y) g *= silu_grad(y[i]);
+        float g = ld(a, i);
+        if (y) g *= silu_grad(ld(y, i));
         s += g;
-        q += g * (b[i] - mu);
+        q += g * (ld(b, i) - mu);
     } else {
-        s += a[i];
+        s += ld(a, i);
     }
 }
 
@@ -45,18 +47,19 @@ __device__ __forceinline__ void chan_write(float* part, i64 idx, float s, float 
 }
 
 // grid (nchunks, N*C), block 256.
-template <int OP>
-__device__ void chan_partial_ncdhw(const float* a, const float* b, const float* y, const float* mean, float* part,
-                                   int C, i64 S, int G, int chunk_len, int nchunks) {
+template <typename T, int OP>
+__device__ void chan_partial_ncdhw_t(const void* av, const void* bv, const void* yv, const float* mean, float* part,
+                                     int C, i64 S, int G, int chunk_len, int nchunks) {
+    const T *a = (const T*)av, *b = (const T*)bv, *y = (const T*)yv;
     __shared__ float sh[32];
     int row = blockIdx.y, n = row / C, c = row % C, chunk = blockIdx.x;
     i64 base = (i64)row * S;
     i64 v0 = (i64)chunk * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
-    float shift = (OP == OP_STATS) ? a[base + v0] : 0.0f;
+    float shift = (OP == OP_STATS) ? ld(a, base + v0) : 0.0f;
     float mu = (OP == OP_GNBWD) ? mean[n * G + c / (C / G)] : 0.0f;
     float s = 0.0f, q = 0.0f;
 #pragma unroll 4
-    for (i64 v = v0 + threadIdx.x; v < v1; v += blockDim.x) chan_acc<OP>(a, b, y, base + v, mu, shift, s, q);
+    for (i64 v = v0 + threadIdx.x; v < v1; v += blockDim.x) chan_acc<OP, T>(a, b, y, base + v, mu, shift, s, q);
     s = block_sum(s, sh);
     q = block_sum(q, sh);
     if (threadIdx.x == 0) chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, s, q, v1 - v0, shift);
@@ -65,23 +68,20 @@ __device__ void chan_partial_ncdhw(const float* a, const float* b, const float* 
 // NDHWC: grid (nchunks, N), block 256. Each thread owns VEC consecutive channels (VEC = 4: 16-byte
 // loads; needs C % 4 == 0) of one voxel row; the block's rows = 256 / (C / VEC) stride over the
 // chunk's voxels, so every thread issues useful, coalesced loads. Host ensures C / VEC <= 256.
-template <int VEC>
-__device__ __forceinline__ void load_vec(const float* p, float* v) {
+template <int VEC, typename T>
+__device__ __forceinline__ void load_vec(const T* p, i64 i, float* v) {
     if (VEC == 4) {
-        float4 t = *reinterpret_cast<const float4*>(p);
-        v[0] = t.x;
-        v[1] = t.y;
-        v[2] = t.z;
-        v[3] = t.w;
+        ld4(p, i / 4, v);
     } else {
 #pragma unroll
-        for (int j = 0; j < VEC; j++) v[j] = p[j];
+        for (int j = 0; j < VEC; j++) v[j] = ld(p, i + j);
     }
 }
 
-template <int OP, int VEC>
-__device__ void chan_partial_ndhwc(const float* a, const float* b, const float* y, const float* mean, float* part,
-                                   int C, i64 S, int G, int chunk_len, int nchunks) {
+template <typename T, int OP, int VEC>
+__device__ void chan_partial_ndhwc_t(const void* av, const void* bv, const void* yv, const float* mean, float* part,
+                                     int C, i64 S, int G, int chunk_len, int nchunks) {
+    const T *a = (const T*)av, *b = (const T*)bv, *y = (const T*)yv;
     __shared__ float red[2][1024];
     int n = blockIdx.y, chunk = blockIdx.x, t = threadIdx.x;
     int lanes = C / VEC, rows = blockDim.x / lanes;
@@ -93,17 +93,17 @@ __device__ void chan_partial_ndhwc(const float* a, const float* b, const float* 
     for (int j = 0; j < VEC; j++) {
         s[j] = 0.0f;
         q[j] = 0.0f;
-        shift[j] = (OP == OP_STATS) ? a[((i64)n * S + v0) * C + c0 + j] : 0.0f;
+        shift[j] = (OP == OP_STATS) ? ld(a, ((i64)n * S + v0) * C + c0 + j) : 0.0f;
         mu[j] = (OP == OP_GNBWD) ? mean[n * G + (c0 + j) / cpg] : 0.0f;
     }
     if (r < rows) {
         for (i64 v = v0 + r; v < v1; v += rows) {
             i64 base = ((i64)n * S + v) * C + c0;
             float va[VEC], vb[VEC], vy[VEC];
-            load_vec<VEC>(a + base, va);
+            load_vec<VEC>(a, base, va);
             if (OP == OP_GNBWD) {
-                load_vec<VEC>(b + base, vb);
-                if (y) load_vec<VEC>(y + base, vy);
+                load_vec<VEC>(b, base, vb);
+                if (y) load_vec<VEC>(y, base, vy);
             }
 #pragma unroll
             for (int j = 0; j < VEC; j++) {
@@ -135,38 +135,46 @@ __device__ void chan_partial_ndhwc(const float* a, const float* b, const float* 
             ss += red[0][rr * C + c];
             qq += red[1][rr * C + c];
         }
-        float sh = (OP == OP_STATS) ? a[((i64)n * S + v0) * C + c] : 0.0f;
+        float sh = (OP == OP_STATS) ? ld(a, ((i64)n * S + v0) * C + c) : 0.0f;
         chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, ss, qq, v1 - v0, sh);
     }
 }
 
-extern "C" __global__ void chan_stats_ncdhw(const float* x, float* part, int C, i64 S, int G, int chunk_len,
-                                            int nchunks) {
-    chan_partial_ncdhw<OP_STATS>(x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks);
+// Extern kernels: x/dout/y are activations of the type `bf` selects; part and mean are f32.
+// PARTIAL(F, (args), template args after T): F<T, ...>(args) with T chosen by `bf`.
+#define PARTIAL(F, ARGS, ...)       \
+    if (bf)                         \
+        F<bf16, __VA_ARGS__> ARGS;  \
+    else                            \
+        F<float, __VA_ARGS__> ARGS
+extern "C" __global__ void chan_stats_ncdhw(const void* x, float* part, int C, i64 S, int G, int chunk_len,
+                                            int nchunks, int bf) {
+    PARTIAL(chan_partial_ncdhw_t, (x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks), OP_STATS);
 }
-#define NDHWC_WRAPPERS(V)                                                                                      \
-    extern "C" __global__ void chan_stats_ndhwc##V(const float* x, float* part, int C, i64 S, int G, int chunk_len, \
-                                                   int nchunks) {                                                  \
-        chan_partial_ndhwc<OP_STATS, V>(x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks);         \
+extern "C" __global__ void chan_gnbwd_ncdhw(const void* dout, const void* x, const void* y, const float* mean,
+                                            float* part, int C, i64 S, int G, int chunk_len, int nchunks, int bf) {
+    PARTIAL(chan_partial_ncdhw_t, (dout, x, y, mean, part, C, S, G, chunk_len, nchunks), OP_GNBWD);
+}
+extern "C" __global__ void chan_sum_ncdhw(const void* x, float* part, int C, i64 S, int chunk_len, int nchunks,
+                                          int bf) {
+    PARTIAL(chan_partial_ncdhw_t, (x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks), OP_SUM);
+}
+#define NDHWC_WRAPPERS(V)                                                                                       \
+    extern "C" __global__ void chan_stats_ndhwc##V(const void* x, float* part, int C, i64 S, int G, int chunk_len, \
+                                                   int nchunks, int bf) {                                          \
+        PARTIAL(chan_partial_ndhwc_t, (x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks), OP_STATS, V); \
     }                                                                                                              \
-    extern "C" __global__ void chan_gnbwd_ndhwc##V(const float* dout, const float* x, const float* y,              \
+    extern "C" __global__ void chan_gnbwd_ndhwc##V(const void* dout, const void* x, const void* y,                 \
                                                    const float* mean, float* part, int C, i64 S, int G,            \
-                                                   int chunk_len, int nchunks) {                                   \
-        chan_partial_ndhwc<OP_GNBWD, V>(dout, x, y, mean, part, C, S, G, chunk_len, nchunks);                     \
+                                                   int chunk_len, int nchunks, int bf) {                           \
+        PARTIAL(chan_partial_ndhwc_t, (dout, x, y, mean, part, C, S, G, chunk_len, nchunks), OP_GNBWD, V);         \
     }                                                                                                              \
-    extern "C" __global__ void chan_sum_ndhwc##V(const float* x, float* part, int C, i64 S, int chunk_len,         \
-                                                 int nchunks) {                                                    \
-        chan_partial_ndhwc<OP_SUM, V>(x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks);           \
+    extern "C" __global__ void chan_sum_ndhwc##V(const void* x, float* part, int C, i64 S, int chunk_len,          \
+                                                 int nchunks, int bf) {                                            \
+        PARTIAL(chan_partial_ndhwc_t, (x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks), OP_SUM, V); \
     }
 NDHWC_WRAPPERS(1)
 NDHWC_WRAPPERS(4)
-extern "C" __global__ void chan_gnbwd_ncdhw(const float* dout, const float* x, const float* y, const float* mean,
-                                            float* part, int C, i64 S, int G, int chunk_len, int nchunks) {
-    chan_partial_ncdhw<OP_GNBWD>(dout, x, y, mean, part, C, S, G, chunk_len, nchunks);
-}
-extern "C" __global__ void chan_sum_ncdhw(const float* x, float* part, int C, i64 S, int chunk_len, int nchunks) {
-    chan_partial_ncdhw<OP_SUM>(x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks);
-}
 
 // out[n*C + c] (or out[c] summed over n when over_n) = sum of the chunks' first values, in double.
 // grid = number of outputs, block 256: one block per output, its threads stride over the chunks

@@ -1,6 +1,7 @@
 // upsample.cu: trilinear x2 upsampling, align_corners=False (PyTorch F.interpolate,
 // area_pixel_compute_source_index with scale 1/2), forward and backward, both layouts.
 // The backward gathers (each input element sums the outputs that read it), so no atomics.
+// Input and output share the storage type `bf` selects.
 
 struct Idx5 {
     int n, c, d, h, w;
@@ -37,7 +38,10 @@ __device__ __forceinline__ void src_index(int o, int in, int& i0, int& i1, float
 }
 
 // x: (N, C, D, H, W); out: (N, C, 2D, 2H, 2W).
-extern "C" __global__ void upsample_fwd(float* out, const float* x, int C, int D, int H, int W, i64 total, int cl) {
+template <typename T>
+__device__ void upsample_fwd_t(void* outv, const void* xv, int C, int D, int H, int W, i64 total, int cl) {
+    T* out = (T*)outv;
+    const T* x = (const T*)xv;
     int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
     GRID_STRIDE(i, total) {
         Idx5 o = decompose(i, C, Do, Ho, Wo, cl);
@@ -46,14 +50,18 @@ extern "C" __global__ void upsample_fwd(float* out, const float* x, int C, int D
         src_index(o.d, D, d0, d1, ld0, ld1);
         src_index(o.h, H, h0, h1, lh0, lh1);
         src_index(o.w, W, w0, w1, lw0, lw1);
-#define X(d, h, w) x[compose(o.n, o.c, d, h, w, C, D, H, W, cl)]
+#define X(d, h, w) ld(x, compose(o.n, o.c, d, h, w, C, D, H, W, cl))
         float v = ld0 * (lh0 * (lw0 * X(d0, h0, w0) + lw1 * X(d0, h0, w1)) +
                          lh1 * (lw0 * X(d0, h1, w0) + lw1 * X(d0, h1, w1))) +
                   ld1 * (lh0 * (lw0 * X(d1, h0, w0) + lw1 * X(d1, h0, w1)) +
                          lh1 * (lw0 * X(d1, h1, w0) + lw1 * X(d1, h1, w1)));
 #undef X
-        out[i] = v;
+        st(out, i, v);
     }
+}
+extern "C" __global__ void upsample_fwd(void* out, const void* x, int C, int D, int H, int W, i64 total, int cl,
+                                        int bf) {
+    DISPATCH(bf, upsample_fwd_t, out, x, C, D, H, W, total, cl);
 }
 
 // The (at most 4) outputs along one axis that read input k, with their weights.
@@ -74,8 +82,11 @@ __device__ __forceinline__ int readers(int k, int in, int* os, float* ws) {
 }
 
 // dx (N, C, D, H, W) from dout (N, C, 2D, 2H, 2W).
-extern "C" __global__ void upsample_bwd(float* dx, const float* dout, int C, int D, int H, int W, i64 total, int cl,
-                                        int accum) {
+template <typename T>
+__device__ void upsample_bwd_t(void* dxv, const void* doutv, int C, int D, int H, int W, i64 total, int cl,
+                               int accum) {
+    T* dx = (T*)dxv;
+    const T* dout = (const T*)doutv;
     int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
     GRID_STRIDE(i, total) {
         Idx5 p = decompose(i, C, D, H, W, cl);
@@ -87,11 +98,15 @@ extern "C" __global__ void upsample_bwd(float* dx, const float* dout, int C, int
             float sa = 0.0f;
             for (int b = 0; b < mh; b++) {
                 float sb = 0.0f;
-                for (int e = 0; e < mw; e++) sb += ww[e] * dout[compose(p.n, p.c, od[a], oh[b], ow[e], C, Do, Ho, Wo, cl)];
+                for (int e = 0; e < mw; e++) sb += ww[e] * ld(dout, compose(p.n, p.c, od[a], oh[b], ow[e], C, Do, Ho, Wo, cl));
                 sa += wh[b] * sb;
             }
             acc += wd[a] * sa;
         }
-        dx[i] = accum ? dx[i] + acc : acc;
+        st(dx, i, accum ? ld(dx, i) + acc : acc);
     }
+}
+extern "C" __global__ void upsample_bwd(void* dx, const void* dout, int C, int D, int H, int W, i64 total, int cl,
+                                        int accum, int bf) {
+    DISPATCH(bf, upsample_bwd_t, dx, dout, C, D, H, W, total, cl, accum);
 }

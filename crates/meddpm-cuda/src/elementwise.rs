@@ -3,9 +3,9 @@
 //! whole volume (kernels/reduce.cu) that channel_sum and the conv bias gradient share.
 //! Semantics: `Backend` docs in crates/meddpm/src/backend.rs; CPU twin cpu/elementwise.rs.
 
-use cudarc::driver::CudaSlice;
 use meddpm::{Accum, Dims};
 
+use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
 
 /// NDHWC partial kernels give each of 256 threads 4 channels (or 1 when C is not a multiple of 4).
@@ -49,8 +49,19 @@ pub(crate) enum Partial {
 }
 
 /// Launch the stage-1 per-channel reduction for activation `x` (shape `x`, `groups` groups);
-/// `lead` are the kernel's leading pointer arguments; partials go to `part`.
-pub(crate) fn launch_partial(dev: &Device, kind: Partial, x: Dims, groups: usize, cl: bool, lead: &[u64], part: u64) {
+/// `lead` are the kernel's leading pointer arguments (activations of the type `bf` says);
+/// partials go to `part`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_partial(
+    dev: &Device,
+    kind: Partial,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+    lead: &[u64],
+    part: u64,
+    bf: i32,
+) {
     let (len, nchunks) = chunking(x, cl);
     let mut a = [P(0); 12];
     let mut k = 0;
@@ -70,6 +81,7 @@ pub(crate) fn launch_partial(dev: &Device, kind: Partial, x: Dims, groups: usize
     }
     push(I(len as i32));
     push(I(nchunks as i32));
+    push(I(bf));
     let vec4 = cl && ndhwc_vec(x.c) == 4;
     let name = match (kind, cl, vec4) {
         (Partial::Stats, false, _) => "chan_stats_ncdhw",
@@ -98,12 +110,12 @@ pub(crate) enum SumTo {
 }
 
 /// Per-channel sums of `src` (shape x) over the voxels, parallel over the whole volume.
-pub(crate) fn channel_sums(dev: &Device, src: &CudaSlice<f32>, x: Dims, cl: bool, to: SumTo) {
+pub(crate) fn channel_sums(dev: &Device, src: &GpuBuf, x: Dims, cl: bool, to: SumTo) {
     assert_eq!(src.len(), x.numel(), "channel sums over {x}: buffer length");
     let (_, nchunks) = chunking(x, cl);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
-    let pp = dev.ptr(&part);
-    launch_partial(dev, Partial::Sum, x, 1, cl, &[dev.ptr(src)], pp);
+    let pp = dev.ptr(&*part);
+    launch_partial(dev, Partial::Sum, x, 1, cl, &[dev.ptr(src)], pp, src.bf());
     let (out, over_n, accum) = match to {
         SumTo::PerSample(p) => (p, 0, 0),
         SumTo::AccumOverN(p) => (p, 1, 1),
@@ -117,36 +129,41 @@ pub(crate) fn channel_sums(dev: &Device, src: &CudaSlice<f32>, x: Dims, cl: bool
     );
 }
 
-pub(crate) fn add_assign(dev: &Device, dst: &mut CudaSlice<f32>, src: &CudaSlice<f32>) {
+/// The shared type flag of buffers a kernel requires to have one type.
+pub(crate) fn same_bf(what: &str, bufs: &[&GpuBuf]) -> i32 {
+    let bf = bufs[0].bf();
+    assert!(
+        bufs.iter().all(|b| b.bf() == bf),
+        "{what}: buffers of different types {:?}",
+        bufs.iter().map(|b| b.dtype()).collect::<Vec<_>>()
+    );
+    bf
+}
+
+pub(crate) fn add_assign(dev: &Device, dst: &mut GpuBuf, src: &GpuBuf) {
     assert_eq!(dst.len(), src.len(), "add_assign: lengths differ");
     let n = dst.len();
-    dev.launch1("add_assign", n, &[P(dev.ptr_mut(dst)), P(dev.ptr(src)), L(n as i64)]);
+    let bf = same_bf("add_assign", &[dst, src]);
+    dev.launch1("add_assign", n, &[P(dev.ptr_mut(dst)), P(dev.ptr(src)), L(n as i64), I(bf)]);
 }
 
-pub(crate) fn scale(dev: &Device, buf: &mut CudaSlice<f32>, s: f32) {
+pub(crate) fn scale(dev: &Device, buf: &mut GpuBuf, s: f32) {
     let n = buf.len();
-    dev.launch1("scale_buf", n, &[P(dev.ptr_mut(buf)), F(s), L(n as i64)]);
+    let bf = buf.bf();
+    dev.launch1("scale_buf", n, &[P(dev.ptr_mut(buf)), F(s), L(n as i64), I(bf)]);
 }
 
-/// x[n, c, ...] += bias[n, c] (per_n) or bias[c].
-pub(crate) fn add_channel_bias(dev: &Device, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool) {
+/// x[n, c, ...] += bias[n, c] (per_n) or bias[c]; x of the type `bf` says, bias f32.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_channel_bias(dev: &Device, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool, bf: i32) {
     dev.launch1(
         "add_channel_bias",
         xd.numel(),
-        &[P(x), P(bias), I(xd.c as i32), L(xd.s() as i64), L(xd.numel() as i64), I(cl as i32), I(per_n as i32)],
+        &[P(x), P(bias), I(xd.c as i32), L(xd.s() as i64), L(xd.numel() as i64), I(cl as i32), I(per_n as i32), I(bf)],
     );
 }
 
-pub(crate) fn concat(
-    dev: &Device,
-    out: &mut CudaSlice<f32>,
-    a: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
-    x: Dims,
-    ca: usize,
-    cb: usize,
-    cl: bool,
-) {
+pub(crate) fn concat(dev: &Device, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf, x: Dims, ca: usize, cb: usize, cl: bool) {
     let od = x.with_c(ca + cb);
     assert!(
         out.len() == od.numel() && a.len() == x.with_c(ca).numel() && b.len() == x.with_c(cb).numel(),
@@ -155,6 +172,7 @@ pub(crate) fn concat(
         a.len(),
         b.len()
     );
+    let bf = same_bf("concat_channels", &[out, a, b]);
     dev.launch1(
         "concat_channels",
         od.numel(),
@@ -167,6 +185,7 @@ pub(crate) fn concat(
             L(x.s() as i64),
             L(od.numel() as i64),
             I(cl as i32),
+            I(bf),
         ],
     );
 }
@@ -174,9 +193,9 @@ pub(crate) fn concat(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn split(
     dev: &Device,
-    da: (&mut CudaSlice<f32>, Accum),
-    db: (&mut CudaSlice<f32>, Accum),
-    dout: &CudaSlice<f32>,
+    da: (&mut GpuBuf, Accum),
+    db: (&mut GpuBuf, Accum),
+    dout: &GpuBuf,
     x: Dims,
     ca: usize,
     cb: usize,
@@ -187,6 +206,7 @@ pub(crate) fn split(
         dout.len() == od.numel() && da.0.len() == x.with_c(ca).numel() && db.0.len() == x.with_c(cb).numel(),
         "split_channels {x} ca {ca} cb {cb}: lengths"
     );
+    let bf = same_bf("split_channels", &[da.0, db.0, dout]);
     dev.launch1(
         "split_channels",
         od.numel(),
@@ -201,6 +221,7 @@ pub(crate) fn split(
             I(cl as i32),
             I((da.1 == Accum::Add) as i32),
             I((db.1 == Accum::Add) as i32),
+            I(bf),
         ],
     );
 }

@@ -8,11 +8,11 @@
 //! elementwise. Three passes over the data forward (read x; read x, write out [and act]), and
 //! three backward (read dout, x [, y]; again, write dx).
 
-use cudarc::driver::CudaSlice;
 use meddpm::{Accum, Dims};
 
+use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
-use crate::elementwise::{chunking, launch_partial, Partial};
+use crate::elementwise::{chunking, launch_partial, same_bf, Partial};
 
 pub(crate) const EPS: f32 = 1e-5;
 
@@ -20,24 +20,28 @@ pub(crate) const EPS: f32 = 1e-5;
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     dev: &Device,
-    out: &mut CudaSlice<f32>,
-    act: Option<&mut CudaSlice<f32>>,
-    mean: &mut CudaSlice<f32>,
-    rstd: &mut CudaSlice<f32>,
-    inp: &CudaSlice<f32>,
-    gamma: &CudaSlice<f32>,
-    beta: &CudaSlice<f32>,
+    out: &mut GpuBuf,
+    act: Option<&mut GpuBuf>,
+    mean: &mut GpuBuf,
+    rstd: &mut GpuBuf,
+    inp: &GpuBuf,
+    gamma: &GpuBuf,
+    beta: &GpuBuf,
     x: Dims,
     groups: usize,
     cl: bool,
 ) {
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert_eq!(out.len(), x.numel(), "groupnorm {x}: out length");
+    let bf = match &act {
+        Some(a) => same_bf("groupnorm+silu", &[inp, out, a]),
+        None => same_bf("groupnorm", &[inp, out]),
+    };
     let (len, nchunks) = chunking(x, cl);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
-    let pp = dev.ptr(&part);
+    let pp = dev.ptr(&*part);
     let xp = dev.ptr(inp);
-    launch_partial(dev, Partial::Stats, x, groups, cl, &[xp], pp);
+    launch_partial(dev, Partial::Stats, x, groups, cl, &[xp], pp, bf);
     let (mp, rp) = (dev.ptr_mut(mean), dev.ptr_mut(rstd));
     dev.launch(
         "gn_stats_finalize",
@@ -77,6 +81,7 @@ pub(crate) fn forward(
             I(groups as i32),
             L(x.numel() as i64),
             I(cl as i32),
+            I(bf),
         ],
     );
 }
@@ -103,29 +108,33 @@ fn check(x: Dims, groups: usize, inp: usize, gamma: usize, stats: usize) {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &Device,
-    dinp: (&mut CudaSlice<f32>, Accum),
-    dgamma: &mut CudaSlice<f32>,
-    dbeta: &mut CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    y: Option<&CudaSlice<f32>>,
-    inp: &CudaSlice<f32>,
-    mean: &CudaSlice<f32>,
-    rstd: &CudaSlice<f32>,
-    gamma: &CudaSlice<f32>,
+    dinp: (&mut GpuBuf, Accum),
+    dgamma: &mut GpuBuf,
+    dbeta: &mut GpuBuf,
+    dout: &GpuBuf,
+    y: Option<&GpuBuf>,
+    inp: &GpuBuf,
+    mean: &GpuBuf,
+    rstd: &GpuBuf,
+    gamma: &GpuBuf,
     x: Dims,
     groups: usize,
     cl: bool,
 ) {
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(dout.len() == x.numel() && dinp.0.len() == x.numel(), "groupnorm backward {x}: dout/dinp lengths");
+    let bf = match y {
+        Some(y) => same_bf("groupnorm+silu backward", &[dinp.0, dout, inp, y]),
+        None => same_bf("groupnorm backward", &[dinp.0, dout, inp]),
+    };
     let (_, nchunks) = chunking(x, cl);
     let npart = x.n * nchunks * x.c * 2;
     let scratch = dev.scratch(npart + x.n * groups * 2);
-    let pp = dev.ptr(&scratch);
+    let pp = dev.ptr(&*scratch);
     let coef = pp + (npart * 4) as u64;
     let (dp, xp, mp, rp, gp) = (dev.ptr(dout), dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr(gamma));
     let yp = y.map(|b| dev.ptr(b)).unwrap_or(0);
-    launch_partial(dev, Partial::GnBwd, x, groups, cl, &[dp, xp, yp, mp], pp);
+    launch_partial(dev, Partial::GnBwd, x, groups, cl, &[dp, xp, yp, mp], pp, bf);
     dev.launch(
         "gn_bwd_finalize",
         (groups as u32, 1, 1),
@@ -163,6 +172,7 @@ pub(crate) fn backward(
             L(x.numel() as i64),
             I(cl as i32),
             I((dinp.1 == Accum::Add) as i32),
+            I(bf),
         ],
     );
 }

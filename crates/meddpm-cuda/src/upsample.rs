@@ -1,12 +1,13 @@
 //! Trilinear ×2 upsampling, align_corners=False, forward and backward (kernels/upsample.cu).
 //! Semantics: `Backend::upsample_*` (PyTorch F.interpolate); CPU twin cpu/upsample.rs.
 
-use cudarc::driver::CudaSlice;
 use meddpm::{Accum, Dims};
 
+use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
+use crate::elementwise::same_bf;
 
-pub(crate) fn forward(dev: &Device, out: &mut CudaSlice<f32>, inp: &CudaSlice<f32>, x: Dims, cl: bool) {
+pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl: bool) {
     assert!(
         inp.len() == x.numel() && out.len() == x.up2().numel(),
         "upsample {x}: lengths inp {} out {}",
@@ -14,6 +15,7 @@ pub(crate) fn forward(dev: &Device, out: &mut CudaSlice<f32>, inp: &CudaSlice<f3
         out.len()
     );
     let total = x.up2().numel();
+    let bf = same_bf("upsample_forward", &[out, inp]);
     dev.launch1(
         "upsample_fwd",
         total,
@@ -26,12 +28,14 @@ pub(crate) fn forward(dev: &Device, out: &mut CudaSlice<f32>, inp: &CudaSlice<f3
             I(x.w as i32),
             L(total as i64),
             I(cl as i32),
+            I(bf),
         ],
     );
 }
 
-pub(crate) fn backward(dev: &Device, dinp: (&mut CudaSlice<f32>, Accum), dout: &CudaSlice<f32>, x: Dims, cl: bool) {
+pub(crate) fn backward(dev: &Device, dinp: (&mut GpuBuf, Accum), dout: &GpuBuf, x: Dims, cl: bool) {
     assert!(dinp.0.len() == x.numel() && dout.len() == x.up2().numel(), "upsample backward {x}: lengths");
+    let bf = same_bf("upsample_backward", &[dinp.0, dout]);
     dev.launch1(
         "upsample_bwd",
         x.numel(),
@@ -45,6 +49,7 @@ pub(crate) fn backward(dev: &Device, dinp: (&mut CudaSlice<f32>, Accum), dout: &
             L(x.numel() as i64),
             I(cl as i32),
             I((dinp.1 == Accum::Add) as i32),
+            I(bf),
         ],
     );
 }

@@ -67,6 +67,7 @@ fn mm_frac(g: &CudaBackend) -> f64 {
     match g.precision() {
         Precision::Fp32 => 1e-4,
         Precision::Tf32 => 1e-2,
+        Precision::Bf16 => unreachable!("bf16 has its own parity tests (parity_bf16.rs)"),
     }
 }
 
@@ -637,6 +638,7 @@ fn net_tol(g: &CudaBackend) -> (f64, f64) {
     match g.precision() {
         Precision::Fp32 => (2e-3, 2e-4),
         Precision::Tf32 => (0.5, 0.15),
+        Precision::Bf16 => unreachable!("bf16 has its own parity tests (parity_bf16.rs)"),
     }
 }
 

@@ -6,7 +6,12 @@
 //!
 //! Conventions shared by every backend (the CPU one in `cpu/` is the executable spec; the CUDA one
 //! lives in the `meddpm-cuda` crate and is checked against it by parity tests):
-//! - Buffers hold `f32` elements. Activations are addressed by a *logical* shape [`Dims`]
+//! - Buffers hold `f32` values; a backend may *store* the activations and activation gradients
+//!   inside the network (buffers from [`Backend::alloc_act`]) as bf16 under [`Precision::Bf16`]:
+//!   every write into such a buffer rounds to nearest even, every read widens to f32, and all
+//!   arithmetic is f32. Everything else (`alloc`) is f32: parameters, their gradients, optimizer
+//!   state, GroupNorm statistics, embeddings, the loss, and the network's input and output.
+//! - Activations are addressed by a *logical* shape [`Dims`]
 //!   (N, C, D, H, W); how they are laid out in memory (NCDHW or NDHWC) is the backend's business.
 //!   Host data always crosses the boundary in NCDHW order through [`Backend::upload_act`] /
 //!   [`Backend::download_act`], and parameters in PyTorch's layout through
@@ -39,7 +44,7 @@ pub enum Layout {
     Ndhwc,
 }
 
-/// Math precision of convolutions and GEMMs.
+/// Math precision of convolutions and GEMMs, and the storage type of activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
@@ -47,6 +52,69 @@ pub enum Precision {
     Fp32,
     /// fp32 storage, TF32 tensor-core math in convolutions and GEMMs.
     Tf32,
+    /// Mixed precision: activations and activation gradients stored in bf16, convolutions on
+    /// bf16 tensor cores with fp32 accumulation (reading bf16 copies of the conv weights, see
+    /// [`Backend::cast`]); GroupNorm statistics, softmax, the loss, the time embedding, master
+    /// weights, Adam moments and EMA stay fp32 (PyTorch autocast's split).
+    Bf16,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 3] = [Precision::Fp32, Precision::Tf32, Precision::Bf16];
+    /// Lower-case name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+    /// Storage type of the network's activation buffers ([`Backend::alloc_act`]).
+    pub fn act_dtype(self) -> DType {
+        match self {
+            Precision::Bf16 => DType::Bf16,
+            Precision::Fp32 | Precision::Tf32 => DType::F32,
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown precision {s:?}: expected fp32, tf32 or bf16"))
+    }
+}
+
+/// Element type a buffer stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    /// bfloat16: the upper 16 bits of an f32, written with round-to-nearest-even.
+    Bf16,
+}
+
+impl DType {
+    pub const fn bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 => 2,
+        }
+    }
+}
+
+/// `x` rounded to the nearest bf16 value (ties to even), returned as f32 — exactly what the GPU
+/// stores in a bf16 buffer (`f2bf` in meddpm-cuda's kernels/common.cu). NaN stays NaN.
+pub fn round_bf16(x: f32) -> f32 {
+    let u = x.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return f32::from_bits((u | 0x0040_0000) & 0xffff_0000);
+    }
+    let r = u.wrapping_add(0x7fff + ((u >> 16) & 1));
+    f32::from_bits(r & 0xffff_0000)
 }
 
 /// Loss of ε̂ against ε. Med-DDPM uses L1.
@@ -94,8 +162,18 @@ pub trait Backend {
     fn precision(&self) -> Precision;
 
     // ---- memory -------------------------------------------------------------------------------
-    /// A zero-filled buffer of `len` elements.
+    /// A zero-filled f32 buffer of `len` elements.
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// A zero-filled buffer of `len` elements for an activation or activation gradient inside the
+    /// network, stored in [`Precision::act_dtype`] (bf16 under `Precision::Bf16`).
+    fn alloc_act(&self, len: usize) -> Result<Self::Buf> {
+        self.alloc(len)
+    }
+    /// dst (an [`Backend::alloc_act`] buffer) ← src (f32, same length and layout), rounded to the
+    /// activation type: the bf16 copies of the conv weights the convolutions read.
+    fn cast(&self, dst: &mut Self::Buf, src: &Self::Buf) {
+        self.copy(dst, src);
+    }
     fn len(&self, b: &Self::Buf) -> usize;
     /// Raw element copy host → device (no layout change). Lengths must match.
     fn upload(&self, host: &[f32], dst: &mut Self::Buf);

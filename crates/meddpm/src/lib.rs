@@ -28,6 +28,6 @@ pub mod rng;
 pub mod shape;
 pub mod testing;
 
-pub use backend::{Accum, Backend, Layout, LossKind, Precision};
+pub use backend::{Accum, Backend, DType, Layout, LossKind, Precision};
 pub use error::{Error, Result};
 pub use shape::{ConvShape, Dims};

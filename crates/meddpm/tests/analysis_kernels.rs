@@ -147,6 +147,8 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("ddpm_step", Elementwise),
     ("adam_step", Optimizer),
     ("ema_update", Optimizer),
+    // f32 <-> bf16 conversion
+    ("cast_buf", Layout),
     // our weight gradient of few-output-channel convs
     ("conv3d_wgrad_small1", ConvWgrad),
     ("conv3d_wgrad_small2", ConvWgrad),

@@ -202,6 +202,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("ddpm_step", Category::Elementwise),
     ("adam_step", Category::Optimizer),
     ("ema_update", Category::Optimizer),
+    ("cast_buf", Category::Layout),
     ("conv3d_wgrad_small1", Category::ConvWgrad),
     ("conv3d_wgrad_small2", Category::ConvWgrad),
     ("conv3d_wgrad_small3", Category::ConvWgrad),

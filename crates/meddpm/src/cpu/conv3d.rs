@@ -186,6 +186,19 @@ pub fn conv3d_backward<T: Float>(
     conv3d_backward_with(dinp, dw, db, dout, inp, w, cs, &mut ConvScratch::new(COL_BUDGET));
 }
 
+/// db += the bias gradient: dout summed over batch and voxels (f64 accumulation).
+pub fn bias_grad<T: Float>(db: &mut [T], dout: &[T], cs: ConvShape) {
+    let so = cs.out().s();
+    for (co, g) in db.iter_mut().enumerate() {
+        let mut acc = 0f64;
+        for n in 0..cs.x.n {
+            let base = (n * cs.cout + co) * so;
+            acc += dout[base..base + so].iter().map(|v| v.to_f64()).sum::<f64>();
+        }
+        *g += T::from_f64(acc);
+    }
+}
+
 /// [`conv3d_backward`] with caller-provided scratch (and its slab budget).
 #[allow(clippy::too_many_arguments)]
 pub fn conv3d_backward_with<T: Float>(
@@ -204,15 +217,7 @@ pub fn conv3d_backward_with<T: Float>(
     let o = cs.out();
     let (cin, si, so, rows) = (cs.x.c, cs.x.s(), o.s(), cs.x.c * cs.k * cs.k * cs.k);
 
-    // Bias gradient: sum of dout over batch and voxels (f64 accumulation).
-    for (co, g) in db.iter_mut().enumerate() {
-        let mut acc = 0f64;
-        for n in 0..cs.x.n {
-            let base = (n * cs.cout + co) * so;
-            acc += dout[base..base + so].iter().map(|v| v.to_f64()).sum::<f64>();
-        }
-        *g += T::from_f64(acc);
-    }
+    bias_grad(db, dout, cs);
 
     let wm = Mat::dense(w, cs.cout, rows);
     let (mut dinp, acc) = match dinp {
