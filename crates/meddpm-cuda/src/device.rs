@@ -35,6 +35,7 @@ pub(crate) const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("upsample.cu", include_str!("../kernels/upsample.cu")),
     ("loss.cu", include_str!("../kernels/loss.cu")),
     ("diffusion.cu", include_str!("../kernels/diffusion.cu")),
+    ("sampler.cu", include_str!("../kernels/sampler.cu")),
     ("optim.cu", include_str!("../kernels/optim.cu")),
     ("conv3d.cu", include_str!("../kernels/conv3d.cu")),
 ];
@@ -77,6 +78,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "randn",
     "q_sample",
     "ddpm_step",
+    "sampler_step",
     "adam_step",
     "ema_update",
     "conv3d_wgrad_small1",

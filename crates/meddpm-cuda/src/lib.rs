@@ -28,13 +28,14 @@ mod linear;
 mod loss;
 mod nvtx;
 mod optim;
+mod sampler;
 mod silu;
 mod upsample;
 
 use std::sync::Mutex;
 
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
-use meddpm::backend::{AdamStep, DdpmCoefs};
+use meddpm::backend::{AdamStep, DdpmCoefs, Prediction, SamplerCoefs};
 use meddpm::rng::Philox;
 use meddpm::{Accum, Backend, ConvShape, Dims, Error, Layout, LossKind, Precision, Result};
 
@@ -548,6 +549,18 @@ impl Backend for CudaBackend {
     }
     fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims) {
         diffusion::ddpm_step(&self.dev, x, eps, z, coefs, xd);
+    }
+    fn sampler_step(
+        &self,
+        x: &mut Self::Buf,
+        eps: &Self::Buf,
+        hist: &mut [Self::Buf],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+        sampler::sampler_step(&self.dev, x, eps, hist, pred, clip, coefs, xd, self.cl());
     }
 
     fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep) {

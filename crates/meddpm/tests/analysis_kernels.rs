@@ -145,6 +145,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("randn", Elementwise),
     ("q_sample", Elementwise),
     ("ddpm_step", Elementwise),
+    ("sampler_step", Elementwise),
     ("adam_step", Optimizer),
     ("ema_update", Optimizer),
     // our weight gradient of few-output-channel convs

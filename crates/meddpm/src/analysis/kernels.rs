@@ -200,6 +200,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("randn", Category::Elementwise),
     ("q_sample", Category::Elementwise),
     ("ddpm_step", Category::Elementwise),
+    ("sampler_step", Category::Elementwise),
     ("adam_step", Category::Optimizer),
     ("ema_update", Category::Optimizer),
     ("conv3d_wgrad_small1", Category::ConvWgrad),

@@ -15,7 +15,7 @@
 //! buffer it writes is written once, and an accumulating write (`+=`) is also a read.
 
 use super::kernels::{Category, KernelRecord};
-use crate::backend::{Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision};
+use crate::backend::{Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision, Prediction, SamplerCoefs};
 use crate::rng::Philox;
 use crate::shape::{ConvShape, Dims};
 use crate::Result;
@@ -385,6 +385,21 @@ impl<B: Backend> Backend for Timed<B> {
         let e = 2.0 * self.l(x) + self.l(eps) + self.l(z);
         self.rec("ddpm_step", Category::Elementwise, None, e, || self.inner.ddpm_step(x, eps, z, coefs, xd))
     }
+    fn sampler_step(
+        &self,
+        x: &mut Self::Buf,
+        eps: &Self::Buf,
+        hist: &mut [Self::Buf],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+        let e = 2.0 * self.l(x) + self.l(eps) + 2.0 * hist.iter().map(|h| self.l(h)).sum::<f64>();
+        self.rec("sampler_step", Category::Elementwise, None, e, || {
+            self.inner.sampler_step(x, eps, hist, pred, clip, coefs, xd)
+        })
+    }
     fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep) {
         let e = 2.0 * (self.l(p) + self.l(m) + self.l(v)) + self.l(g);
         self.rec("adam_step", Category::Optimizer, None, e, || self.inner.adam_step(p, g, m, v, h))
@@ -525,6 +540,17 @@ impl Backend for NullBackend {
     fn randn(&self, out: &mut usize, rng: Philox, offset: u64, x: Dims) {}
     fn q_sample(&self, xt: &mut usize, x0: &usize, eps: &usize, a: &[f32], b: &[f32], x: Dims) {}
     fn ddpm_step(&self, x: &mut usize, eps: &usize, z: &usize, coefs: &[DdpmCoefs], xd: Dims) {}
+    fn sampler_step(
+        &self,
+        x: &mut usize,
+        eps: &usize,
+        hist: &mut [usize],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+    }
     fn adam_step(&self, p: &mut usize, g: &usize, m: &mut usize, v: &mut usize, h: AdamStep) {}
     fn ema_update(&self, ema: &mut usize, p: &usize, decay: f32) {}
 }

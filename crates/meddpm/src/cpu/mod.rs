@@ -17,10 +17,11 @@ pub mod groupnorm;
 pub mod linear;
 pub mod loss;
 pub mod optim;
+pub mod sampler;
 pub mod silu;
 pub mod upsample;
 
-use crate::backend::{Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision};
+use crate::backend::{Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision, Prediction, SamplerCoefs};
 use crate::rng::Philox;
 use crate::shape::{ConvShape, Dims};
 use crate::Result;
@@ -244,6 +245,18 @@ impl Backend for CpuBackend {
     }
     fn ddpm_step(&self, x: &mut Vec<f32>, eps: &Vec<f32>, z: &Vec<f32>, coefs: &[DdpmCoefs], xd: Dims) {
         diffusion::ddpm_step(x, eps, z, coefs, xd);
+    }
+    fn sampler_step(
+        &self,
+        x: &mut Vec<f32>,
+        eps: &Vec<f32>,
+        hist: &mut [Vec<f32>],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+        sampler::sampler_step(x, eps, hist, pred, clip, coefs, xd);
     }
 
     fn adam_step(&self, p: &mut Vec<f32>, g: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, h: AdamStep) {
