@@ -93,9 +93,9 @@ fn sampler_step_by_hand() {
     let mut x = vec![f32::NAN; n];
     let only_z = |k: usize| SamplerCoefs { cx: 0.0, cd: 0.0, ch: [0.0; 3], cz: 1.0, ..coef(k) };
     be.sampler_step(&mut x, &eps, &mut [], Prediction::Data, true, &[only_z(1), only_z(0)], xd);
-    for i in 0..n {
+    for (i, &v) in x.iter().enumerate() {
         let (k, j) = (1 - i / per, i % per);
-        assert_eq!(x[i], coefs[k].noise.normal(coefs[k].offset + j as u64));
+        assert_eq!(v, coefs[k].noise.normal(coefs[k].offset + j as u64));
     }
 }
 

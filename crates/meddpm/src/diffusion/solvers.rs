@@ -410,9 +410,9 @@ mod tests {
             assert!((st.cx - (b / a).sqrt()).abs() < 1e-12);
             let w = want[k.min(3)];
             let got = [st.cd, st.ch[0], st.ch[1], st.ch[2]];
-            for j in 0..4 {
+            for (j, g) in got.iter().enumerate() {
                 let wj = w.get(j).copied().unwrap_or(0.0);
-                assert!((got[j] - ddim * wj).abs() < 1e-12, "step {k} weight {j}: {} vs {}", got[j], ddim * wj);
+                assert!((g - ddim * wj).abs() < 1e-12, "step {k} weight {j}: {g} vs {}", ddim * wj);
             }
             // consistency: the weights sum to the DDIM coefficient
             assert!((got.iter().sum::<f64>() - ddim).abs() < 1e-12);

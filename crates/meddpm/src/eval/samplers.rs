@@ -4,11 +4,12 @@
 //! Inputs, one folder per (sampler, steps) under a root: `timing.json` (a [`SampleTiming`], what
 //! `meddpm sample` saves next to its volumes), `quality/eval.json` (`meddpm eval` of the volumes
 //! against the real volume of their mask) and optionally `agreement/eval.json` (`meddpm eval` of
-//! the volumes against DDPM-250's volumes of the same seeds, paired by file name).
+//! the volumes against the reference's volumes of the same seeds, paired by file name; the
+//! reference is ancestral DDPM with all T steps, "DDPM-250" for Med-DDPM).
 //! Outputs: `samplers.md` (table + verdicts), `samplers.csv`, `samplers.svg`.
 //!
-//! Verdict rule: a metric of a row is *within DDPM-250's spread* when its mean differs from the
-//! DDPM-250 row's mean by at most that row's standard deviation over seeds (pairs for
+//! Verdict rule: a metric of a row is *within DDPM-T's spread* when its mean differs from the
+//! DDPM-T row's mean by at most that row's standard deviation over seeds (pairs for
 //! diversity); the table names every metric that is not. Wall time per volume is the batch time
 //! divided by its volumes, averaged over the batches after the first when there are several
 //! (the first carries the one-time start: cuDNN algorithm search, kernel loading).
@@ -177,7 +178,7 @@ fn st(s: &Option<Stat>) -> String {
     s.as_ref().map_or("–".into(), |s| format!("{} ± {}", f4(s.mean), f4(s.std)))
 }
 
-/// Agreement with DDPM-250 (same seeds): paired PSNR, SSIM and MMD per voxel.
+/// Agreement with DDPM-T (same seeds): paired PSNR, SSIM and MMD per voxel.
 fn agreement(r: &StudyRun) -> (Option<Stat>, Option<Stat>, Option<f64>) {
     match &r.agreement {
         Some(a) => {
@@ -188,9 +189,15 @@ fn agreement(r: &StudyRun) -> (Option<Stat>, Option<Stat>, Option<f64>) {
     }
 }
 
-/// The Markdown report: one row per run, then the verdict against DDPM-250.
+/// "DDPM-T" with the runs' T.
+fn ref_name(runs: &[StudyRun]) -> String {
+    format!("DDPM-{}", runs.first().map_or(250, |r| r.timing.timesteps))
+}
+
+/// The Markdown report: one row per run, then the verdict against DDPM-T.
 pub fn markdown(runs: &[StudyRun]) -> String {
     let mut o = String::new();
+    let rn = ref_name(runs);
     let _ = writeln!(o, "# Samplers: quality against wall time per volume\n");
     if let Some(r) = runs.first() {
         let t = &r.timing;
@@ -214,8 +221,8 @@ pub fn markdown(runs: &[StudyRun]) -> String {
     );
     let _ = writeln!(
         o,
-        "- agreement: `meddpm eval` against DDPM-250's volume of the same seed; MMD per voxel between \
-         the two sets"
+        "- agreement: `meddpm eval` against {rn}'s volume of the same seed (ancestral DDPM, all steps); \
+         MMD per voxel between the two sets"
     );
     let _ = writeln!(o, "- s/volume: batch wall time / volumes, mean over batches after the first\n");
     let names: Vec<String> = runs.first().map(|r| metrics(r).into_iter().map(|m| m.0).collect()).unwrap_or_default();
@@ -223,7 +230,7 @@ pub fn markdown(runs: &[StudyRun]) -> String {
     for n in &names {
         let _ = write!(o, " {n} |");
     }
-    let _ = writeln!(o, " PSNR dB vs DDPM-250 | SSIM vs DDPM-250 | MMD/voxel vs DDPM-250 |");
+    let _ = writeln!(o, " PSNR dB vs {rn} | SSIM vs {rn} | MMD/voxel vs {rn} |");
     let _ = writeln!(o, "|{}", "---|".repeat(3 + names.len() + 3));
     for r in runs {
         let s = &r.timing.sampler;
@@ -235,7 +242,7 @@ pub fn markdown(runs: &[StudyRun]) -> String {
         let (p, q, mmd) = agreement(r);
         let _ = writeln!(o, " {} | {} | {} |", st(&p), st(&q), mmd.map_or("–".into(), |v| format!("{v:.3e}")));
     }
-    let _ = writeln!(o, "\n## Within DDPM-250's seed-to-seed spread?\n");
+    let _ = writeln!(o, "\n## Within {rn}'s seed-to-seed spread?\n");
     match reference(runs) {
         None => {
             let _ = writeln!(o, "No DDPM row with all T steps: no verdict.");
@@ -309,7 +316,7 @@ fn series(runs: &[StudyRun], value: &dyn Fn(&StudyRun) -> Option<f64>) -> Series
 
 /// Quality against wall time per volume (log x), one line per sampler, points labelled with
 /// their step count: left, PSNR inside the mask against the real volume (whole-volume PSNR
-/// without a mask); right, PSNR against DDPM-250's volume of the same seed (when measured).
+/// without a mask); right, PSNR against DDPM-T's volume of the same seed (when measured).
 pub fn svg(runs: &[StudyRun]) -> Result<String> {
     use plotters::prelude::*;
     let err = |e: &dyn std::fmt::Display| Error::Config(format!("drawing the sampler chart: {e}"));
@@ -318,9 +325,10 @@ pub fn svg(runs: &[StudyRun]) -> Result<String> {
         Some(p.psnr_db_mask.as_ref().unwrap_or(&p.psnr_db).mean)
     };
     let agree = |r: &StudyRun| Some(r.agreement.as_ref()?.paired_summary.as_ref()?.psnr_db.mean);
+    let agree_title = format!("PSNR vs {}, same seed (dB)", ref_name(runs));
     let panels: Vec<(&str, Series)> = vec![
         ("PSNR vs the real volume (dB; inside the mask)", series(runs, &real)),
-        ("PSNR vs DDPM-250, same seed (dB)", series(runs, &agree)),
+        (&agree_title, series(runs, &agree)),
     ];
     let panels: Vec<(&str, Series)> = panels.into_iter().filter(|(_, s)| !s.is_empty()).collect();
     let mut out = String::new();
