@@ -6,7 +6,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::{init_trainer_with, load_weights, save_trainer, Checkpoint, LoadedWeights, WeightGroup};
 use meddpm::cpu::CpuBackend;
 use meddpm::data::{preview, Convention, Dataset, Loader, Volume};
-use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
+use meddpm::diffusion::{Sampler, SamplerKind, SamplerSpec, Schedule, TrainConfig, Trainer};
+use meddpm::eval::samplers::{BatchTiming, SampleTiming, TimedVolume};
 use meddpm::model::{cost, UNet, UNetConfig};
 use meddpm::{Backend, Layout, Precision};
 use serde::{Deserialize, Serialize};
@@ -532,6 +533,35 @@ fn sample_volume<B: Backend>(
     Ok(v)
 }
 
+/// `--sampler`: the samplers of `meddpm::diffusion::solvers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplerArg {
+    /// Ancestral DDPM: the reference sampler with all T steps; fewer steps use Improved-DDPM
+    /// respacing
+    Ddpm,
+    /// DDIM (Song et al. 2021): --eta 0 deterministic, 1 = ancestral variance (η = 1 with all
+    /// steps is DDPM); linear timestep selection ⌊i·T/S⌋
+    Ddim,
+    /// DPM-Solver++(2M) (Lu et al. 2022): multistep second order in data prediction, x̂₀ clipped
+    /// to [−1, 1], time-uniform steps
+    #[value(name = "dpm-solver++")]
+    DpmSolverPp,
+    /// iPNDM of DEIS (Zhang & Chen 2023): the Adams–Bashforth DDIM variant of the reference's
+    /// fast-sampling script (10 steps there), timesteps ⌊i·(T−1)/S⌋
+    Ipndm,
+}
+
+impl SamplerArg {
+    pub fn kind(self) -> SamplerKind {
+        match self {
+            SamplerArg::Ddpm => SamplerKind::Ddpm,
+            SamplerArg::Ddim => SamplerKind::Ddim,
+            SamplerArg::DpmSolverPp => SamplerKind::DpmSolverPp,
+            SamplerArg::Ipndm => SamplerKind::Ipndm,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct SampleArgs {
     /// Weights: a meddpm checkpoint, a safetensors state dict (meddpm convert/export) or a
@@ -549,17 +579,32 @@ pub struct SampleArgs {
     pub size: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// T of the cosine schedule the model was trained with.
     #[arg(long, default_value_t = 250)]
     pub timesteps: usize,
-    /// Conditioning mask (NIfTI). Default: the first built-in demo mask.
+    /// The sampler.
+    #[arg(long, value_enum, default_value = "ddpm")]
+    pub sampler: SamplerArg,
+    /// Network evaluations per volume, 1..=T [default: T, all of them].
     #[arg(long)]
-    pub mask: Option<PathBuf>,
+    pub steps: Option<usize>,
+    /// DDIM's η in [0, 1] (ddim only) [default: 0].
+    #[arg(long)]
+    pub eta: Option<f64>,
+    /// Conditioning mask(s) (NIfTI). Default: the first built-in demo mask.
+    #[arg(long, num_args = 1..)]
+    pub mask: Vec<PathBuf>,
     #[arg(long, value_enum, default_value = "whole-head")]
     pub convention: ConventionName,
-    /// Volumes to draw (seeds seed, seed+1, ...).
+    /// Volumes to draw per mask (seeds seed, seed+1, ...).
     #[arg(long, default_value_t = 1)]
     pub num_samples: u64,
-    /// Output stem: writes <out>.nii.gz (or <out>_<i>.nii.gz) and a PNG preview beside it.
+    /// Volumes per network batch; different masks and seeds share a batch, and every volume is
+    /// the one it would be alone.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Output stem: writes <out>.nii.gz (or <out>_<i>.nii.gz, with several masks
+    /// <out>_<mask>_<i>.nii.gz), a PNG preview beside each, and <out>_timing.json.
     #[arg(long, default_value = "sample")]
     pub out: PathBuf,
     #[command(flatten)]
@@ -579,32 +624,97 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
     with_backend!(a.backend, be => sample_on(&be, a, &w))
 }
 
+/// A mask file's name without .nii / .nii.gz.
+fn mask_stem(p: &Path) -> String {
+    let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("mask");
+    n.strip_suffix(".nii.gz").or_else(|| n.strip_suffix(".nii")).unwrap_or(n).to_string()
+}
+
 fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()> {
     let cfg = w.cfg.clone();
-    let mut net = UNet::new(be, &cfg, 1)?;
-    net.set_params(be, &w.params)?;
     let size = [cfg.depth, cfg.size, cfg.size];
     let conv = a.convention.for_model(&cfg)?;
-    let (cond, mask) = match &a.mask {
-        Some(m) => meddpm::data::load_condition(m, &conv, size)?,
-        None => meddpm::data::demo::dataset_at(size)?.condition(0)?,
+    // (name, condition, label volume) per mask
+    let masks: Vec<(String, Vec<f32>, Volume)> = if a.mask.is_empty() {
+        let (c, m) = meddpm::data::demo::dataset_at(size)?.condition(0)?;
+        vec![("built-in demo mask 0".into(), c, m)]
+    } else {
+        let mut v = Vec::new();
+        for p in &a.mask {
+            let (c, m) = meddpm::data::load_condition(p, &conv, size)?;
+            v.push((p.display().to_string(), c, m));
+        }
+        v
     };
     let sched = Schedule::cosine(a.timesteps);
+    let spec = SamplerSpec { kind: a.sampler.kind(), steps: a.steps.unwrap_or(a.timesteps), eta: a.eta.unwrap_or(0.0) };
+    let plan = meddpm::diffusion::plan(&spec, &sched)?;
+    if a.batch == 0 || a.num_samples == 0 {
+        bail!("--batch and --num-samples must be at least 1");
+    }
+    // (mask index, seed, output stem) per volume
+    let mut jobs = Vec::new();
+    for m in 0..masks.len() {
+        for k in 0..a.num_samples {
+            let stem = if masks.len() > 1 {
+                format!("{}_{}_{k}", a.out.display(), mask_stem(&a.mask[m]))
+            } else if a.num_samples == 1 {
+                a.out.display().to_string()
+            } else {
+                format!("{}_{k}", a.out.display())
+            };
+            jobs.push((m, a.seed + k, PathBuf::from(stem)));
+        }
+    }
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let b = a.batch.min(jobs.len());
+    let mut net = UNet::new(be, &cfg, b)?;
+    net.set_params(be, &w.params)?;
+    let mut s = Sampler::new(be, &net)?;
     println!(
-        "meddpm sample on {}: {} steps, {} volume(s) from seed {}",
+        "meddpm sample on {}: {spec} (T = {}), {} volume(s) from seed {}, {b} per batch",
         be.describe(),
         a.timesteps,
-        a.num_samples,
+        jobs.len(),
         a.seed
     );
-    for k in 0..a.num_samples {
+    let batches = jobs.len().div_ceil(b);
+    let pb = bar((batches * spec.steps) as u64, "sample");
+    let mut timing = SampleTiming {
+        tool: format!("meddpm {} sample", env!("CARGO_PKG_VERSION")),
+        device: be.describe(),
+        sampler: spec,
+        timesteps: a.timesteps,
+        batch: b,
+        batches: Vec::new(),
+    };
+    for chunk in jobs.chunks(b) {
+        let inputs: Vec<(&[f32], u64)> = chunk.iter().map(|(m, seed, _)| (masks[*m].1.as_slice(), *seed)).collect();
+        be.sync();
         let t0 = Instant::now();
-        let vol = sample_volume(be, &mut net, &sched, &cond, a.seed + k)?;
-        let stem = if a.num_samples == 1 { a.out.clone() } else { PathBuf::from(format!("{}_{k}", a.out.display())) };
-        let paths = write_outputs(&stem, &vol, &cfg, &conv, &mask, &[])?;
-        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        println!("seed {}: {:.1} s → {}", a.seed + k, t0.elapsed().as_secs_f64(), names.join(", "));
+        let vols = s.sample_jobs(be, &mut net, &plan, &inputs, |_| pb.inc(1))?;
+        let secs = t0.elapsed().as_secs_f64();
+        let mut volumes = Vec::new();
+        for ((m, seed, stem), vol) in chunk.iter().zip(&vols) {
+            let paths = write_outputs(stem, vol, &cfg, &conv, &masks[*m].2, &[])?;
+            let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            pb.println(format!("seed {seed}, {}: {}", masks[*m].0, names.join(", ")));
+            volumes.push(TimedVolume { file: names[0].clone(), mask: masks[*m].0.clone(), seed: *seed });
+        }
+        pb.println(format!("batch of {}: {secs:.2} s ({:.3} s/volume)", chunk.len(), secs / chunk.len() as f64));
+        timing.batches.push(BatchTiming { seconds: secs, volumes });
     }
+    pb.finish_and_clear();
+    let tpath = PathBuf::from(format!("{}_timing.json", a.out.display()));
+    meddpm::checkpoint::write_atomic(&tpath, serde_json::to_string_pretty(&timing)?.as_bytes())?;
+    println!(
+        "{} volume(s): {:.3} s/volume (after the first batch when there are several); timing: {}",
+        timing.volumes(),
+        timing.seconds_per_volume(),
+        tpath.display()
+    );
     Ok(())
 }
 

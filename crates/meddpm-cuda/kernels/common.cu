@@ -143,3 +143,127 @@ __device__ float block_max(float v, float* sh) {
     v = (lane < nw) ? sh[lane] : -3.402823466e38f;
     return warp_max(v);
 }
+
+// ---- vectors of V consecutive elements (16-byte accesses for (float, 4) and (bf16, 8)) -----------
+// i is an element index, a multiple of V; the host guarantees the alignment.
+template <int V>
+__device__ __forceinline__ void ldv(const float* p, i64 i, float* v) {
+    if (V == 4) {
+        float4 t = *reinterpret_cast<const float4*>(p + i);
+        v[0] = t.x;
+        v[1] = t.y;
+        v[2] = t.z;
+        v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) v[j] = p[i + j];
+    }
+}
+__device__ __forceinline__ void unpack2(u32 w, float* v) {
+    v[0] = __uint_as_float(w << 16);
+    v[1] = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ u32 pack2(float a, float b) { return (u32)f2bf(a).b | ((u32)f2bf(b).b << 16); }
+template <int V>
+__device__ __forceinline__ void ldv(const bf16* p, i64 i, float* v) {
+    if (V == 8) {
+        uint4 t = *reinterpret_cast<const uint4*>(p + i);
+        unpack2(t.x, v);
+        unpack2(t.y, v + 2);
+        unpack2(t.z, v + 4);
+        unpack2(t.w, v + 6);
+    } else if (V == 4) {
+        uint2 t = *reinterpret_cast<const uint2*>(p + i);
+        unpack2(t.x, v);
+        unpack2(t.y, v + 2);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) v[j] = bf2f(p[i + j]);
+    }
+}
+template <int V>
+__device__ __forceinline__ void stv(float* p, i64 i, const float* v) {
+    if (V == 4) {
+        *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) p[i + j] = v[j];
+    }
+}
+template <int V>
+__device__ __forceinline__ void stv(bf16* p, i64 i, const float* v) {
+    if (V == 8) {
+        uint4 t;
+        t.x = pack2(v[0], v[1]);
+        t.y = pack2(v[2], v[3]);
+        t.z = pack2(v[4], v[5]);
+        t.w = pack2(v[6], v[7]);
+        *reinterpret_cast<uint4*>(p + i) = t;
+    } else if (V == 4) {
+        uint2 t;
+        t.x = pack2(v[0], v[1]);
+        t.y = pack2(v[2], v[3]);
+        *reinterpret_cast<uint2*>(p + i) = t;
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) p[i + j] = f2bf(v[j]);
+    }
+}
+
+// ---- channel-constant traversal (elementwise.rs `RowLaunch` picks the launch) ----------------------
+// Each thread handles vectors of V consecutive elements whose channels stay the same for the whole
+// loop, so per-channel constants are loaded once and no element index is ever divided:
+//  cl == 1 (NDHWC): grid (gx, N), block a multiple of lanes = C / V; the thread's channels are
+//                   c0 .. c0 + V - 1, c0 = (threadIdx.x % lanes) * V; its vectors are the
+//                   grid-stride v of sample n (element n*S*C + v*V), voxel v / lanes.
+//  cl == 0 (NDHWC's transpose, NCDHW): grid (gx, N*C), row = blockIdx.y (n = row / C, c = row % C);
+//                   the thread's vectors walk the row's S elements (S % V == 0); one channel.
+struct Row {
+    i64 base;   // element index of the sample (NDHWC) or row (NCDHW) start
+    i64 nvec;   // vectors in it
+    i64 start;  // this thread's first vector
+    i64 step;   // grid stride in vectors
+    int n;      // sample
+    int c0;     // channel of the first element
+    int cstep;  // channel step between a vector's elements (1 NDHWC, 0 NCDHW)
+    int lanes;  // vectors per voxel (NDHWC), 1 (NCDHW)
+};
+__device__ __forceinline__ Row row_geom(int C, i64 S, int V, int cl) {
+    Row r;
+    if (cl) {
+        r.lanes = C / V;
+        r.n = blockIdx.y;
+        r.c0 = (threadIdx.x % r.lanes) * V;
+        r.cstep = 1;
+        r.base = (i64)r.n * S * C;
+        r.nvec = S * r.lanes;
+    } else {
+        r.lanes = 1;
+        r.n = blockIdx.y / C;
+        r.c0 = blockIdx.y % C;
+        r.cstep = 0;
+        r.base = (i64)blockIdx.y * S;
+        r.nvec = S / V;
+    }
+    r.start = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    r.step = (i64)gridDim.x * blockDim.x;
+    return r;
+}
+
+// F<T, V>(args...) with T from `bf` and V one of 1, 4, 8 (8 only for bf16).
+#define DISPATCH_V(bf, V, F, ...)                  \
+    do {                                           \
+        if (bf) {                                  \
+            if (V == 8)                            \
+                F<bf16, 8>(__VA_ARGS__);           \
+            else if (V == 4)                       \
+                F<bf16, 4>(__VA_ARGS__);           \
+            else                                   \
+                F<bf16, 1>(__VA_ARGS__);           \
+        } else {                                   \
+            if (V == 4)                            \
+                F<float, 4>(__VA_ARGS__);          \
+            else                                   \
+                F<float, 1>(__VA_ARGS__);          \
+        }                                          \
+    } while (0)

@@ -3,15 +3,27 @@
 // Semantics: crates/meddpm/src/backend.rs (add_assign, scale, add_channel_bias, concat_channels,
 // split_channels) and the conv/linear bias adds. Activation pointers are `void*` with a type flag
 // (common.cu): `bf` when all of a kernel's activation pointers share one type, else a bit mask `dt`.
+// The hot kernels move V elements per access (16 bytes: V = 4 f32, 8 bf16; the host picks V = 1
+// where shapes or alignment do not allow it) and, where channels matter, use the channel-constant
+// traversal of common.cu (`Row`), so no element index is divided.
 
-template <typename T>
+// dst += src over n elements (n % V == 0), grid-stride over vectors.
+template <typename T, int V>
 __device__ void add_assign_t(void* dstv, const void* srcv, i64 n) {
     T* dst = (T*)dstv;
     const T* src = (const T*)srcv;
-    GRID_STRIDE(i, n) st(dst, i, ld(dst, i) + ld(src, i));
+    i64 nv = n / V;
+    for (i64 v = (i64)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += (i64)gridDim.x * blockDim.x) {
+        float a[V], b[V];
+        ldv<V>(dst, v * V, a);
+        ldv<V>(src, v * V, b);
+#pragma unroll
+        for (int j = 0; j < V; j++) a[j] += b[j];
+        stv<V>(dst, v * V, a);
+    }
 }
-extern "C" __global__ void add_assign(void* dst, const void* src, i64 n, int bf) {
-    DISPATCH(bf, add_assign_t, dst, src, n);
+extern "C" __global__ void add_assign(void* dst, const void* src, i64 n, int bf, int V) {
+    DISPATCH_V(bf, V, add_assign_t, dst, src, n);
 }
 
 template <typename T>
@@ -23,66 +35,96 @@ extern "C" __global__ void scale_buf(void* buf, float s, i64 n, int bf) {
     DISPATCH(bf, scale_t, buf, s, n);
 }
 
-// x[n, c, s] += bias[per_n ? n*C + c : c] over an (N, C, S) activation in layout cl; bias is f32.
-template <typename T>
-__device__ void add_channel_bias_t(void* xv, const float* bias, int C, i64 S, i64 total, int cl, int per_n) {
+// x[n, c, s] += bias[per_n ? n*C + c : c] over an (N, C, S) activation (Row traversal); bias f32.
+template <typename T, int V>
+__device__ void add_channel_bias_t(void* xv, const float* bias, int C, i64 S, int cl, int per_n) {
     T* x = (T*)xv;
-    GRID_STRIDE(i, total) {
-        int c = chan_of(i, C, S, cl);
-        int j = per_n ? (int)(i / ((i64)C * S)) * C + c : c;
-        st(x, i, ld(x, i) + bias[j]);
+    Row r = row_geom(C, S, V, cl);
+    float b[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int c = r.c0 + j * r.cstep;
+        b[j] = bias[per_n ? r.n * C + c : c];
+    }
+    for (i64 v = r.start; v < r.nvec; v += r.step) {
+        i64 i = r.base + v * V;
+        float a[V];
+        ldv<V>(x, i, a);
+#pragma unroll
+        for (int j = 0; j < V; j++) a[j] += b[j];
+        stv<V>(x, i, a);
     }
 }
-extern "C" __global__ void add_channel_bias(void* x, const float* bias, int C, i64 S, i64 total, int cl, int per_n,
-                                            int bf) {
-    DISPATCH(bf, add_channel_bias_t, x, bias, C, S, total, cl, per_n);
+extern "C" __global__ void add_channel_bias(void* x, const float* bias, int C, i64 S, int cl, int per_n, int bf,
+                                            int V) {
+    DISPATCH_V(bf, V, add_channel_bias_t, x, bias, C, S, cl, per_n);
 }
 
-// out (N, ca+cb, S) = cat(a (N, ca, S), b (N, cb, S)) along channels.
-template <typename T>
-__device__ void concat_t(void* outv, const void* av, const void* bv, int ca, int cb, i64 S, i64 total, int cl) {
+// The source of output row element (Row traversal over the (ca+cb)-channel concatenation): for the
+// thread's vectors, the a or b tensor (its own channel count) and the first channel in it.
+struct CatSrc {
+    int from_b, cc, c;
+};
+__device__ __forceinline__ CatSrc cat_src(const Row& r, int ca, int cb) {
+    CatSrc s;
+    s.from_b = r.c0 >= ca;
+    s.cc = s.from_b ? cb : ca;
+    s.c = s.from_b ? r.c0 - ca : r.c0;
+    return s;
+}
+// Element index in a or b of the thread's vector number u = v / lanes (the voxel in NDHWC, the
+// vector along the row in NCDHW; Row of the concatenation, C = ca+cb channels). Block and grid
+// strides are multiples of lanes, so u advances by step / lanes: no division in the loop.
+__device__ __forceinline__ i64 cat_index(const Row& r, const CatSrc& s, i64 u, int V, i64 S, int cl) {
+    if (cl) return ((i64)r.n * S + u) * s.cc + s.c;
+    return ((i64)r.n * s.cc + s.c) * S + u * V;
+}
+
+// out (N, ca+cb, S) = cat(a (N, ca, S), b (N, cb, S)) along channels (NDHWC: ca, cb % V == 0).
+template <typename T, int V>
+__device__ void concat_t(void* outv, const void* av, const void* bv, int ca, int cb, i64 S, int cl) {
     T* out = (T*)outv;
-    const T *a = (const T*)av, *b = (const T*)bv;
-    int C = ca + cb;
-    GRID_STRIDE(i, total) {
-        int c = chan_of(i, C, S, cl);
-        i64 n = i / ((i64)C * S);
-        i64 s = cl ? (i / C) % S : i % S;
-        out[i] = c < ca ? (cl ? a[(n * S + s) * ca + c] : a[(n * ca + c) * S + s])
-                        : (cl ? b[(n * S + s) * cb + (c - ca)] : b[(n * cb + (c - ca)) * S + s]);
+    Row r = row_geom(ca + cb, S, V, cl);
+    CatSrc s = cat_src(r, ca, cb);
+    const T* src = s.from_b ? (const T*)bv : (const T*)av;
+    i64 u = r.start / r.lanes, ustep = r.step / r.lanes;
+    for (i64 v = r.start; v < r.nvec; v += r.step, u += ustep) {
+        float x[V];
+        ldv<V>(src, cat_index(r, s, u, V, S, cl), x);
+        stv<V>(out, r.base + v * V, x);
     }
 }
-extern "C" __global__ void concat_channels(void* out, const void* a, const void* b, int ca, int cb, i64 S, i64 total,
-                                           int cl, int bf) {
-    DISPATCH(bf, concat_t, out, a, b, ca, cb, S, total, cl);
+extern "C" __global__ void concat_channels(void* out, const void* a, const void* b, int ca, int cb, i64 S, int cl,
+                                           int bf, int V) {
+    DISPATCH_V(bf, V, concat_t, out, a, b, ca, cb, S, cl);
 }
 
 // Backward of concat: da, db from dout, each overwritten or accumulated.
-template <typename T>
-__device__ void split_t(void* dav, void* dbv, const void* doutv, int ca, int cb, i64 S, i64 total, int cl, int acc_a,
+template <typename T, int V>
+__device__ void split_t(void* dav, void* dbv, const void* doutv, int ca, int cb, i64 S, int cl, int acc_a,
                         int acc_b) {
-    T *da = (T*)dav, *db = (T*)dbv;
     const T* dout = (const T*)doutv;
-    int C = ca + cb;
-    GRID_STRIDE(i, total) {
-        int c = chan_of(i, C, S, cl);
-        i64 n = i / ((i64)C * S);
-        i64 s = cl ? (i / C) % S : i % S;
-        float v = ld(dout, i);
-        if (c < ca) {
-            i64 j = cl ? (n * S + s) * ca + c : (n * ca + c) * S + s;
-            st(da, j, acc_a ? ld(da, j) + v : v);
-        } else {
-            i64 j = cl ? (n * S + s) * cb + (c - ca) : (n * cb + (c - ca)) * S + s;
-            st(db, j, acc_b ? ld(db, j) + v : v);
+    Row r = row_geom(ca + cb, S, V, cl);
+    CatSrc s = cat_src(r, ca, cb);
+    T* dst = s.from_b ? (T*)dbv : (T*)dav;
+    int acc = s.from_b ? acc_b : acc_a;
+    i64 u = r.start / r.lanes, ustep = r.step / r.lanes;
+    for (i64 v = r.start; v < r.nvec; v += r.step, u += ustep) {
+        float g[V], o[V];
+        ldv<V>(dout, r.base + v * V, g);
+        i64 j0 = cat_index(r, s, u, V, S, cl);
+        if (acc) {
+            ldv<V>(dst, j0, o);
+#pragma unroll
+            for (int j = 0; j < V; j++) g[j] += o[j];
         }
+        stv<V>(dst, j0, g);
     }
 }
-extern "C" __global__ void split_channels(void* da, void* db, const void* dout, int ca, int cb, i64 S, i64 total,
-                                          int cl, int acc_a, int acc_b, int bf) {
-    DISPATCH(bf, split_t, da, db, dout, ca, cb, S, total, cl, acc_a, acc_b);
+extern "C" __global__ void split_channels(void* da, void* db, const void* dout, int ca, int cb, i64 S, int cl,
+                                          int acc_a, int acc_b, int bf, int V) {
+    DISPATCH_V(bf, V, split_t, da, db, dout, ca, cb, S, cl, acc_a, acc_b);
 }
-
 // Zero-padding along N and C for the conv channel padding (conv3d.rs): dst (Np, Cp, S) gets
 // src (N, C, S) with zeros where n >= N or c >= C. Conv weights (Cout, Cin, k³) use N = Cout.
 // dt: bit 0 dst is bf16, bit 1 src is bf16 (the padding also converts).

@@ -110,3 +110,93 @@ extern "C" __global__ void upsample_bwd(void* dx, const void* dout, int C, int D
                                         int accum, int bf) {
     DISPATCH(bf, upsample_bwd_t, dx, dout, C, D, H, W, total, cl, accum);
 }
+
+// NDHWC, V channels per thread (16-byte accesses; C % V == 0): the Row traversal of common.cu over
+// the output (forward) or the input (backward); u counts the thread's voxels without a division
+// per element (block and grid strides are multiples of lanes).
+template <typename T, int V>
+__device__ void upsample_fwd_cl_t(void* outv, const void* xv, int C, int D, int H, int W) {
+    T* out = (T*)outv;
+    const T* x = (const T*)xv;
+    int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
+    i64 So = (i64)Do * Ho * Wo, Si = (i64)D * H * W;
+    Row r = row_geom(C, So, V, 1);
+    i64 u = r.start / r.lanes, ustep = r.step / r.lanes;
+    i64 xb = (i64)r.n * Si * C + r.c0;
+    for (i64 v = r.start; v < r.nvec; v += r.step, u += ustep) {
+        int ow = (int)(u % Wo), oh = (int)((u / Wo) % Ho), od = (int)(u / ((i64)Wo * Ho));
+        int d0, d1, h0, h1, w0, w1;
+        float ld0, ld1, lh0, lh1, lw0, lw1;
+        src_index(od, D, d0, d1, ld0, ld1);
+        src_index(oh, H, h0, h1, lh0, lh1);
+        src_index(ow, W, w0, w1, lw0, lw1);
+        // the scalar kernel's (and the CPU's) order of operations, per channel
+        float c000[V], c001[V], c010[V], c011[V], c100[V], c101[V], c110[V], c111[V], acc[V];
+#define LD(dst, dd, hh, ww) ldv<V>(x, xb + (((i64)(dd) * H + (hh)) * W + (ww)) * C, dst)
+        LD(c000, d0, h0, w0);
+        LD(c001, d0, h0, w1);
+        LD(c010, d0, h1, w0);
+        LD(c011, d0, h1, w1);
+        LD(c100, d1, h0, w0);
+        LD(c101, d1, h0, w1);
+        LD(c110, d1, h1, w0);
+        LD(c111, d1, h1, w1);
+#undef LD
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            acc[j] = ld0 * (lh0 * (lw0 * c000[j] + lw1 * c001[j]) + lh1 * (lw0 * c010[j] + lw1 * c011[j])) +
+                     ld1 * (lh0 * (lw0 * c100[j] + lw1 * c101[j]) + lh1 * (lw0 * c110[j] + lw1 * c111[j]));
+        stv<V>(out, r.base + v * V, acc);
+    }
+}
+extern "C" __global__ void upsample_fwd_cl(void* out, const void* x, int C, int D, int H, int W, int bf, int V) {
+    DISPATCH_V(bf, V, upsample_fwd_cl_t, out, x, C, D, H, W);
+}
+
+template <typename T, int V>
+__device__ void upsample_bwd_cl_t(void* dxv, const void* doutv, int C, int D, int H, int W, int accum) {
+    T* dx = (T*)dxv;
+    const T* dout = (const T*)doutv;
+    int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
+    i64 Si = (i64)D * H * W, So = (i64)Do * Ho * Wo;
+    Row r = row_geom(C, Si, V, 1);
+    i64 u = r.start / r.lanes, ustep = r.step / r.lanes;
+    i64 ob = (i64)r.n * So * C + r.c0;
+    for (i64 v = r.start; v < r.nvec; v += r.step, u += ustep) {
+        int w = (int)(u % W), h = (int)((u / W) % H), d = (int)(u / ((i64)W * H));
+        int od[4], oh[4], ow[4];
+        float wd[4], wh[4], ww[4];
+        int md = readers(d, D, od, wd), mh = readers(h, H, oh, wh), mw = readers(w, W, ow, ww);
+        float acc[V], sa[V], sb[V], t[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] = 0.0f;
+        for (int a = 0; a < md; a++) {
+#pragma unroll
+            for (int j = 0; j < V; j++) sa[j] = 0.0f;
+            for (int b = 0; b < mh; b++) {
+#pragma unroll
+                for (int j = 0; j < V; j++) sb[j] = 0.0f;
+                for (int e = 0; e < mw; e++) {
+                    ldv<V>(dout, ob + (((i64)od[a] * Ho + oh[b]) * Wo + ow[e]) * C, t);
+#pragma unroll
+                    for (int j = 0; j < V; j++) sb[j] += ww[e] * t[j];
+                }
+#pragma unroll
+                for (int j = 0; j < V; j++) sa[j] += wh[b] * sb[j];
+            }
+#pragma unroll
+            for (int j = 0; j < V; j++) acc[j] += wd[a] * sa[j];
+        }
+        i64 i = r.base + v * V;
+        if (accum) {
+            ldv<V>(dx, i, t);
+#pragma unroll
+            for (int j = 0; j < V; j++) acc[j] += t[j];
+        }
+        stv<V>(dx, i, acc);
+    }
+}
+extern "C" __global__ void upsample_bwd_cl(void* dx, const void* dout, int C, int D, int H, int W, int accum, int bf,
+                                           int V) {
+    DISPATCH_V(bf, V, upsample_bwd_cl_t, dx, dout, C, D, H, W, accum);
+}

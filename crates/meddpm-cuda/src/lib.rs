@@ -31,13 +31,14 @@ mod linear;
 mod loss;
 mod nvtx;
 mod optim;
+mod sampler;
 mod silu;
 mod upsample;
 
 use std::sync::Mutex;
 
 use cudarc::driver::{CudaEvent, PinnedHostSlice};
-use meddpm::backend::{AdamStep, DdpmCoefs};
+use meddpm::backend::{AdamStep, DdpmCoefs, Prediction, SamplerCoefs};
 use meddpm::rng::Philox;
 use meddpm::{Accum, Backend, ConvShape, DType, Dims, Error, Layout, LossKind, Precision, Result};
 
@@ -445,7 +446,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, out, None, mean, rstd, inp, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, Some(out), None, mean, rstd, inp, gamma, beta, x, groups, self.cl());
     }
     fn groupnorm_backward(
         &self,
@@ -470,7 +471,6 @@ impl Backend for CudaBackend {
     }
     fn groupnorm_silu_forward(
         &self,
-        gn_out: &mut Self::Buf,
         out: &mut Self::Buf,
         mean: &mut Self::Buf,
         rstd: &mut Self::Buf,
@@ -480,25 +480,24 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, gn_out, Some(out), mean, rstd, inp, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, gamma, beta, x, groups, self.cl());
     }
     fn groupnorm_silu_backward(
         &self,
         dinp: (&mut Self::Buf, Accum),
         dgamma: &mut Self::Buf,
         dbeta: &mut Self::Buf,
-        _tmp: &mut Self::Buf,
         dout: &Self::Buf,
-        gn_out: &Self::Buf,
         inp: &Self::Buf,
         mean: &Self::Buf,
         rstd: &Self::Buf,
         gamma: &Self::Buf,
+        beta: &Self::Buf,
         x: Dims,
         groups: usize,
     ) {
         let cl = self.cl();
-        groupnorm::backward(&self.dev, dinp, dgamma, dbeta, dout, Some(gn_out), inp, mean, rstd, gamma, x, groups, cl);
+        groupnorm::backward(&self.dev, dinp, dgamma, dbeta, dout, Some(beta), inp, mean, rstd, gamma, x, groups, cl);
     }
 
     fn linear_forward(
@@ -600,6 +599,18 @@ impl Backend for CudaBackend {
     }
     fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims) {
         diffusion::ddpm_step(&self.dev, x, eps, z, coefs, xd);
+    }
+    fn sampler_step(
+        &self,
+        x: &mut Self::Buf,
+        eps: &Self::Buf,
+        hist: &mut [Self::Buf],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+        sampler::sampler_step(&self.dev, x, eps, hist, pred, clip, coefs, xd, self.cl());
     }
 
     fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep) {

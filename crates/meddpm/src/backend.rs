@@ -151,6 +151,37 @@ pub struct DdpmCoefs {
     pub sigma: f32,
 }
 
+/// What one [`Backend::sampler_step`] derives from ε̂ and keeps in its history (see
+/// `diffusion::sampler`): DPM-Solver++ works in data prediction, iPNDM in noise prediction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prediction {
+    /// d = x̂₀ (clamped to [−1, 1] when the step clips).
+    Data,
+    /// d = the ε consistent with the (clamped) x̂₀: ε̂ itself where no clamping happened.
+    Noise,
+}
+
+/// Per-sample coefficients of one [`Backend::sampler_step`]. A coefficient that is exactly 0
+/// removes its term: the buffer is not read (and no noise is drawn for `cz` = 0).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplerCoefs {
+    /// √(1/ᾱ) at the step's time: x̂₀ = recip·x − recipm1·ε̂
+    pub recip: f32,
+    /// √(1/ᾱ − 1) at the step's time
+    pub recipm1: f32,
+    /// on x
+    pub cx: f32,
+    /// on this step's d
+    pub cd: f32,
+    /// on the history, newest first (hist[k] gets ch[k])
+    pub ch: [f32; 3],
+    /// on fresh noise z
+    pub cz: f32,
+    /// z of element j (logical NCDHW order within this sample) is `noise.normal(offset + j)`
+    pub noise: Philox,
+    pub offset: u64,
+}
+
 /// The hardware abstraction. Generic code stops at the model (`UNet<B>`, `Trainer<B>`).
 pub trait Backend {
     /// A device buffer of `f32` elements.
@@ -249,12 +280,12 @@ pub trait Backend {
     /// dinp (per `Accum`) = dout·σ(x)(1 + x(1−σ(x))).
     fn silu_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, inp: &Self::Buf);
 
-    /// Fused GroupNorm + SiLU (the ResBlock prologue). `gn_out` keeps the GroupNorm output for
-    /// backward. The default chains the two primitives; a GPU backend overrides it with one kernel.
+    /// Fused GroupNorm + SiLU (the ResBlock and output-head prologue): out = silu(GN(inp)), with
+    /// mean/rstd [N·G] saved. The GroupNorm output itself is not kept: the backward recomputes it
+    /// from `inp` and the statistics where SiLU's derivative needs it.
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_forward(
         &self,
-        gn_out: &mut Self::Buf,
         out: &mut Self::Buf,
         mean: &mut Self::Buf,
         rstd: &mut Self::Buf,
@@ -263,30 +294,23 @@ pub trait Backend {
         beta: &Self::Buf,
         x: Dims,
         groups: usize,
-    ) {
-        self.groupnorm_forward(gn_out, mean, rstd, inp, gamma, beta, x, groups);
-        self.silu_forward(out, gn_out);
-    }
-    /// Backward of [`Backend::groupnorm_silu_forward`]; `tmp` is scratch of the input's size.
+    );
+    /// Backward of [`Backend::groupnorm_silu_forward`]: dinp (per `Accum`), dgamma += , dbeta += .
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_backward(
         &self,
         dinp: (&mut Self::Buf, Accum),
         dgamma: &mut Self::Buf,
         dbeta: &mut Self::Buf,
-        tmp: &mut Self::Buf,
         dout: &Self::Buf,
-        gn_out: &Self::Buf,
         inp: &Self::Buf,
         mean: &Self::Buf,
         rstd: &Self::Buf,
         gamma: &Self::Buf,
+        beta: &Self::Buf,
         x: Dims,
         groups: usize,
-    ) {
-        self.silu_backward((tmp, Accum::Overwrite), dout, gn_out);
-        self.groupnorm_backward(dinp, dgamma, dbeta, tmp, inp, mean, rstd, gamma, x, groups);
-    }
+    );
 
     // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------
     /// out[N,O] = inp[N,I]·wᵀ[I,O] + b[O], with w stored (O, I) as in PyTorch.
@@ -379,6 +403,25 @@ pub trait Backend {
     /// One ancestral DDPM update in place: x̂₀ = clamp(recip·x − recipm1·ε̂, −1, 1);
     /// x ← coef1·x̂₀ + coef2·x + sigma·z, with per-sample coefficients.
     fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims);
+    /// One update of any sampler of `diffusion::sampler`, per sample n with coefficients c = coefs[n]:
+    /// x̂₀ᵘ = c.recip·x − c.recipm1·ε̂; x̂₀ = clamp(x̂₀ᵘ, −1, 1) if `clip` else x̂₀ᵘ;
+    /// d = x̂₀ (`Data`) or ε̂ + (x̂₀ᵘ − x̂₀)/c.recipm1 (`Noise`);
+    /// x ← c.cd·d + c.cx·x + Σₖ c.ch[k]·hist[k] + c.cz·z, z drawn from Philox per sample
+    /// (`c.noise`, `c.offset`), so a volume's noise does not depend on its batch position.
+    /// Terms with a zero coefficient are skipped. With a history (≤ 3 buffers, newest first),
+    /// d is then written into its *last* buffer; the caller rotates the slice so d becomes
+    /// hist[0]. The ancestral DDPM step is the case cx = coef2, cd = coef1, cz = sigma, no history.
+    #[allow(clippy::too_many_arguments)]
+    fn sampler_step(
+        &self,
+        x: &mut Self::Buf,
+        eps: &Self::Buf,
+        hist: &mut [Self::Buf],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    );
 
     // ---- optimiser ------------------------------------------------------------------------------
     /// One Adam update of p with gradient g and moments m, v (PyTorch semantics).

@@ -27,10 +27,13 @@ pub mod groupnorm;
 pub mod linear;
 pub mod loss;
 pub mod optim;
+pub mod sampler;
 pub mod silu;
 pub mod upsample;
 
-use crate::backend::{round_bf16, Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision};
+use crate::backend::{
+    round_bf16, Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision, Prediction, SamplerCoefs,
+};
 use crate::rng::Philox;
 use crate::shape::{ConvShape, Dims};
 use crate::Result;
@@ -39,6 +42,10 @@ thread_local! {
     /// im2col scratch of the convolutions run from this thread.
     static CONV_SCRATCH: std::cell::RefCell<conv3d::ConvScratch<f32>> =
         std::cell::RefCell::new(conv3d::ConvScratch::new(conv3d::COL_BUDGET));
+    /// GroupNorm+SiLU: the GroupNorm output, the gradient before GroupNorm, recomputed statistics
+    /// (grown on the first call of a size, then reused).
+    static GN_SCRATCH: std::cell::RefCell<[Vec<f32>; 4]> =
+        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()]) };
     /// bf16 emulation: rounded copies of conv operands and a weight-gradient temporary (grown on
     /// the first call of a size, then reused).
     static EMU: std::cell::RefCell<[Vec<f32>; 5]> =
@@ -246,10 +253,10 @@ impl Backend for CpuBackend {
     fn silu_backward(&self, dinp: (&mut Vec<f32>, Accum), dout: &Vec<f32>, inp: &Vec<f32>) {
         silu::silu_backward((dinp.0.as_mut_slice(), dinp.1), dout, inp);
     }
-    /// The GPU computes SiLU from the unrounded GroupNorm value and rounds both outputs.
+    /// GroupNorm into a scratch, SiLU of the unrounded value into `out` (rounded in bf16 mode,
+    /// as the GPU stores only the SiLU output).
     fn groupnorm_silu_forward(
         &self,
-        gn_out: &mut Vec<f32>,
         out: &mut Vec<f32>,
         mean: &mut Vec<f32>,
         rstd: &mut Vec<f32>,
@@ -259,10 +266,40 @@ impl Backend for CpuBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::groupnorm_forward(gn_out, mean, rstd, inp, gamma, beta, x, groups);
-        silu::silu_forward(out, gn_out);
-        self.r(gn_out);
+        GN_SCRATCH.with_borrow_mut(|[y, ..]| {
+            y.resize(inp.len(), 0.0);
+            groupnorm::groupnorm_forward(y, mean, rstd, inp, gamma, beta, x, groups);
+            silu::silu_forward(out, y);
+        });
         self.r(out);
+    }
+    /// Recomputes y = GN(inp) (the same f64 statistics as the forward, so the same values), then
+    /// SiLU's backward and GroupNorm's backward.
+    fn groupnorm_silu_backward(
+        &self,
+        dinp: (&mut Vec<f32>, Accum),
+        dgamma: &mut Vec<f32>,
+        dbeta: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        x: Dims,
+        groups: usize,
+    ) {
+        GN_SCRATCH.with_borrow_mut(|[y, g, m, r]| {
+            y.resize(inp.len(), 0.0);
+            g.resize(inp.len(), 0.0);
+            m.resize(mean.len(), 0.0);
+            r.resize(rstd.len(), 0.0);
+            groupnorm::groupnorm_forward(y, m, r, inp, gamma, beta, x, groups);
+            silu::silu_backward((g.as_mut_slice(), Accum::Overwrite), dout, y);
+            let d = (dinp.0.as_mut_slice(), dinp.1);
+            groupnorm::groupnorm_backward(d, dgamma, dbeta, g, inp, mean, rstd, gamma, x, groups);
+        });
+        self.r(dinp.0);
     }
 
     fn linear_forward(
@@ -368,6 +405,18 @@ impl Backend for CpuBackend {
     }
     fn ddpm_step(&self, x: &mut Vec<f32>, eps: &Vec<f32>, z: &Vec<f32>, coefs: &[DdpmCoefs], xd: Dims) {
         diffusion::ddpm_step(x, eps, z, coefs, xd);
+    }
+    fn sampler_step(
+        &self,
+        x: &mut Vec<f32>,
+        eps: &Vec<f32>,
+        hist: &mut [Vec<f32>],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+        sampler::sampler_step(x, eps, hist, pred, clip, coefs, xd);
     }
 
     fn adam_step(&self, p: &mut Vec<f32>, g: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, h: AdamStep) {

@@ -184,19 +184,20 @@ impl MemPlan {
     }
 }
 
-/// Scratch: up to four buffers for every distinct tensor size (backends check exact lengths, so
+/// Scratch: up to three buffers for every distinct tensor size (backends check exact lengths, so
 /// scratch comes in exact sizes; there are few sizes). Slot roles around a GroupNorm+SiLU+conv:
-/// 0 the GroupNorm output, 1 the SiLU output (then the SiLU-backward temporary), 2 the gradient
-/// of the conv input, 3 the gradient inside a ResBlock (dh). GroupNorm+SiLU outputs are not kept
-/// from forward to backward: backward recomputes them into slots 0 and 1 from the saved input and
-/// statistics, which halves what a ResBlock keeps (the largest tensors at 128³).
+/// 0 the SiLU output (the conv's input), 1 the gradient of the conv input, 2 the gradient inside a
+/// ResBlock (dh). GroupNorm+SiLU outputs are not kept from forward to backward: backward recomputes
+/// them into slot 0 from the saved input and statistics, which halves what a ResBlock keeps (the
+/// largest tensors at 128³); the GroupNorm output itself is never stored (the fused backward
+/// recomputes it).
 struct Scratch<B: Backend> {
     bufs: Vec<B::Buf>,
     base: std::collections::HashMap<usize, usize>,
 }
 
 impl<B: Backend> Scratch<B> {
-    /// Distinct scratch buffers, each named by (element count, slot 0..3). Data stays in a
+    /// Distinct scratch buffers, each named by (element count, slot 0..2). Data stays in a
     /// slot between calls, so a phase of backward can hand a result to the next by slot.
     fn get<const K: usize>(&mut self, req: [(usize, usize); K]) -> [&mut B::Buf; K] {
         let idx = req.map(|(len, slot)| self.base[&len] + slot);
@@ -310,8 +311,8 @@ impl<B: Backend> UNet<B> {
                 Node::Res { cin, cout, sp, .. } => {
                     let x = sp_dims(cin, sp);
                     let y = x.with_c(cout);
-                    need(x.numel(), 4);
-                    need(y.numel(), 4);
+                    need(x.numel(), 2);
+                    need(y.numel(), 3);
                     conv_w.extend([p + 2, p + 8]);
                     if cin != cout {
                         conv_w.push(p + 10);
@@ -334,8 +335,8 @@ impl<B: Backend> UNet<B> {
                     let x = sp_dims(c, sp);
                     let t = x.s();
                     let att_len = n * cfg.num_heads * t * t;
-                    need(x.numel(), 3);
-                    need(3 * x.numel(), 2);
+                    need(x.numel(), 2);
+                    need(3 * x.numel(), 1);
                     sizes32.insert(att_len);
                     conv_w.extend([p + 2, p + 4]);
                     let a = AttnBlock {
@@ -365,7 +366,7 @@ impl<B: Backend> UNet<B> {
                 }
                 Node::Out { c, cout, sp } => {
                     let x = sp_dims(c, sp);
-                    need(x.numel(), 4);
+                    need(x.numel(), 2);
                     conv_w.push(p + 2);
                     let o = OutHead {
                         p,
@@ -563,13 +564,13 @@ impl<B: Backend> UNet<B> {
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     let skip_conv = xd.c != r.cout;
-                    let [gn, a] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
-                    be.groupnorm_silu_forward(gn, a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
+                    let [a] = scr.get([(xd.numel(), 0)]);
+                    be.groupnorm_silu_forward(a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
                     be.conv3d_forward(&mut r.h, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
                     be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &w[p + 5], n, emb, r.cout);
                     be.add_channel_bias(&mut r.h, &r.e, yd);
-                    let [gn, a] = scr.get([(yd.numel(), 0), (yd.numel(), 1)]);
-                    be.groupnorm_silu_forward(gn, a, &mut r.mean2, &mut r.rstd2, &r.h, &w[p + 6], &w[p + 7], yd, g);
+                    let [a] = scr.get([(yd.numel(), 0)]);
+                    be.groupnorm_silu_forward(a, &mut r.mean2, &mut r.rstd2, &r.h, &w[p + 6], &w[p + 7], yd, g);
                     if skip_conv {
                         // out = skip_connection(x) + out_layers(h). The main branch goes through
                         // `dout` as scratch: backward overwrites it before reading it.
@@ -598,8 +599,8 @@ impl<B: Backend> UNet<B> {
                 }
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
-                    let [gn, a] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
-                    be.groupnorm_silu_forward(gn, a, &mut o.mean, &mut o.rstd, x, &w[p], &w[p + 1], xd, g);
+                    let [a] = scr.get([(xd.numel(), 0)]);
+                    be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, x, &w[p], &w[p + 1], xd, g);
                     be.conv3d_forward(&mut l.out, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
                 }
             }
@@ -644,47 +645,35 @@ impl<B: Backend> UNet<B> {
                     } else {
                         be.copy(dx, &l.dout);
                     }
-                    // out_layers: recompute GroupNorm+SiLU of h into slots 0, 1; Conv3 backward
-                    // → slot 2; GroupNorm+SiLU backward → dh in slot 3.
-                    let [gn, a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2), (yn, 3)]);
+                    // out_layers: recompute SiLU(GroupNorm(h)) into slot 0; Conv3 backward → slot
+                    // 1; GroupNorm+SiLU backward → dh in slot 2.
+                    let [a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2)]);
                     let (m, rs) = (&mut r.mean2, &mut r.rstd2);
-                    be.groupnorm_silu_forward(gn, a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
+                    be.groupnorm_silu_forward(a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 8, p + 9]).expect("distinct");
                     let cs = ConvShape::new(yd, r.cout, 3, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, cw(p + 8), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
                     let (m, rs) = (&r.mean2, &r.rstd2);
-                    be.groupnorm_silu_backward(
-                        (dh, Accum::Overwrite),
-                        gg,
-                        gb,
-                        a,
-                        da,
-                        gn,
-                        &r.h,
-                        m,
-                        rs,
-                        &w[p + 6],
-                        yd,
-                        g,
-                    );
+                    let (gm, bt) = (&w[p + 6], &w[p + 7]);
+                    be.groupnorm_silu_backward((dh, Accum::Overwrite), gg, gb, da, &r.h, m, rs, gm, bt, yd, g);
                     // emb_layers: h += Linear(SiLU(emb)), broadcast over voxels
-                    let [dh] = scr.get([(yn, 3)]);
+                    let [dh] = scr.get([(yn, 2)]);
                     be.channel_sum(&mut r.de, dh, yd);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let de_silu = Some((&mut te.d_emb_silu, Accum::Add));
                     be.linear_backward(de_silu, gw, gb, &r.de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
                     // in_layers: recompute GroupNorm+SiLU of x; Conv3 backward; GroupNorm+SiLU
                     // backward added into dx.
-                    let [dh, gn, a, da] = scr.get([(yn, 3), (xn, 0), (xn, 1), (xn, 2)]);
+                    let [dh, a, da] = scr.get([(yn, 2), (xn, 0), (xn, 1)]);
                     let (m, rs) = (&mut r.mean1, &mut r.rstd1);
-                    be.groupnorm_silu_forward(gn, a, m, rs, x, &w[p], &w[p + 1], xd, g);
+                    be.groupnorm_silu_forward(a, m, rs, x, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, r.cout, 3, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dh, a, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     let (m, rs) = (&r.mean1, &r.rstd1);
-                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, a, da, gn, x, m, rs, &w[p], xd, g);
+                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, da, x, m, rs, &w[p], &w[p + 1], xd, g);
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
@@ -696,13 +685,13 @@ impl<B: Backend> UNet<B> {
                     } else {
                         be.copy(dx, &l.dout);
                     }
-                    let [da, dqkv] = scr.get([(xn, 0), (qn, 1)]);
+                    let [da, dqkv] = scr.get([(xn, 0), (qn, 0)]);
                     let [datt] = scr32.get([(an, 0)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let cs = ConvShape::new(xd, xd.c, 1, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, &a.a, cw(p + 4), cs);
                     be.attention_backward(dqkv, datt, da, &a.qkv, &a.att, xd, a.heads);
-                    let [dqkv, dgn] = scr.get([(qn, 1), (xn, 2)]);
+                    let [dqkv, dgn] = scr.get([(qn, 0), (xn, 1)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, 3 * xd.c, 1, 1);
                     be.conv3d_backward(Some((dgn, Accum::Overwrite)), gw, gb, dqkv, &a.gn, cw(p + 2), cs);
@@ -724,13 +713,14 @@ impl<B: Backend> UNet<B> {
                     let (p, xd) = (o.p, o.x);
                     let src = &mut prev[l.input];
                     let (dx, xo) = (&mut src.dout, &src.out);
-                    let [gn, a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1), (xd.numel(), 2)]);
-                    be.groupnorm_silu_forward(gn, a, &mut o.mean, &mut o.rstd, xo, &w[p], &w[p + 1], xd, g);
+                    let [a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
+                    be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, xo, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, o.cout, 3, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    be.groupnorm_silu_backward((dx, mode), gg, gb, a, da, gn, xo, &o.mean, &o.rstd, &w[p], xd, g);
+                    let (gm, bt) = (&w[p], &w[p + 1]);
+                    be.groupnorm_silu_backward((dx, mode), gg, gb, da, xo, &o.mean, &o.rstd, gm, bt, xd, g);
                 }
             }
             be.pop_range();
