@@ -604,7 +604,9 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
     );
     std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
     let mut record = record_of(&run, &backend)?;
-    run.out = record.out.clone();
+    // From here on the run's paths are the record's (absolute), so the data prints name the
+    // files as a resume from any directory will.
+    run = run_config_of(&record)?;
     let ckpt = run.out.join(meddpm::run::CHECKPOINT);
     if old_record.is_none() && ckpt.is_file() {
         let step = Checkpoint::read(&ckpt).map(|c| format!(" (step {})", c.step)).unwrap_or_default();

@@ -48,6 +48,8 @@ impl Error {
     }
 }
 
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +70,3 @@ mod tests {
         assert_eq!(chain.matches(&reason).count(), 1, "{chain}");
     }
 }
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;

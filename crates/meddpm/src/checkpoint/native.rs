@@ -1,10 +1,12 @@
 //! meddpm's own checkpoints: one safetensors file holding the online weights, the EMA weights,
 //! the Adam moments, and as metadata the step, the RNG position and both configs — everything
-//! needed to resume exactly. Tensors are stored in PyTorch layouts under `model.<key>`,
+//! needed to resume exactly; checkpoints of a run folder also carry its run record (metadata
+//! `run`, see `crate::run::record`). Non-finite weights are never written ([`trainer_bytes`]). Tensors are stored in PyTorch layouts under `model.<key>`,
 //! `ema.<key>`, `adam_m.<key>`, `adam_v.<key>` (keys = the reference state-dict names).
 //!
 //! Writes are atomic: the bytes go to `<path>.tmp` (fsync'd), then a rename replaces the target,
-//! so an interrupted save never destroys the previous checkpoint.
+//! so an interrupted save never destroys the previous checkpoint; a failed one (full disk)
+//! removes the temp file.
 //! A plain state dict (keys without a group prefix, e.g. from `meddpm convert` or
 //! [`export_state_dict`]) is read too; it has no optimiser state and may lack a config.
 

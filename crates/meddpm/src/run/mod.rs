@@ -1,15 +1,15 @@
 //! A training run is a folder: `checkpoint.safetensors` (weights, EMA, Adam state, step, RNG
 //! position, configs and the run record), `loss.csv` and `loss.svg`, and what the run samples.
 //!
-//! - `record`       [`RunRecord`]: data source and convention, folder, step target, checkpoint
-//!                  interval, precision, layout and the data's fingerprint, stored in each
-//!                  checkpoint; flags override it on resume with one note each
-//! - `fingerprint`  per-file size, mtime and content hash of every pair; [`DataChanges`] says
-//!                  what was added, went missing or changed since the checkpoint
-//! - `losslog`      `loss.csv` (appended across resumes) and its plot `loss.svg` with the EMA
-//! - `stop`         [`StopFlag`]: SIGINT/SIGTERM finish the step and save; a second one aborts
-//! - `session`      [`Session::run`]: the loop with checkpoints, stop, divergence and write
-//!                  failures handled, and the test-only fault injection ([`Faults`])
+//! - `record`: [`RunRecord`] — data source and convention, folder, step target, checkpoint
+//!   interval, precision, layout and the data's fingerprint, stored in each checkpoint; flags
+//!   override it on resume with one note each
+//! - `fingerprint`: per-file size, mtime and content hash of every pair; [`DataChanges`] says what
+//!   was added, went missing or changed since the checkpoint
+//! - `losslog`: `loss.csv` (appended across resumes) and its plot `loss.svg` with the EMA
+//! - `stop`: [`StopFlag`] — SIGINT/SIGTERM finish the step and save; a second one aborts
+//! - `session`: [`Session::run`] — the loop with checkpoints, stop, divergence and write failures
+//!   handled, and the test-only fault injection ([`Faults`])
 
 pub mod fingerprint;
 pub mod losslog;
