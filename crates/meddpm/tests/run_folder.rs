@@ -394,9 +394,12 @@ fn loss_svg_parses_and_draws_the_loss_and_its_ema() {
     let top = raw.iter().enumerate().min_by(|a, b| a.1 .1.total_cmp(&b.1 .1)).unwrap().0;
     assert_eq!(top, 59);
     assert!(raw[119].1 > raw[0].1 + 100.0);
+    // At the spike the EMA moves by (1 − β) of the raw jump (its debiasing factor is ≈ 1 there).
+    let beta = losslog::ema_beta(120);
     let (jump_raw, jump_ema) = (raw[58].1 - raw[59].1, ema[58].1 - ema[59].1);
-    assert!(jump_ema > 0.0 && jump_ema < 0.1 * jump_raw, "raw {jump_raw}, EMA {jump_ema}");
-    assert!(text.contains("EMA"));
+    let ratio = jump_ema / jump_raw;
+    assert!((ratio - (1.0 - beta)).abs() < 0.1 * (1.0 - beta), "raw {jump_raw}, EMA {jump_ema}, β {beta}");
+    assert!(text.contains(&format!("EMA (β = {beta:.3})")));
 
     // Long logs are thinned to at most MAX_POINTS per curve.
     let long: Vec<(u64, f32)> = (1..=5000u64).map(|s| (s, 1.0 / s as f32)).collect();
@@ -408,6 +411,13 @@ fn loss_svg_parses_and_draws_the_loss_and_its_ema() {
         .map(|p| p.split("points=\"").nth(1).unwrap().split('"').next().unwrap().split_whitespace().count())
         .max();
     assert!(n.unwrap() <= losslog::MAX_POINTS && n.unwrap() > 1000, "{n:?}");
+}
+
+#[test]
+fn ema_window_follows_the_log_length() {
+    assert_eq!(losslog::ema_beta(10), 0.8);
+    assert_eq!(losslog::ema_beta(2000), 1.0 - 1.0 / 40.0);
+    assert_eq!(losslog::ema_beta(1_000_000), 1.0 - 1.0 / 500.0);
 }
 
 #[test]

@@ -7,8 +7,10 @@
 //! which the resumed run will redo) are dropped when the log is opened ([`LossLog::open`]), so
 //! every step appears once.
 //!
-//! The plot's EMA is debiased (as Adam's moments): ema_t = (β·m_{t−1} + (1−β)·x_t) / (1 − β^t)
-//! with β = [`EMA_BETA`]; non-finite losses are left out of the plot (they stay in the CSV).
+//! The plot's EMA is debiased (as Adam's moments): m_t = β·m_{t−1} + (1−β)·x_t, shown as
+//! m_t / (1 − β^t), with β = 1 − 1/window and the window a fiftieth of the log (5 to 500 steps,
+//! [`ema_beta`]) so that the curve neither lags a short demo run nor stays noisy over a long one;
+//! non-finite losses are left out of the plot (they stay in the CSV).
 //! Logs longer than [`MAX_POINTS`] are drawn as means of equal runs of steps (the EMA is
 //! computed on every step first).
 
@@ -20,8 +22,10 @@ use std::path::{Path, PathBuf};
 pub const CSV: &str = "loss.csv";
 /// SVG file name in the run folder.
 pub const SVG: &str = "loss.svg";
-/// Smoothing of the plotted EMA (≈ a 50-step window).
-pub const EMA_BETA: f64 = 0.98;
+/// The plotted EMA's β for a log of `n` finite rows: 1 − 1/window, window = n/50 in 5..=500.
+pub fn ema_beta(n: usize) -> f64 {
+    1.0 - 1.0 / (n / 50).clamp(5, 500) as f64
+}
 /// Most points drawn per series.
 pub const MAX_POINTS: usize = 2000;
 
@@ -145,8 +149,9 @@ fn thin(pts: &[(f64, f64)], max: usize) -> Vec<(f64, f64)> {
 pub fn write_svg(path: &Path, rows: &[(u64, f32)]) -> Result<()> {
     use plotters::prelude::*;
     let pts: Vec<(f64, f64)> = rows.iter().filter(|(_, l)| l.is_finite()).map(|&(s, l)| (s as f64, l as f64)).collect();
+    let beta = ema_beta(pts.len());
     let smooth: Vec<(f64, f64)> = {
-        let e = ema(&pts.iter().map(|p| p.1).collect::<Vec<_>>(), EMA_BETA);
+        let e = ema(&pts.iter().map(|p| p.1).collect::<Vec<_>>(), beta);
         pts.iter().zip(e).map(|(p, e)| (p.0, e)).collect()
     };
     let k = pts.len().div_ceil(MAX_POINTS).max(1);
@@ -188,7 +193,7 @@ pub fn write_svg(path: &Path, rows: &[(u64, f32)]) -> Result<()> {
         chart
             .draw_series(LineSeries::new(smooth, dark.stroke_width(2)))
             .map_err(|e| err(&e))?
-            .label(format!("EMA (β = {EMA_BETA})"))
+            .label(format!("EMA (β = {beta:.3})"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], dark.stroke_width(2)));
         chart
             .configure_series_labels()
