@@ -1,14 +1,16 @@
 //! `train`, `sample`, `info`, `doctor`: argument structs, run-file (TOML) handling, backend
-//! choice, and the loops with progress bars. The engine does the work; this file only wires.
+//! choice, and the loops with progress bars. The engine does the work (`meddpm::run` for the
+//! run folder: record, resume, loss log, safe stop); this file only wires.
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use meddpm::checkpoint::{init_trainer_with, load_weights, save_trainer, Checkpoint, LoadedWeights, WeightGroup};
+use meddpm::checkpoint::{bundled, init_trainer_with, load_weights, Checkpoint, LoadHints, LoadedWeights, WeightGroup};
 use meddpm::cpu::CpuBackend;
 use meddpm::data::{preview, Convention, Dataset, Loader, Volume};
 use meddpm::diffusion::{Sampler, SamplerKind, SamplerSpec, Schedule, TrainConfig, Trainer};
 use meddpm::eval::samplers::{BatchTiming, SampleTiming, TimedVolume};
 use meddpm::model::{cost, UNet, UNetConfig};
+use meddpm::run::{DataChanges, DataSource, Faults, LossLog, Outcome, Overrides, RunRecord, Session, StopFlag};
 use meddpm::{Backend, Layout, Precision};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -75,13 +77,15 @@ pub struct BackendArgs {
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: Device,
     /// Precision on the GPU: fp32 (true FMA), tf32 (tensor-core convs and GEMMs) or bf16 (activations
-    /// stored in bf16, bf16 tensor-core convs, fp32 statistics/loss/weights/optimizer). On the CPU,
-    /// bf16 emulates the GPU's bf16 rounding; fp32 and tf32 are the fp32 reference.
-    #[arg(long, value_enum, default_value = "tf32")]
-    pub precision: PrecisionArg,
-    /// Activation layout on the GPU: ndhwc (channels-last, default) or ncdhw.
-    #[arg(long, value_enum, default_value = "ndhwc")]
-    pub layout: LayoutArg,
+    /// stored in bf16, bf16 tensor-core convs, fp32 statistics/loss/weights/optimizer); on the CPU
+    /// bf16 emulates the GPU's bf16 rounding, fp32 and tf32 are the fp32 reference [default: tf32;
+    /// a resumed run: its own].
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionArg>,
+    /// Activation layout on the GPU: ndhwc (channels-last) or ncdhw [default: ndhwc; a resumed
+    /// run: its own].
+    #[arg(long, value_enum)]
+    pub layout: Option<LayoutArg>,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -98,16 +102,33 @@ pub enum LayoutArg {
 
 impl BackendArgs {
     fn precision(&self) -> Precision {
-        match self.precision {
+        match self.precision.unwrap_or(PrecisionArg::Tf32) {
             PrecisionArg::Fp32 => Precision::Fp32,
             PrecisionArg::Tf32 => Precision::Tf32,
             PrecisionArg::Bf16 => Precision::Bf16,
         }
     }
     fn layout(&self) -> Layout {
-        match self.layout {
+        match self.layout.unwrap_or(LayoutArg::Ndhwc) {
             LayoutArg::Ncdhw => Layout::Ncdhw,
             LayoutArg::Ndhwc => Layout::Ndhwc,
+        }
+    }
+    /// These arguments with `p` and `l` where no flag gave them.
+    fn with_defaults(&self, p: Precision, l: Layout) -> BackendArgs {
+        let precision = Some(match p {
+            Precision::Fp32 => PrecisionArg::Fp32,
+            Precision::Tf32 => PrecisionArg::Tf32,
+            Precision::Bf16 => PrecisionArg::Bf16,
+        });
+        let layout = Some(match l {
+            Layout::Ncdhw => LayoutArg::Ncdhw,
+            Layout::Ndhwc => LayoutArg::Ndhwc,
+        });
+        BackendArgs {
+            device: self.device.clone(),
+            precision: self.precision.or(precision),
+            layout: self.layout.or(layout),
         }
     }
     /// The device to use: `Auto` becomes CUDA 0 when a device answers, else the CPU.
@@ -190,6 +211,17 @@ pub enum ConventionName {
 }
 
 impl ConventionName {
+    /// The CLI name (`whole-head`, ...), as run records store it.
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self).expect("no variant is skipped").get_name().to_string()
+    }
+
+    /// The convention called `name` (a run record's).
+    pub fn from_name(name: &str) -> Result<ConventionName> {
+        <ConventionName as clap::ValueEnum>::from_str(name, false)
+            .map_err(|_| anyhow::anyhow!("unknown data convention '{name}' in the run record"))
+    }
+
     /// The convention for `unet`, checked against its channel counts.
     pub fn for_model(self, unet: &UNetConfig) -> Result<Convention> {
         let mut c = match self {
@@ -239,7 +271,9 @@ pub struct TrainArgs {
     /// Model preset (ignored when the run file has a [unet] table).
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
-    /// Resume from a meddpm checkpoint (continues exactly: weights, EMA, Adam, step, RNG).
+    /// Continue the run of this meddpm checkpoint exactly (weights, EMA, Adam, step, RNG), in the
+    /// checkpoint's folder, on the run's data, to its step target; flags override the run's
+    /// settings (a note is printed for each), and data that changed since is reported.
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Start from the EMA weights of a released checkpoint (.pt, safetensors or meddpm) as the
@@ -252,6 +286,9 @@ pub struct TrainArgs {
     pub steps: Option<u64>,
     #[arg(long)]
     pub lr: Option<f32>,
+    /// Micro-steps (batches) accumulated per optimizer step.
+    #[arg(long)]
+    pub grad_accum: Option<usize>,
     #[arg(long)]
     pub seed: Option<u64>,
     #[arg(long)]
@@ -279,8 +316,9 @@ pub struct TrainArgs {
     pub backend: BackendArgs,
 }
 
-/// Settle the configuration: run file < preset < flags; the demo is the default.
-fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
+/// Settle the configuration of a new run (or of a resumed checkpoint without a run record):
+/// run file < preset < flags; the demo is the default.
+fn plan_from_flags(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
     let file = match &a.config {
         Some(p) => {
             let s = std::fs::read_to_string(p).with_context(|| format!("reading run file {}", p.display()))?;
@@ -298,6 +336,9 @@ fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
     let mut run = file.run.clone();
     if let Some(v) = a.lr {
         tc.lr = v;
+    }
+    if let Some(v) = a.grad_accum {
+        tc.grad_accum = v;
     }
     if let Some(v) = a.seed {
         tc.seed = v;
@@ -330,9 +371,137 @@ fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
     Ok((unet, tc, run))
 }
 
+/// Where a run's pairs come from, as a run record says it.
+fn data_source(run: &RunConfig) -> DataSource {
+    match (&run.masks, &run.manifest) {
+        (Some(m), _) => DataSource::Folders { masks: m.clone(), images: run.images.clone() },
+        (None, Some(csv)) => DataSource::Manifest { csv: csv.clone() },
+        (None, None) => DataSource::Demo,
+    }
+}
+
+/// A run's settings as its record keeps them (paths absolute; the data prints come later).
+fn record_of(run: &RunConfig, backend: &BackendArgs) -> Result<RunRecord> {
+    Ok(RunRecord {
+        out: meddpm::run::record::absolute(&run.out)?,
+        data: data_source(run).absolute()?,
+        convention: run.convention.name(),
+        steps: run.steps,
+        checkpoint_every: run.checkpoint_every,
+        sample_at_end: run.sample_at_end,
+        workers: run.workers,
+        precision: backend.precision(),
+        layout: backend.layout(),
+        pairs: Vec::new(),
+    })
+}
+
+/// The run settings a record stands for.
+fn run_config_of(rec: &RunRecord) -> Result<RunConfig> {
+    let (masks, images, manifest) = match &rec.data {
+        DataSource::Demo => (None, Vec::new(), None),
+        DataSource::Folders { masks, images } => (Some(masks.clone()), images.clone(), None),
+        DataSource::Manifest { csv } => (None, Vec::new(), Some(csv.clone())),
+    };
+    Ok(RunConfig {
+        steps: rec.steps,
+        checkpoint_every: rec.checkpoint_every,
+        out: rec.out.clone(),
+        sample_at_end: rec.sample_at_end,
+        masks,
+        images,
+        manifest,
+        convention: ConventionName::from_name(&rec.convention)?,
+        workers: rec.workers,
+    })
+}
+
+fn precision_of(p: PrecisionArg) -> Precision {
+    BackendArgs { device: Device::Auto, precision: Some(p), layout: None }.precision()
+}
+fn layout_of(l: LayoutArg) -> Layout {
+    BackendArgs { device: Device::Auto, precision: None, layout: Some(l) }.layout()
+}
+
+/// A settled training run.
+struct Plan {
+    unet: UNetConfig,
+    tc: TrainConfig,
+    run: RunConfig,
+    backend: BackendArgs,
+    /// The checkpoint resumed from, and its run record (None: an older checkpoint).
+    resume: Option<(Checkpoint, Option<RunRecord>)>,
+}
+
+/// `train --resume CK`: the run recorded in CK, with the flags as overrides (one note each).
+fn plan_resume(a: &TrainArgs, path: &Path) -> Result<Plan> {
+    let ck = Checkpoint::read(path)?;
+    let Some(unet) = ck.unet.clone() else {
+        bail!("{}: no 'unet' config in the metadata: not a meddpm training checkpoint", path.display())
+    };
+    let Some(mut tc) = ck.train.clone() else {
+        bail!("{}: no 'train' config in the metadata: not a meddpm training checkpoint", path.display())
+    };
+    let mut notes = meddpm::run::override_train(&mut tc, a.lr, a.grad_accum, a.batch, a.seed)?;
+    let rec = RunRecord::from_checkpoint(&ck)?;
+    let (run, backend) = match &rec {
+        Some(rec) => {
+            if a.config.is_some() {
+                bail!(
+                    "--config with --resume: {} records its run; override its settings with flags instead",
+                    path.display()
+                );
+            }
+            let data = (a.masks.is_some() || a.manifest.is_some()).then(|| {
+                data_source(&RunConfig {
+                    masks: a.masks.clone(),
+                    images: a.images.clone(),
+                    manifest: a.manifest.clone(),
+                    ..RunConfig::default()
+                })
+            });
+            let o = Overrides {
+                steps: a.steps,
+                checkpoint_every: a.checkpoint_every,
+                out: a.out.clone(),
+                sample_at_end: a.no_sample.then_some(false),
+                data,
+                convention: a.convention.map(ConventionName::name),
+                precision: a.backend.precision.map(precision_of),
+                layout: a.backend.layout.map(layout_of),
+            };
+            let (here, moved) = rec.resumed_at(path)?;
+            notes.extend(moved);
+            let (new, more) = here.apply(&o)?;
+            notes.extend(more);
+            (run_config_of(&new)?, a.backend.with_defaults(new.precision, new.layout))
+        }
+        None => {
+            eprintln!(
+                "note: {} has no run record (written by an older meddpm): the data, output folder and step \
+                 target come from the flags and defaults, as before",
+                path.display()
+            );
+            let (_, _, run) = plan_from_flags(a)?;
+            (run, a.backend.clone())
+        }
+    };
+    for n in notes {
+        eprintln!("note: {n}");
+    }
+    Ok(Plan { unet, tc, run, backend, resume: Some((ck, rec)) })
+}
+
 pub fn train(a: &TrainArgs) -> Result<()> {
-    let (unet, tc, run) = plan_train(a)?;
-    with_backend!(a.backend, be => train_on(&be, a, unet, tc, run))
+    let plan = match &a.resume {
+        Some(p) => plan_resume(a, p)?,
+        None => {
+            let (unet, tc, run) = plan_from_flags(a)?;
+            Plan { unet, tc, run, backend: a.backend.clone(), resume: None }
+        }
+    };
+    let backend = plan.backend.clone();
+    with_backend!(backend, be => train_on(&be, a, plan))
 }
 
 /// The dataset a run trains on: folders, a manifest, or the built-in demo pairs.
@@ -380,15 +549,25 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig, run: RunConfig) -> Result<()> {
-    let mut tr = match &a.resume {
-        Some(p) => {
-            let ck = Checkpoint::read(p)?;
-            let tr = ck.restore_trainer(be)?;
-            if tr.net.cfg != unet && a.config.is_some() {
-                eprintln!("note: the checkpoint's model config is used; the run file's [unet] is ignored");
-            }
-            tr
+/// The command that continues the run of `ck` (the device repeated when one was chosen).
+fn resume_command(ck: &Path, backend: &BackendArgs) -> String {
+    let q = |s: &str| shlex::try_quote(s).map(|c| c.into_owned()).unwrap_or_else(|_| s.to_string());
+    let mut cmd = format!("meddpm train --resume {}", q(&ck.display().to_string()));
+    match backend.device {
+        Device::Auto => {}
+        Device::Cpu => cmd.push_str(" --device cpu"),
+        Device::Cuda(i) => cmd.push_str(&format!(" --device cuda:{i}")),
+    }
+    cmd
+}
+
+fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
+    let Plan { unet, tc, mut run, backend, resume } = plan;
+    let (mut tr, old_record) = match resume {
+        Some((ck, rec)) => {
+            let mut tr = ck.restore_trainer(be)?;
+            tr.tc = tc; // the checkpoint's, with --lr / --grad-accum applied (batch and seed unchanged)
+            (tr, Some((ck.path.clone(), rec)))
         }
         None => match &a.init_from {
             Some(p) => {
@@ -399,9 +578,9 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
                 println!("init from {}", w.source);
                 let mut tr = Trainer::new(be, &w.cfg, &tc)?;
                 init_trainer_with(be, &mut tr, &w)?;
-                tr
+                (tr, None)
             }
-            None => Trainer::new(be, &unet, &tc)?,
+            None => (Trainer::new(be, &unet, &tc)?, None),
         },
     };
     let cfg = tr.net.cfg.clone();
@@ -433,61 +612,137 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
         tr.net.act_bytes as f64 / (1 << 20) as f64
     );
     std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
-    let ckpt = run.out.join("checkpoint.safetensors");
+    let mut record = record_of(&run, &backend)?;
+    // From here on the run's paths are the record's (absolute), so the data prints name the
+    // files as a resume from any directory will.
+    run = run_config_of(&record)?;
+    let ckpt = run.out.join(meddpm::run::CHECKPOINT);
+    if old_record.is_none() && ckpt.is_file() {
+        let step = Checkpoint::read(&ckpt).map(|c| format!(" (step {})", c.step)).unwrap_or_default();
+        eprintln!(
+            "note: {} holds another run's checkpoint{step}; this new run replaces it and its loss log",
+            run.out.display()
+        );
+    }
     let dataset = open_dataset(&run, &cfg)?;
-    let source = match (&run.masks, &run.manifest) {
-        (Some(m), _) => m.display().to_string(),
-        (None, Some(c)) => c.display().to_string(),
-        (None, None) => "built-in demo pairs (MNI152-derived, 32³)".into(),
-    };
-    println!("data: {} pairs from {source}, {:?} convention; checking every pair…", dataset.len(), run.convention);
+    println!(
+        "data: {} pairs from {}, {:?} convention; checking every pair…",
+        dataset.len(),
+        record.data.describe(),
+        run.convention
+    );
     dataset.validate()?;
+    let known = old_record.as_ref().and_then(|(_, r)| r.as_ref()).map(|r| r.pairs.as_slice()).unwrap_or(&[]);
+    record.pairs = meddpm::run::fingerprint(&dataset, known)?;
+    if let Some((_, Some(old))) = &old_record {
+        let changes = DataChanges::between(&old.pairs, &record.pairs);
+        if !changes.is_empty() {
+            eprintln!("warning: the data changed since the checkpoint (step {}):", tr.step);
+            for line in changes.report() {
+                eprintln!("  {line}");
+            }
+            eprintln!("  training continues on the data as it is now (the resume is not bit-identical)");
+        }
+    }
+    let log = match &old_record {
+        Some((ck_path, _)) => {
+            let (mut log, dropped) =
+                LossLog::open(&meddpm::run::run_dir(ck_path).join(meddpm::run::losslog::CSV), tr.step)?;
+            if dropped > 0 {
+                eprintln!(
+                    "note: {dropped} row(s) past step {} dropped from {} (they are redone)",
+                    tr.step,
+                    log.csv_path().display()
+                );
+            }
+            log.move_to(&run.out);
+            log
+        }
+        None => LossLog::fresh(&run.out),
+    };
+    let stop = StopFlag::install()?;
+    let faults = Faults::from_env()?;
+    if faults.any() {
+        eprintln!("note: test fault injection armed: {faults:?}");
+    }
     let consumed = tr.draws * tr.tc.batch as u64;
     let loader = Loader::with_options(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), consumed);
     let mut data = Batches { loader, batch: tr.tc.batch };
-    let mut log = String::new();
+    let saved_step = old_record
+        .as_ref()
+        .filter(|(p, _)| meddpm::run::record::absolute(&meddpm::run::run_dir(p)).ok().as_ref() == Some(&run.out))
+        .map(|_| tr.step);
+    let mut session = Session { dir: run.out.clone(), record, log, stop: &stop, faults, saved_step };
     let t0 = Instant::now();
-    let start = tr.step;
-    let pb = bar(run.steps.saturating_sub(start), "train");
-    let mut recent = Vec::new();
-    while tr.step < run.steps {
-        let loss = tr.train_step(be, || data.next_batch())?;
-        if !loss.is_finite() {
-            bail!("loss became {loss} at step {}; last good checkpoint: {}", tr.step, ckpt.display());
-        }
-        recent.push(loss);
-        log.push_str(&format!("{},{loss}\n", tr.step));
-        pb.set_message(format!("loss {loss:.4}"));
-        pb.inc(1);
-        if run.checkpoint_every > 0 && tr.step % run.checkpoint_every == 0 {
-            save_trainer(&ckpt, be, &tr)?;
-        }
-    }
+    let pb = bar(run.steps.saturating_sub(tr.step), "train");
+    let summary = session.run(
+        be,
+        &mut tr,
+        || data.next_batch(),
+        |_, loss| {
+            pb.set_message(format!("loss {loss:.4}"));
+            pb.inc(1);
+        },
+    )?;
     pb.finish();
-    save_trainer(&ckpt, be, &tr)?;
-    let log_path = run.out.join("loss.csv");
-    let mut prev = std::fs::read_to_string(&log_path).unwrap_or_else(|_| "step,loss\n".into());
-    prev.push_str(&log);
-    meddpm::checkpoint::write_atomic(&log_path, prev.as_bytes())?;
     let secs = t0.elapsed().as_secs_f64();
-    let steps = tr.step - start;
+    let steps = summary.end - summary.start;
+    let recent = &summary.losses;
     let tail = &recent[recent.len().saturating_sub(10)..];
     let first = &recent[..recent.len().min(10)];
     let mean = |v: &[f32]| if v.is_empty() { f32::NAN } else { v.iter().sum::<f32>() / v.len() as f32 };
+    let kept = |s: Option<u64>| match s {
+        Some(s) => format!("the last good checkpoint (step {s}) is kept: {}", ckpt.display()),
+        None => "no checkpoint had been written".to_string(),
+    };
+    match &summary.outcome {
+        Outcome::Diverged { step, reason } => {
+            bail!(
+                "training diverged at step {step}: {reason}; {}; the loss log is {}",
+                kept(summary.saved_step),
+                session.log.csv_path().display()
+            )
+        }
+        Outcome::Stopped => {
+            println!(
+                "stopped at step {} after {steps} steps in {secs:.1} s; checkpoint: {}",
+                summary.end,
+                ckpt.display()
+            );
+            println!("resume with: {}", resume_command(&ckpt, &backend));
+            return Ok(());
+        }
+        Outcome::Finished => {}
+    }
+    stop.disarm();
     println!(
         "done: {steps} steps in {secs:.1} s ({:.2} steps/s); loss {:.4} (first 10) → {:.4} (last 10)",
         steps as f64 / secs.max(1e-9),
         mean(first),
         mean(tail)
     );
-    println!("checkpoint: {}\nloss log:   {}", ckpt.display(), log_path.display());
+    println!(
+        "checkpoint: {}\nloss log:   {} (plot: {})",
+        ckpt.display(),
+        session.log.csv_path().display(),
+        session.log.svg_path().display()
+    );
     if run.sample_at_end {
         let (cond, mask) = dataset.condition(0)?;
         let (_, real) = dataset.load(0)?;
         let sched = Schedule::cosine(tr.tc.timesteps);
         let seed = tr.tc.seed;
         let vol = tr.with_ema(|net| sample_volume(be, net, &sched, &cond, seed))?;
-        let paths = write_outputs(&run.out.join("sample_0"), &vol, &cfg, dataset.convention(), &mask, &real)?;
+        // The bundled model's sample of the same mask and seed, when it is the same kind of model.
+        let mut others = Vec::new();
+        if let Some(w) = bundled_for_demo(&run, &cfg)? {
+            println!("comparison: {}", w.source);
+            let mut net = UNet::new(be, &w.cfg, 1)?;
+            net.set_params(be, &w.params)?;
+            let v = sample_volume(be, &mut net, &sched, &cond, seed)?;
+            others.extend(generated_volumes(&v, &cfg, dataset.convention(), &mask)?);
+        }
+        let paths = write_outputs(&run.out.join("sample_0"), &vol, &cfg, dataset.convention(), &mask, &others, &real)?;
         for p in paths {
             println!("sample:     {}", p.display());
         }
@@ -495,16 +750,34 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
     Ok(())
 }
 
+/// The bundled demo model, when the run trains on the built-in demo data with a model of the
+/// same shape (its sample then sits beside the run's in the preview).
+fn bundled_for_demo(run: &RunConfig, cfg: &UNetConfig) -> Result<Option<LoadedWeights>> {
+    if data_source(run) != DataSource::Demo {
+        return Ok(None);
+    }
+    Ok(bundled::load(WeightGroup::Ema, &LoadHints::default())?.filter(|w| w.cfg == *cfg))
+}
+
+/// The intensity volumes of a generated tensor on the mask's grid (the preview's columns).
+fn generated_volumes(vol: &[f32], cfg: &UNetConfig, conv: &Convention, mask: &Volume) -> Result<Vec<Volume>> {
+    let size = [cfg.depth, cfg.size, cfg.size];
+    let outs = meddpm::data::sample_outputs(conv, vol, cfg.out_channels, size, mask)?;
+    Ok(outs.into_iter().filter(|o| !o.labels).map(|o| o.volume).collect())
+}
+
 /// Write a generated (C, D, H, W) volume as the convention's NIfTI files
 /// (`meddpm::data::write_sample`: whole-head `<stem>.nii.gz`; BraTS `<stem>_{t1,t1ce,t2,flair}.nii.gz`
 /// rescaled to [0, 1] and crop/padded to 240×240×155, plus `<stem>_mask.nii.gz`) and a PNG preview
-/// (mask | generated | real when given). Returns the files written.
+/// (mask | generated | `others` (e.g. the bundled model's sample) | real when given). Returns the
+/// files written.
 fn write_outputs(
     stem: &Path,
     vol: &[f32],
     cfg: &UNetConfig,
     conv: &Convention,
     mask: &Volume,
+    others: &[Volume],
     real: &[Volume],
 ) -> Result<Vec<PathBuf>> {
     let size = [cfg.depth, cfg.size, cfg.size];
@@ -513,6 +786,7 @@ fn write_outputs(
     let png = stem.with_extension("png");
     let mut panel: Vec<(&Volume, preview::Kind)> = vec![(mask, preview::Kind::Labels)];
     panel.extend(outs.iter().filter(|(_, o)| !o.labels).map(|(_, o)| (&o.volume, preview::Kind::Intensity)));
+    panel.extend(others.iter().map(|v| (v, preview::Kind::Intensity)));
     panel.extend(real.iter().map(|v| (v, preview::Kind::Intensity)));
     preview::write_png(&png, &panel)?;
     written.push(png);
@@ -565,9 +839,10 @@ impl SamplerArg {
 #[derive(clap::Args, Debug)]
 pub struct SampleArgs {
     /// Weights: a meddpm checkpoint, a safetensors state dict (meddpm convert/export) or a
-    /// PyTorch .pt (Med-DDPM {'step','model','ema'} or a bare state dict).
+    /// PyTorch .pt (Med-DDPM {'step','model','ema'} or a bare state dict). Default: the demo
+    /// model bundled into this binary (testdata/demo/model.safetensors), when it has one.
     #[arg(long)]
-    pub checkpoint: PathBuf,
+    pub checkpoint: Option<PathBuf>,
     /// Which weights: ema (as the reference samples) or model (online); ignored for a plain state dict.
     #[arg(long, value_enum, default_value = "ema")]
     pub weights: crate::convert::Weights,
@@ -616,9 +891,19 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
         crate::convert::Weights::Ema => WeightGroup::Ema,
         crate::convert::Weights::Model => WeightGroup::Model,
     };
-    let w = load_weights(&a.checkpoint, group, a.depth.zip(a.size))?;
+    let w = match &a.checkpoint {
+        Some(p) => load_weights(p, group, a.depth.zip(a.size))?,
+        None => {
+            let hints = LoadHints { size: a.depth.zip(a.size), ..LoadHints::default() };
+            match bundled::load(group, &hints)? {
+                Some(w) => w,
+                None => bail!("no --checkpoint given, and {}", bundled::absent_message()),
+            }
+        }
+    };
+    let name = a.checkpoint.as_deref().unwrap_or(Path::new(bundled::PATH));
     for m in &w.warnings {
-        eprintln!("warning: {}: {m}", a.checkpoint.display());
+        eprintln!("warning: {}: {m}", name.display());
     }
     println!("weights: {}", w.source);
     with_backend!(a.backend, be => sample_on(&be, a, &w))
@@ -698,7 +983,7 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()
         let secs = t0.elapsed().as_secs_f64();
         let mut volumes = Vec::new();
         for ((m, seed, stem), vol) in chunk.iter().zip(&vols) {
-            let paths = write_outputs(stem, vol, &cfg, &conv, &masks[*m].2, &[])?;
+            let paths = write_outputs(stem, vol, &cfg, &conv, &masks[*m].2, &[], &[])?;
             let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
             pb.println(format!("seed {seed}, {}: {}", masks[*m].0, names.join(", ")));
             volumes.push(TimedVolume { file: names[0].clone(), mask: masks[*m].0.clone(), seed: *seed });

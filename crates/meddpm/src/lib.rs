@@ -11,6 +11,7 @@
 //! - `diffusion`  cosine schedule and buffers, training step, ancestral DDPM sampler
 //! - `checkpoint` safetensors checkpoints (atomic writes)
 //! - `data`       NIfTI I/O, Med-DDPM data conventions, demo data
+//! - `run`        a training run as a folder: record, data prints, loss log and plot, safe stop
 //! - `phantom`    a synthetic head phantom pair for tests
 //! - `testing`    tolerance comparisons and finite-difference helpers shared by tests
 
@@ -25,6 +26,7 @@ pub mod eval;
 pub mod model;
 pub mod phantom;
 pub mod rng;
+pub mod run;
 pub mod shape;
 pub mod testing;
 
