@@ -29,7 +29,7 @@ fn name(p: &Path) -> String {
 
 pub fn run(a: &ViewArgs) -> Result<()> {
     let paths: Vec<&PathBuf> = std::iter::once(&a.volume).chain(&a.compare).collect();
-    let vols: Vec<Volume> = paths.iter().map(|p| read_volume(p)).collect::<meddpm::Result<_>>()?;
+    let vols: Vec<Volume> = paths.iter().map(read_volume).collect::<meddpm::Result<_>>()?;
     let mask = a.mask.as_ref().map(|p| read_volume(p).map(|v| (name(p), v))).transpose()?;
     let layers: Vec<Layer> = paths.iter().zip(&vols).map(|(p, v)| Layer { name: name(p), volume: v }).collect();
     write_html(&a.output, &name(&a.volume), &layers, mask.as_ref().map(|(n, v)| (n.as_str(), v)))?;
