@@ -12,6 +12,7 @@ mod preview;
 mod profile;
 mod run;
 mod study;
+mod view;
 
 use clap::{Parser, Subcommand};
 
@@ -57,6 +58,9 @@ enum Cmd {
     Masks(masks::MasksArgs),
     /// PNG mid-slice previews of NIfTI volumes side by side.
     Preview(preview::PreviewArgs),
+    /// A self-contained HTML viewer: three slices with sliders, window/level, mask overlay,
+    /// volumes side by side.
+    View(view::ViewArgs),
     /// Measure the whole-head train step, sampling forward and 250-step volume per precision ×
     /// layout (PyTorch side by side with --torch).
     Bench(bench::BenchArgs),
@@ -85,6 +89,7 @@ fn main() {
         Cmd::Info(a) => run::info(a),
         Cmd::Masks(a) => masks::run(a),
         Cmd::Preview(a) => preview::run(a),
+        Cmd::View(a) => view::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Convert(a) => convert::run(a),
         Cmd::Eval(a) => eval::run(a),

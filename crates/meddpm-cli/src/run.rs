@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::{bundled, init_trainer_with, load_weights, Checkpoint, LoadHints, LoadedWeights, WeightGroup};
 use meddpm::cpu::CpuBackend;
-use meddpm::data::{preview, Convention, Dataset, Loader, Volume};
+use meddpm::data::{preview, view, Convention, Dataset, Loader, Volume};
 use meddpm::diffusion::{Sampler, SamplerKind, SamplerSpec, Schedule, TrainConfig, Trainer};
 use meddpm::eval::samplers::{BatchTiming, SampleTiming, TimedVolume};
 use meddpm::model::{cost, UNet, UNetConfig};
@@ -768,9 +768,9 @@ fn generated_volumes(vol: &[f32], cfg: &UNetConfig, conv: &Convention, mask: &Vo
 
 /// Write a generated (C, D, H, W) volume as the convention's NIfTI files
 /// (`meddpm::data::write_sample`: whole-head `<stem>.nii.gz`; BraTS `<stem>_{t1,t1ce,t2,flair}.nii.gz`
-/// rescaled to [0, 1] and crop/padded to 240×240×155, plus `<stem>_mask.nii.gz`) and a PNG preview
-/// (mask | generated | `others` (e.g. the bundled model's sample) | real when given). Returns the
-/// files written.
+/// rescaled to [0, 1] and crop/padded to 240×240×155, plus `<stem>_mask.nii.gz`), a PNG preview
+/// (mask | generated | `others` (e.g. the bundled model's sample) | real when given) and
+/// `<stem>.html`, the same volumes in the viewer. Returns the files written.
 fn write_outputs(
     stem: &Path,
     vol: &[f32],
@@ -790,6 +790,18 @@ fn write_outputs(
     panel.extend(real.iter().map(|v| (v, preview::Kind::Intensity)));
     preview::write_png(&png, &panel)?;
     written.push(png);
+    // The same volumes in the HTML viewer (meddpm::data::view), the mask as overlay.
+    let html = stem.with_extension("html");
+    let file_name = |p: &Path| p.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let mut layers: Vec<view::Layer> = outs
+        .iter()
+        .filter(|(_, o)| !o.labels)
+        .map(|(p, o)| view::Layer { name: file_name(p), volume: &o.volume })
+        .collect();
+    layers.extend(real.iter().map(|v| view::Layer { name: "real".into(), volume: v }));
+    let overlay = layers.iter().any(|l| l.volume.dims == mask.dims).then_some(("conditioning", mask));
+    view::write_html(&html, &file_name(stem), &layers, overlay)?;
+    written.push(html);
     Ok(written)
 }
 
