@@ -473,6 +473,14 @@ impl<B: Backend> UNet<B> {
     /// Parameter gradients (accumulated into `grads`) from ∂loss/∂ε̂ already in the last layer's
     /// `dout` (see [`UNet::output_and_grad`]). Needs the activations of the last `forward`.
     pub fn backward(&mut self, be: &B) {
+        self.backward_with(be, &mut |_, _| {});
+    }
+
+    /// [`UNet::backward`], calling `done(i, grads)` once layer `i`'s backward is queued (its
+    /// parameter gradients are final from then on) and `done(0, grads)` at the very end, when the
+    /// time embedding's are too. Data-parallel training starts gradient all-reduces from here
+    /// (`dist::buckets`).
+    pub fn backward_with(&mut self, be: &B, done: &mut dyn FnMut(usize, &mut [B::Buf])) {
         let UNet { cfg, params: w, grads: dw, layers, temb: te, scr, .. } = self;
         let (n, mc, emb, g) = (self.batch, cfg.model_channels, cfg.emb_dim(), cfg.groups);
         be.push_range("backward");
@@ -594,6 +602,7 @@ impl<B: Backend> UNet<B> {
                 }
             }
             be.pop_range();
+            done(i, dw);
         }
         // time_embed backward: SiLU (emb_layers), Linear 2, SiLU, Linear 0 (no input grad).
         be.push_range("time_embed");
@@ -605,5 +614,6 @@ impl<B: Backend> UNet<B> {
         be.linear_backward(None, gw, gb, &te.d2, &te.sin, &w[0], n, mc, emb);
         be.pop_range();
         be.pop_range();
+        done(0, dw);
     }
 }
