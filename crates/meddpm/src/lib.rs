@@ -10,6 +10,7 @@
 //! - `model`      UNetConfig, parameter specs (PyTorch state-dict keys), UNet forward/backward
 //! - `diffusion`  cosine schedule and buffers, training step, ancestral DDPM sampler
 //! - `checkpoint` safetensors checkpoints (atomic writes)
+//! - `dist`       data-parallel runs: launch environment, rendezvous, gradient buckets, sync trait
 //! - `data`       NIfTI I/O, Med-DDPM data conventions, demo data
 //! - `phantom`    a synthetic head phantom pair for tests
 //! - `testing`    tolerance comparisons and finite-difference helpers shared by tests
@@ -20,6 +21,7 @@ pub mod checkpoint;
 pub mod cpu;
 pub mod data;
 pub mod diffusion;
+pub mod dist;
 pub mod error;
 pub mod eval;
 pub mod model;
