@@ -5,6 +5,7 @@
 
 mod bench;
 mod convert;
+mod dist;
 mod eval;
 mod evalcfg;
 mod masks;
@@ -29,6 +30,7 @@ struct Cli {
 enum Cmd {
     /// Train a model. With no data options it trains the built-in demo (small model, built-in
     /// volumes), then samples one volume: the whole pipeline in a few minutes on 2 CPU cores.
+    /// Several GPUs: `--gpus N`, or one process per GPU under torchrun or `srun`.
     Train(run::TrainArgs),
     /// Sample volumes from a checkpoint for a conditioning mask (250 ancestral DDPM steps).
     Sample(run::SampleArgs),
@@ -56,6 +58,13 @@ enum Cmd {
 }
 
 fn main() {
+    // NVLink multicast stays off unless the user says otherwise (our shared GPU machines need it
+    // off); set before any thread exists, inherited by every process started from here.
+    for (k, v) in meddpm::dist::spawn::NO_MULTICAST_ENV {
+        if std::env::var_os(k).is_none() {
+            std::env::set_var(k, v);
+        }
+    }
     let cli = Cli::parse();
     let r = match &cli.cmd {
         Cmd::Train(a) => run::train(a),

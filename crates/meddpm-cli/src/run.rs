@@ -1,12 +1,15 @@
 //! `train`, `sample`, `info`, `doctor`: argument structs, run-file (TOML) handling, backend
 //! choice, and the loops with progress bars. The engine does the work; this file only wires.
+//! Data-parallel runs (`--gpus`, torchrun, Slurm) are set up in `dist.rs` and use the same loop.
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::{init_trainer_with, load_weights, save_trainer, Checkpoint, LoadedWeights, WeightGroup};
 use meddpm::cpu::CpuBackend;
-use meddpm::data::{preview, Convention, Dataset, Loader, Volume};
+use meddpm::data::{preview, Convention, Dataset, Loader, Shard, Volume};
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
+use meddpm::dist::spawn::GpuSelection;
+use meddpm::dist::{broadcast_state, check_weights, DistEnv};
 use meddpm::model::{cost, UNet, UNetConfig};
 use meddpm::{Backend, Layout, Precision};
 use serde::{Deserialize, Serialize};
@@ -93,13 +96,13 @@ pub enum LayoutArg {
 }
 
 impl BackendArgs {
-    fn precision(&self) -> Precision {
+    pub(crate) fn precision(&self) -> Precision {
         match self.precision {
             PrecisionArg::Fp32 => Precision::Fp32,
             PrecisionArg::Tf32 => Precision::Tf32,
         }
     }
-    fn layout(&self) -> Layout {
+    pub(crate) fn layout(&self) -> Layout {
         match self.layout {
             LayoutArg::Ncdhw => Layout::Ncdhw,
             LayoutArg::Ndhwc => Layout::Ndhwc,
@@ -267,12 +270,25 @@ pub struct TrainArgs {
     pub manifest: Option<PathBuf>,
     #[arg(long, value_enum)]
     pub convention: Option<ConventionName>,
+    /// Data-parallel training on this machine, one process per GPU: a count (2), 'all', or device
+    /// indices (0,1). Batch, lr and steps are per optimizer step as before; the global batch is
+    /// batch × GPUs. Under torchrun or srun, leave it out: the launcher starts the ranks.
+    #[arg(long)]
+    pub gpus: Option<GpuSelection>,
+    /// Data-parallel runs: compare the weights of all ranks by hash every N optimizer steps
+    /// (0: never); a difference stops the run.
+    #[arg(long, default_value_t = 100)]
+    pub check_every: u64,
+    /// Data-parallel runs: seconds to wait for the other ranks (rendezvous, each gradient
+    /// all-reduce) before failing.
+    #[arg(long, default_value_t = 300)]
+    pub dist_timeout: u64,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
 
 /// Settle the configuration: run file < preset < flags; the demo is the default.
-fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
+pub(crate) fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
     let file = match &a.config {
         Some(p) => {
             let s = std::fs::read_to_string(p).with_context(|| format!("reading run file {}", p.display()))?;
@@ -323,12 +339,21 @@ fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
 }
 
 pub fn train(a: &TrainArgs) -> Result<()> {
+    if let Some(sel) = &a.gpus {
+        return crate::dist::launch_local(sel);
+    }
     let (unet, tc, run) = plan_train(a)?;
-    with_backend!(a.backend, be => train_on(&be, a, unet, tc, run))
+    if let Some(env) = DistEnv::from_env()?.filter(|e| e.world > 1) {
+        return crate::dist::train_rank(a, env, unet, tc, run);
+    }
+    with_backend!(a.backend, be => {
+        let tr = make_trainer(&be, a, &unet, &tc)?;
+        train_on(&be, tr, run, None)
+    })
 }
 
 /// The dataset a run trains on: folders, a manifest, or the built-in demo pairs.
-fn open_dataset(run: &RunConfig, unet: &UNetConfig) -> Result<Dataset> {
+pub(crate) fn open_dataset(run: &RunConfig, unet: &UNetConfig) -> Result<Dataset> {
     let size = [unet.depth, unet.size, unet.size];
     let conv = run.convention.for_model(unet)?;
     Ok(match (&run.masks, &run.manifest) {
@@ -372,12 +397,18 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig, run: RunConfig) -> Result<()> {
-    let mut tr = match &a.resume {
+/// A fresh, resumed (`--resume`) or initialised (`--init-from`) trainer.
+pub(crate) fn make_trainer<B: Backend>(
+    be: &B,
+    a: &TrainArgs,
+    unet: &UNetConfig,
+    tc: &TrainConfig,
+) -> Result<Trainer<B>> {
+    Ok(match &a.resume {
         Some(p) => {
             let ck = Checkpoint::read(p)?;
             let tr = ck.restore_trainer(be)?;
-            if tr.net.cfg != unet && a.config.is_some() {
+            if tr.net.cfg != *unet && a.config.is_some() {
                 eprintln!("note: the checkpoint's model config is used; the run file's [unet] is ignored");
             }
             tr
@@ -389,17 +420,52 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
                     eprintln!("warning: {}: {m}", p.display());
                 }
                 println!("init from {}", w.source);
-                let mut tr = Trainer::new(be, &w.cfg, &tc)?;
+                let mut tr = Trainer::new(be, &w.cfg, tc)?;
                 init_trainer_with(be, &mut tr, &w)?;
                 tr
             }
-            None => Trainer::new(be, &unet, &tc)?,
+            None => Trainer::new(be, unet, tc)?,
         },
-    };
+    })
+}
+
+/// What a data-parallel rank brings to the training loop (`dist.rs` makes it).
+pub(crate) struct RankCtx<'a, B: Backend> {
+    pub sync: &'a mut dyn meddpm::dist::GradSync<B>,
+    pub check_every: u64,
+}
+
+/// The training loop. With `dist`, this process is one data-parallel rank: it reads its shard,
+/// averages gradients through `dist.sync`, checks the weights every `check_every` steps, and only
+/// rank 0 prints, logs, writes checkpoints and samples at the end.
+pub(crate) fn train_on<B: Backend>(
+    be: &B,
+    mut tr: Trainer<B>,
+    run: RunConfig,
+    mut dist: Option<RankCtx<'_, B>>,
+) -> Result<()> {
+    if let Some(d) = &mut dist {
+        tr.set_rank(d.sync.rank(), d.sync.world())?;
+        broadcast_state(d.sync, be, &mut tr)?;
+    }
+    let (rank, world) = (tr.rank, tr.world);
+    let lead = rank == 0;
     let cfg = tr.net.cfg.clone();
     let flops = cost::forward_flops(&cfg);
-    println!("meddpm train on {}", be.describe());
-    println!(
+    if !lead {
+        println!("rank {rank}/{world} on {}", be.describe());
+    }
+    let say = |m: String| {
+        if lead {
+            println!("{m}");
+        }
+    };
+    say(format!(
+        "meddpm train on {}{}",
+        be.describe(),
+        if world > 1 { format!(" (rank 0 of {world})") } else { String::new() }
+    ));
+    say(format!(
         "model: {}x{}x{} in {} out {} ch {} mult {:?} res {} attn {:?}: {} parameters, {:.2} GFLOP/forward",
         cfg.depth,
         cfg.size,
@@ -412,9 +478,11 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
         cfg.attention_ds,
         tr.net.param_count(),
         flops.total() / 1e9
-    );
-    println!(
-        "training: steps {} → {} (batch {} × accum {}), lr {:e}, loss {:?}, seed {}, activations {:.1} MiB",
+    ));
+    let ranks =
+        if world > 1 { format!(" × {world} ranks = global batch {}", tr.tc.batch * world) } else { String::new() };
+    say(format!(
+        "training: steps {} → {} (batch {}{ranks} × accum {}), lr {:e}, loss {:?}, seed {}, activations {:.1} MiB",
         tr.step,
         run.steps,
         tr.tc.batch,
@@ -423,8 +491,10 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
         tr.tc.loss,
         tr.tc.seed,
         tr.net.act_bytes as f64 / (1 << 20) as f64
-    );
-    std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
+    ));
+    if lead {
+        std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
+    }
     let ckpt = run.out.join("checkpoint.safetensors");
     let dataset = open_dataset(&run, &cfg)?;
     let source = match (&run.masks, &run.manifest) {
@@ -432,18 +502,31 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
         (None, Some(c)) => c.display().to_string(),
         (None, None) => "built-in demo pairs (MNI152-derived, 32³)".into(),
     };
-    println!("data: {} pairs from {source}, {:?} convention; checking every pair…", dataset.len(), run.convention);
+    say(format!("data: {} pairs from {source}, {:?} convention; checking every pair…", dataset.len(), run.convention));
     dataset.validate()?;
-    let consumed = tr.draws * tr.tc.batch as u64;
-    let loader = Loader::with_options(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), consumed);
+    // this rank's part of the global sample stream, from the saved global position
+    let shard = Shard::new(rank, world, tr.tc.batch)?;
+    let loader = Loader::sharded(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), tr.samples, shard);
     let mut data = Batches { loader, batch: tr.tc.batch };
     let mut log = String::new();
     let t0 = Instant::now();
     let start = tr.step;
-    let pb = bar(run.steps.saturating_sub(start), "train");
+    let pb = if lead { bar(run.steps.saturating_sub(start), "train") } else { ProgressBar::hidden() };
     let mut recent = Vec::new();
     while tr.step < run.steps {
-        let loss = tr.train_step(be, || data.next_batch())?;
+        let loss = match &mut dist {
+            None => tr.train_step(be, || data.next_batch())?,
+            Some(d) => {
+                let own = tr.train_step_synced(be, || data.next_batch(), d.sync)?;
+                // the logged loss is the mean over the global batch, as one process would log it
+                let all = d.sync.all_gather_u64(be, own.to_bits() as u64)?;
+                let global = all.iter().map(|&b| f32::from_bits(b as u32)).sum::<f32>() / world as f32;
+                if d.check_every > 0 && tr.step % d.check_every == 0 {
+                    check_weights(d.sync, be, &tr)?;
+                }
+                global
+            }
+        };
         if !loss.is_finite() {
             bail!("loss became {loss} at step {}; last good checkpoint: {}", tr.step, ckpt.display());
         }
@@ -451,11 +534,18 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, unet: UNetConfig, tc: TrainConfig
         log.push_str(&format!("{},{loss}\n", tr.step));
         pb.set_message(format!("loss {loss:.4}"));
         pb.inc(1);
-        if run.checkpoint_every > 0 && tr.step % run.checkpoint_every == 0 {
+        if lead && run.checkpoint_every > 0 && tr.step % run.checkpoint_every == 0 {
             save_trainer(&ckpt, be, &tr)?;
         }
     }
     pb.finish();
+    if let Some(d) = &mut dist {
+        check_weights(d.sync, be, &tr)?;
+    }
+    if !lead {
+        println!("rank {rank}: done at step {}", tr.step);
+        return Ok(());
+    }
     save_trainer(&ckpt, be, &tr)?;
     let log_path = run.out.join("loss.csv");
     let mut prev = std::fs::read_to_string(&log_path).unwrap_or_else(|_| "step,loss\n".into());
@@ -555,11 +645,20 @@ pub struct SampleArgs {
     /// Output stem: writes <out>.nii.gz (or <out>_<i>.nii.gz) and a PNG preview beside it.
     #[arg(long, default_value = "sample")]
     pub out: PathBuf,
+    /// Spread the volumes over GPUs of this machine, one process per GPU: a count (2), 'all', or
+    /// device indices (0,1). The files are those one GPU writes. Under torchrun or srun, leave it
+    /// out: rank r of W draws volumes r, r+W, ...
+    #[arg(long)]
+    pub gpus: Option<GpuSelection>,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
 
 pub fn sample(a: &SampleArgs) -> Result<()> {
+    if let Some(sel) = &a.gpus {
+        return crate::dist::launch_local(sel);
+    }
+    let part = DistEnv::from_env()?.filter(|e| e.world > 1);
     let group = match a.weights {
         crate::convert::Weights::Ema => WeightGroup::Ema,
         crate::convert::Weights::Model => WeightGroup::Model,
@@ -569,10 +668,17 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
         eprintln!("warning: {}: {m}", a.checkpoint.display());
     }
     println!("weights: {}", w.source);
-    with_backend!(a.backend, be => sample_on(&be, a, &w))
+    match &part {
+        Some(env) => {
+            let be = crate::dist::rank_backend(&a.backend, env)?;
+            sample_on(&be, a, &w, env.rank, env.world)
+        }
+        None => with_backend!(a.backend, be => sample_on(&be, a, &w, 0, 1)),
+    }
 }
 
-fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()> {
+/// Draw volumes `rank, rank + world, ...` of `0..num_samples` (all of them for one process).
+fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize, world: usize) -> Result<()> {
     let cfg = w.cfg.clone();
     let mut net = UNet::new(be, &cfg, 1)?;
     net.set_params(be, &w.params)?;
@@ -583,14 +689,19 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()
         None => meddpm::data::demo::dataset_at(size)?.condition(0)?,
     };
     let sched = Schedule::cosine(a.timesteps);
+    let part = if world > 1 {
+        format!(" (rank {rank} of {world}: volumes {rank}, {}, …)", rank + world)
+    } else {
+        String::new()
+    };
     println!(
-        "meddpm sample on {}: {} steps, {} volume(s) from seed {}",
+        "meddpm sample on {}: {} steps, {} volume(s) from seed {}{part}",
         be.describe(),
         a.timesteps,
         a.num_samples,
         a.seed
     );
-    for k in 0..a.num_samples {
+    for k in (rank as u64..a.num_samples).step_by(world) {
         let t0 = Instant::now();
         let vol = sample_volume(be, &mut net, &sched, &cond, a.seed + k)?;
         let stem = if a.num_samples == 1 { a.out.clone() } else { PathBuf::from(format!("{}_{k}", a.out.display())) };

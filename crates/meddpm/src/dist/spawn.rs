@@ -61,9 +61,12 @@ impl FromStr for GpuSelection {
 impl GpuSelection {
     /// The device indices for a machine with `available` devices.
     pub fn resolve(&self, available: usize) -> Result<Vec<usize>> {
-        let none = || Error::Dist("--gpus: no CUDA device is visible to this process".to_string());
+        if available == 0 {
+            return Err(Error::Dist(
+                "--gpus: no CUDA device is visible to this process (`meddpm doctor` says why)".into(),
+            ));
+        }
         match self {
-            GpuSelection::All if available == 0 => Err(none()),
             GpuSelection::All => Ok((0..available).collect()),
             GpuSelection::Count(n) if *n > available => Err(Error::Dist(format!(
                 "--gpus {n}: only {available} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES limits them)"
