@@ -109,7 +109,11 @@ pub fn train_rank(a: &TrainArgs, env: DistEnv, unet: UNetConfig, tc: TrainConfig
             watch.close();
             Ok(())
         }
-        // dropping the watch without a goodbye stops the other ranks too
-        Err(e) => Err(e.context(format!("rank {} of {}", env.rank, env.world))),
+        Err(e) => {
+            // a failure caused by a lost peer: let the watch name it (it exits the process)
+            std::thread::sleep(meddpm_cuda::collective::WATCH_GRACE);
+            // dropping the watch without a goodbye stops the other ranks too
+            Err(e.context(format!("rank {} of {}", env.rank, env.world)))
+        }
     }
 }

@@ -521,7 +521,7 @@ pub(crate) fn train_on<B: Backend>(
                 // the logged loss is the mean over the global batch, as one process would log it
                 let all = d.sync.all_gather_u64(be, own.to_bits() as u64)?;
                 let global = all.iter().map(|&b| f32::from_bits(b as u32)).sum::<f32>() / world as f32;
-                if d.check_every > 0 && tr.step % d.check_every == 0 {
+                if d.check_every > 0 && tr.step.is_multiple_of(d.check_every) {
                     check_weights(d.sync, be, &tr)?;
                 }
                 global
@@ -534,7 +534,7 @@ pub(crate) fn train_on<B: Backend>(
         log.push_str(&format!("{},{loss}\n", tr.step));
         pb.set_message(format!("loss {loss:.4}"));
         pb.inc(1);
-        if lead && run.checkpoint_every > 0 && tr.step % run.checkpoint_every == 0 {
+        if lead && run.checkpoint_every > 0 && tr.step.is_multiple_of(run.checkpoint_every) {
             save_trainer(&ckpt, be, &tr)?;
         }
     }

@@ -33,6 +33,11 @@ use crate::CudaBackend;
 /// Exit status of a rank that stops because another rank was lost.
 pub const EXIT_PEER_LOST: i32 = 3;
 
+/// How long a rank whose collective failed waits before exiting with that error: a failure
+/// caused by a dead peer is normally followed within milliseconds by the liveness watch's verdict,
+/// which names the lost rank (and exits with [`EXIT_PEER_LOST`]).
+pub const WATCH_GRACE: Duration = Duration::from_secs(2);
+
 /// Number of CUDA devices visible to this process (0 without a driver).
 pub fn device_count() -> usize {
     std::panic::catch_unwind(|| {

@@ -59,6 +59,16 @@ fn torchrun_variables() {
     let e = err(&with("WORLD_SIZE", "two"));
     assert!(e.contains("WORLD_SIZE") && e.contains("\"two\""), "{e}");
     assert!(err(&with("WORLD_SIZE", "0")).contains("at least one rank"));
+    // under torchrun its agent owns MASTER_PORT: the rendezvous takes the next port; an explicit
+    // MEDDPM_RDZV_PORT wins over both
+    let mut p = full.to_vec();
+    p.push(("TORCHELASTIC_RUN_ID", "none"));
+    assert_eq!(env(&p).unwrap().unwrap().master_port, 1235);
+    p.push(("MEDDPM_RDZV_PORT", "4000"));
+    assert_eq!(env(&p).unwrap().unwrap().master_port, 4000);
+    p.pop();
+    p.push(("MEDDPM_RDZV_PORT", "0"));
+    assert!(err(&p).contains("MEDDPM_RDZV_PORT"));
 }
 
 #[test]

@@ -9,6 +9,10 @@
 //!   `MASTER_PORT` if set, else derived from `SLURM_JOB_ID` so every task of a job agrees.
 //!   `MASTER_ADDR` overrides the node list.
 //!
+//! The rendezvous port: `MEDDPM_RDZV_PORT` if set; else under torchrun (`TORCHELASTIC_RUN_ID` set)
+//! `MASTER_PORT` + 1, because torchrun's agent keeps its own TCP store on `MASTER_PORT`; else
+//! `MASTER_PORT`.
+//!
 //! Every missing or malformed variable is an error that names it.
 
 use crate::error::{Error, Result};
@@ -28,6 +32,7 @@ pub struct DistEnv {
     /// Index of this rank on its node: the CUDA device it uses (`cuda:LOCAL_RANK`).
     pub local_rank: usize,
     pub master_addr: String,
+    /// The port of meddpm's rendezvous on `master_addr` (see the module docs).
     pub master_port: u16,
     pub launcher: Launcher,
 }
@@ -66,7 +71,13 @@ impl DistEnv {
             let world = num("WORLD_SIZE", &need("WORLD_SIZE", why)?)?;
             let local_rank = num("LOCAL_RANK", &need("LOCAL_RANK", why)?)?;
             let master_addr = need("MASTER_ADDR", why)?;
-            let master_port = port("MASTER_PORT", &need("MASTER_PORT", why)?)?;
+            let mut master_port = port("MASTER_PORT", &need("MASTER_PORT", why)?)?;
+            if get("TORCHELASTIC_RUN_ID").is_some() {
+                // torchrun's agent holds MASTER_PORT (its TCP store): ours is the next one
+                master_port = master_port.checked_add(1).ok_or_else(|| {
+                    bad("MASTER_PORT", "65535", "a port below 65535 under torchrun (meddpm uses MASTER_PORT + 1)")
+                })?;
+            }
             DistEnv { rank, world, local_rank, master_addr, master_port, launcher: Launcher::Torchrun }
         } else if let Some(procid) = get("SLURM_PROCID") {
             let Some((tasks_var, tasks)) =
@@ -106,6 +117,10 @@ impl DistEnv {
         } else {
             return Ok(None);
         };
+        let mut env = env;
+        if let Some(p) = get("MEDDPM_RDZV_PORT") {
+            env.master_port = port("MEDDPM_RDZV_PORT", &p)?;
+        }
         env.validate()?;
         Ok(Some(env))
     }
