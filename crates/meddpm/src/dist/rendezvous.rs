@@ -331,7 +331,10 @@ impl Rendezvous {
         let me = self.rank;
         let mut writers = Vec::new();
         for (r, s) in &self.links {
-            writers.push((*r, s.try_clone().map_err(|e| err(format!("liveness link to rank {r}: {e}")))?));
+            let w = s.try_clone().map_err(|e| err(format!("liveness link to rank {r}: {e}")))?;
+            // a peer that stopped reading must not block the heartbeat (or `close`) for ever
+            let _ = w.set_write_timeout(Some(cfg.silence.max(Duration::from_secs(1))));
+            writers.push((*r, w));
         }
         let writers = Arc::new(Mutex::new(writers));
         let on_lost = Arc::new(on_lost);
