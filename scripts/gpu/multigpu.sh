@@ -2,7 +2,8 @@
 # multigpu.sh: data-parallel checks for the two-GPU machine (nvidia-h200-x2), from the repository
 # root, with the binaries of scripts/gpu/prepare.sh in .devbin/all (it copies the `multigpu` test
 # executable too). Build here: `bash scripts/gpu/prepare.sh`; then on the machine (carry .devbin):
-#   bash scripts/gpu/multigpu.sh
+#   bash scripts/gpu/multigpu.sh [PART...]      (default: doctor tests gpus scaling; ≈ 5 min in all,
+#                                                 each part bounded by `timeout`s)
 # Parts, each logged to $OUT/multigpu/ (packed into $OUT/multigpu.tar.gz), one line each in
 # $OUT/summary.txt:
 #   doctor     NCCL version and file, devices
@@ -33,23 +34,27 @@ M="$BIN/meddpm"
 sum() { echo "$*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
 
-# doctor
+doctor() {
 "$M" doctor >"$RES/doctor.log" 2>&1
 sum "doctor: $(grep -E '^NCCL:|devices visible' "$RES/doctor.log" | tr '\n' ' ')"
+}
 
-# tests (each test starts its own ranks; the kill test re-runs the binary as two processes)
-timeout 420 "$BIN/multigpu" --nocapture --test-threads=1 >"$RES/tests.log" 2>&1
+# each test starts its own ranks; the kill test re-runs the binary as two processes
+tests() {
+timeout 300 "$BIN/multigpu" --nocapture --test-threads=1 >"$RES/tests.log" 2>&1
 sum "tests: exit $? — $(grep -E '^test result' "$RES/tests.log")"
 grep -E "^test |panicked|NOT OK|exited .* after the kill" "$RES/tests.log"
+}
 
-# gpus: the local launcher, the same run torchrun-style, then a 1-GPU resume
+# the local launcher, the same run torchrun-style, then a 1-GPU resume
+gpus() {
 TINY=(train --preset tiny --steps 20 --checkpoint-every 0 --no-sample --device cuda --precision fp32 --layout ncdhw --check-every 5)
-timeout 240 "$M" "${TINY[@]}" --gpus 2 --out "$RES/gpus2" >"$RES/gpus2.log" 2>&1
+timeout 120 "$M" "${TINY[@]}" --gpus 2 --out "$RES/gpus2" >"$RES/gpus2.log" 2>&1
 sum "train --gpus 2: exit $? — $(grep -E '^done' "$RES/gpus2.log")"
 PORT=$((20000 + RANDOM % 20000))
 for r in 0 1; do
   RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
-    timeout 240 "$M" "${TINY[@]}" --out "$RES/torchrun" >"$RES/torchrun$r.log" 2>&1 &
+    timeout 120 "$M" "${TINY[@]}" --out "$RES/torchrun" >"$RES/torchrun$r.log" 2>&1 &
 done
 wait
 sum "torchrun-style: $(grep -E '^done' "$RES/torchrun0.log") $(grep -E '^rank 1: done' "$RES/torchrun1.log")"
@@ -68,15 +73,25 @@ except Exception as e:
     print(f"cannot compare: {e}")
 EOF
 )"
-timeout 240 "$M" train --resume "$RES/gpus2/checkpoint.safetensors" --steps 25 --no-sample --checkpoint-every 0 \
+timeout 120 "$M" train --resume "$RES/gpus2/checkpoint.safetensors" --steps 25 --no-sample --checkpoint-every 0 \
   --device cuda --precision fp32 --layout ncdhw --out "$RES/resume1" >"$RES/resume1.log" 2>&1
 sum "resume on 1 GPU: exit $? — $(grep -E '^done' "$RES/resume1.log")"
+}
 
-# scaling (whole-head 128³ on the built-in demo pairs; the first steps include cudnnFind)
+# whole-head 128³ on the built-in demo pairs; the first steps include cudnnFind
+scaling() {
 for g in 1 2; do
-  timeout 400 "$M" train --preset whole-head --steps 40 --checkpoint-every 0 --no-sample --gpus $g \
+  timeout 200 "$M" train --preset whole-head --steps 40 --checkpoint-every 0 --no-sample --gpus $g \
     --out "$RES/wh$g" >"$RES/scaling$g.log" 2>&1
   sum "whole-head --gpus $g: exit $? — $(grep -E '^done' "$RES/scaling$g.log")"
+done
+}
+
+for part in ${@:-doctor tests gpus scaling}; do
+  case $part in
+    doctor|tests|gpus|scaling) $part ;;
+    *) echo "unknown part $part (doctor tests gpus scaling)" ;;
+  esac
 done
 
 tar czf "$OUT/multigpu.tar.gz" --exclude="*.safetensors" -C "$OUT" multigpu && rm -rf "$RES"
