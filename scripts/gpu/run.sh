@@ -9,6 +9,8 @@
 #   evalcfg  train the demo on the GPU, sample under every precision × layout, quality verdicts
 #   profile  CUPTI kernel breakdown, optimization matrix, ncu counters, PyTorch comparison
 #   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
+#   prof     the CUPTI breakdown of one whole-head training and sampling step for each precision in
+#            PROF_MATH (default bf16), NDHWC, no counters (a minute each)
 # BENCH_ARGS (default --torch) are extra arguments of the bench part.
 # Each part writes $OUT/<part>.tar.gz (its full results) and one line to $OUT/summary.txt.
 set -uo pipefail
@@ -22,7 +24,10 @@ mkdir -p "$LIBDIR"
 # a private libcudnn.so link to PyTorch's 9.19 goes first.
 ln -sf "$SP/nvidia/cudnn/lib/libcudnn.so.9" "$LIBDIR/libcudnn.so"
 export LD_LIBRARY_PATH="$LIBDIR:$SP/nvidia/cudnn/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export MEDDPM_CACHE_DIR=${MEDDPM_CACHE_DIR:-/tmp/meddpm-cache}
+# The compiled kernels and cudnnFind choices persist between calls when .devbin/cache is carried
+# back in (it is copied to $OUT/cache at the end).
+export MEDDPM_CACHE_DIR=${MEDDPM_CACHE_DIR:-$PWD/.devbin/cache}
+mkdir -p "$MEDDPM_CACHE_DIR"
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
@@ -33,8 +38,7 @@ for part in "$@"; do
   case $part in
     check)
       "$BIN/doctor" >"$RES/doctor.log" 2>&1; grep -E "cuDNN|driver|device 0" "$RES/doctor.log"
-      "$BIN/kernels_compile" --nocapture >"$RES/kernels_compile.log" 2>&1
-      for t in parity golden; do
+      for t in parity parity_bf16 golden; do
         timeout 300 "$BIN/$t" --nocapture --test-threads=1 >"$RES/$t.log" 2>&1
         echo "$t: exit $?"; grep -E "^test |test result|NOT OK|panicked" "$RES/$t.log" | tail -25
       done
@@ -45,6 +49,13 @@ for part in "$@"; do
     torch)   TEST_BIN="$BIN/torch_full" BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/torch_full.sh ;;
     evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;
     profile) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/profile.sh ;;
+    prof)
+      CUPTI=$(dirname "$(find "$SP/nvidia" /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")
+      for m in ${PROF_MATH:-bf16}; do
+        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$CUPTI" timeout 300 "$BIN/meddpm" profile --device cuda --preset whole-head \
+          --math "$m" --layout ndhwc --warmup 1 --repeats 3 --out "$RES/whole-head-$m-ndhwc"
+        grep -A16 "### By category" "$RES/whole-head-$m-ndhwc/report.md" | head -18
+      done ;;
     *) echo "unknown part $part" ;;
   esac >"$RES/console.log" 2>&1
   rc=$?
@@ -54,3 +65,4 @@ for part in "$@"; do
   tar czf "$OUT/$part.tar.gz" --exclude="*.ncu-rep" -C "$OUT" "$part" && rm -rf "$RES"
   ls -la "$OUT/$part.tar.gz"
 done
+mkdir -p "$OUT/cache" && cp -r "$MEDDPM_CACHE_DIR"/. "$OUT/cache/" 2>/dev/null

@@ -7,13 +7,18 @@ What is timed (same definitions as crates/meddpm-cli/src/bench.rs):
   * sampling forward: one denoiser forward under torch.no_grad();
 median of --iters CUDA-synchronised wall times after --warmup iterations.
 Configurations: --precision fp32 = TF32 off everywhere (cuDNN and matmul); tf32 = PyTorch's default
-(cuDNN TF32 on, matmul TF32 off); --layout ndhwc = model and input in torch.channels_last_3d.
+(cuDNN TF32 on, matmul TF32 off); bf16 = the default plus torch.autocast(bfloat16) around forward
+and loss, as a user adds it; --layout ndhwc = model and input in torch.channels_last_3d;
+--compile = torch.compile(denoise_fn) (minutes of compilation before the timed iterations).
 Peak memory: torch.cuda.max_memory_allocated over the training iterations (the caching allocator's
-own accounting; excludes the CUDA context and cuDNN's library memory).
-The reference's AttentionBlock gradient checkpointing is kept on (use_checkpoint=True).
+own accounting; excludes the CUDA context and cuDNN's library memory), and the whole process's
+device memory (cudaMemGetInfo total - free) after training, the figure meddpm bench reports.
+The reference's AttentionBlock gradient checkpointing is kept on (use_checkpoint=True), except
+under bf16 autocast, where its custom autograd function fails: there attention runs plainly.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -45,7 +50,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="whole-head", choices=sorted(PRESETS))
     ap.add_argument("--config", help="UNetConfig as JSON (overrides --preset)")
-    ap.add_argument("--precision", default="tf32", choices=["fp32", "tf32"])
+    ap.add_argument("--precision", default="tf32", choices=["fp32", "tf32", "bf16"])
+    ap.add_argument("--compile", action="store_true", help="torch.compile the denoiser")
     ap.add_argument("--layout", default="ncdhw", choices=["ncdhw", "ndhwc"])
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
@@ -56,25 +62,37 @@ def main():
         return 1
     cfg = json.loads(a.config) if a.config else PRESETS[a.preset]
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = a.precision in ("tf32", "bf16")
     torch.backends.cuda.matmul.allow_tf32 = False
     fmt = torch.channels_last_3d if a.layout == "ndhwc" else torch.contiguous_format
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    diff = ref.GaussianDiffusion(ref.UNetModel(cfg, use_checkpoint=True)).to(dev).to(memory_format=fmt)
+    bf16 = a.precision == "bf16"
+    diff = ref.GaussianDiffusion(ref.UNetModel(cfg, use_checkpoint=not bf16)).to(dev).to(memory_format=fmt)
+    if a.compile:
+        diff.denoise_fn = torch.compile(diff.denoise_fn)
     net = diff.denoise_fn
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else (lambda: contextlib.nullcontext())
     shape = (1, cfg["out_channels"], cfg["depth"], cfg["size"], cfg["size"])
     cshape = (1, cfg["in_channels"] - cfg["out_channels"], cfg["depth"], cfg["size"], cfg["size"])
     x0 = torch.randn(shape, device=dev).contiguous(memory_format=fmt)
     cond = torch.randn(cshape, device=dev).contiguous(memory_format=fmt)
-    out = {"precision": a.precision, "layout": a.layout, "torch": torch.__version__,
+    out = {"precision": a.precision, "layout": a.layout, "compile": a.compile, "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(0),
            "params": ref.param_count(net)}
 
     with torch.no_grad():
         xin = torch.cat([x0, cond], 1).contiguous(memory_format=fmt)
         t = torch.tensor([100], device=dev)
-        out["fwd_ms"], out["fwd_all_ms"] = timed(lambda: net(xin, t), a.warmup, a.iters)
+        def fwd():
+            with amp():
+                net(xin, t)
+
+        t0 = time.perf_counter()
+        fwd()
+        torch.cuda.synchronize()
+        out["first_fwd_s"] = time.perf_counter() - t0
+        out["fwd_ms"], out["fwd_all_ms"] = timed(fwd, a.warmup, a.iters)
 
     if not a.no_train:
         opt = torch.optim.Adam(net.parameters(), lr=1e-5)
@@ -82,7 +100,8 @@ def main():
         def step():
             tt = torch.randint(0, diff.num_timesteps, (1,), device=dev)
             noise = torch.randn_like(x0)
-            loss = diff.p_losses(x0, cond, tt, noise)
+            with amp():
+                loss = diff.p_losses(x0, cond, tt, noise)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -90,6 +109,8 @@ def main():
         torch.cuda.reset_peak_memory_stats()
         out["train_ms"], out["train_all_ms"] = timed(step, a.warmup, a.iters)
         out["train_peak_bytes"] = torch.cuda.max_memory_allocated()
+        free, total = torch.cuda.mem_get_info()
+        out["process_used_bytes"] = total - free
     print(json.dumps(out))
     return 0
 

@@ -39,6 +39,17 @@ pub enum BenchDevice {
 pub enum Prec {
     Fp32,
     Tf32,
+    Bf16,
+}
+
+impl Prec {
+    fn precision(self) -> Precision {
+        match self {
+            Prec::Fp32 => Precision::Fp32,
+            Prec::Tf32 => Precision::Tf32,
+            Prec::Bf16 => Precision::Bf16,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -62,8 +73,8 @@ pub struct BenchArgs {
     /// Run file (TOML) whose [unet] table (or preset) is the model to time.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Precisions to time (comma-separated). The CPU backend is always fp32.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "tf32,fp32")]
+    /// Precisions to time (comma-separated). The CPU backend is fp32 (bf16 emulates bf16 rounding).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "bf16,tf32")]
     pub precision: Vec<Prec>,
     /// Layouts to time (comma-separated). The CPU backend is always ncdhw.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "ndhwc,ncdhw")]
@@ -83,6 +94,10 @@ pub struct BenchArgs {
     /// Also time our PyTorch re-implementation (tools/reference/bench_torch.py) via python3.
     #[arg(long)]
     pub torch: bool,
+    /// With --torch: torch.compile the PyTorch model (how PyTorch's users get its best numbers; several
+    /// minutes of compilation per configuration).
+    #[arg(long)]
+    pub torch_compile: bool,
     /// The Python interpreter for --torch.
     #[arg(long, default_value = "python3")]
     pub python: String,
@@ -111,6 +126,11 @@ pub struct Row {
     pub mem_used_bytes: Option<usize>,
     /// The same before the model was built (context, handles, kernels), bytes.
     pub mem_baseline_bytes: Option<usize>,
+    /// Our planned buffers: the U-Net (activations, gradients, scratch, parameters, weight
+    /// copies) and the trainer (EMA, Adam moments, batch buffers), bytes.
+    pub plan_bytes: Option<usize>,
+    /// The U-Net's plan by buffer class (see `meddpm info`), bytes.
+    pub plan_classes: Vec<(String, usize)>,
     pub fwd_tflops: f64,
     pub train_tflops: Option<f64>,
     /// Floor / measured, % (TF32 whole-head only).
@@ -179,7 +199,8 @@ fn measure<B: Backend>(
     let cd = tr.net.input_dims().with_c(cfg.cond_channels());
     let image = host_data(img.numel(), 1);
     let cond = host_data(cd.numel(), 2);
-    let mut row = Row { mem_baseline_bytes, ..Row::default() };
+    let plan_classes = tr.net.mem.rows().iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let mut row = Row { mem_baseline_bytes, plan_bytes: Some(tr.plan_bytes()), plan_classes, ..Row::default() };
 
     if !a.no_train {
         let (mut ts, mut os) = (Vec::new(), Vec::new());
@@ -258,6 +279,9 @@ fn torch_row(a: &BenchArgs, cfg: &UNetConfig, p: Prec, l: Lay) -> serde_json::Va
     if a.no_train {
         cmd.arg("--no-train");
     }
+    if a.torch_compile {
+        cmd.arg("--compile");
+    }
     match cmd.output() {
         Ok(o) if o.status.success() => {
             let text = String::from_utf8_lossy(&o.stdout);
@@ -284,6 +308,7 @@ mod erased {
             match self {
                 super::Prec::Fp32 => "fp32",
                 super::Prec::Tf32 => "tf32",
+                super::Prec::Bf16 => "bf16",
             }
         }
     }
@@ -383,10 +408,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             for &p in &a.precision {
                 for &l in &a.layout {
                     let (pr, la) = (
-                        match p {
-                            Prec::Fp32 => Precision::Fp32,
-                            Prec::Tf32 => Precision::Tf32,
-                        },
+                        p.precision(),
                         match l {
                             Lay::Ncdhw => Layout::Ncdhw,
                             Lay::Ndhwc => Layout::Ndhwc,

@@ -1,34 +1,55 @@
 //! Data-parallel wiring for `train` and `sample`: `--gpus` spawns the local ranks
-//! (`meddpm::dist::spawn`), and one rank's set-up under `--gpus`, torchrun or Slurm: its GPU
-//! (`cuda:LOCAL_RANK`), the rendezvous that hands out rank 0's NCCL unique id after checking world
-//! size and configuration, the liveness watch (a lost rank stops this one), the NCCL gradient sync;
-//! then the usual training loop (`run::train_on`). Glue only: the logic lives in `meddpm::dist` and
-//! `meddpm_cuda::{nccl, collective}`.
+//! (`meddpm::dist::spawn`) and passes the user's signals on to them, and one rank's set-up under
+//! `--gpus`, torchrun or Slurm: its GPU (`cuda:LOCAL_RANK`), the rendezvous that hands out rank
+//! 0's NCCL unique id after checking world size and configuration, the liveness watch (a lost rank
+//! stops this one), the NCCL gradient sync; then the usual training loop (`run::train_on`, which
+//! runs `meddpm::run::Session::run_ranked`). For `sample`, the merge of the ranks' timing files.
+//! Glue only: the logic lives in `meddpm::dist`, `meddpm::run` and `meddpm_cuda::{nccl, collective}`.
 
-use crate::run::{make_trainer, open_dataset, train_on, BackendArgs, Device, RankCtx, RunConfig, TrainArgs};
+use crate::run::{open_dataset, start_trainer, train_on, BackendArgs, Device, Plan, RankCtx, RunConfig, TrainArgs};
 use anyhow::{bail, Context, Result};
 use meddpm::diffusion::TrainConfig;
-use meddpm::dist::rendezvous::{self, RendezvousConfig, WatchConfig};
-use meddpm::dist::spawn::{free_port, local_rank_envs, run_local, strip_gpus_arg, GpuSelection};
+use meddpm::dist::rendezvous::{self, RendezvousConfig, Watch, WatchConfig};
+use meddpm::dist::spawn::{count_signals, free_port, local_rank_envs, run_local, strip_gpus_arg, GpuSelection};
 use meddpm::dist::{config_hash, BucketPlan, DistEnv, DEFAULT_BUCKET_BYTES};
+use meddpm::eval::samplers::SampleTiming;
 use meddpm::model::UNetConfig;
 use meddpm::{Layout, Precision};
 use meddpm_cuda::collective::{exit_on_lost, CommSlot, NcclSync};
 use meddpm_cuda::nccl::UniqueId;
 use meddpm_cuda::CudaBackend;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// `--gpus`: run this same command once per selected GPU, as ranks 0..N−1, and wait for them.
-pub fn launch_local(sel: &GpuSelection) -> Result<()> {
+/// Set in the ranks `--gpus` starts: the selection, so that a rank can print the command that
+/// resumes the run the same way.
+pub const GPUS_ENV: &str = "MEDDPM_GPUS";
+
+/// `--gpus`: run this same command once per selected GPU, as ranks 0..N−1, pass SIGINT/SIGTERM
+/// on to them, and wait for them. Returns the number of ranks.
+pub fn launch_local(sel: &GpuSelection) -> Result<usize> {
     let devices = sel.resolve(meddpm_cuda::collective::device_count())?;
     let port = free_port()?;
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let envs = local_rank_envs(&devices, visible.as_deref(), port)?;
-    let args = strip_gpus_arg(&std::env::args().skip(1).collect::<Vec<_>>());
+    let mut envs = local_rank_envs(&devices, visible.as_deref(), port)?;
+    let raw = std::env::args().skip(1).collect::<Vec<_>>();
+    let given = raw
+        .iter()
+        .position(|a| a == "--gpus")
+        .and_then(|i| raw.get(i + 1).cloned())
+        .or_else(|| raw.iter().find_map(|a| a.strip_prefix("--gpus=").map(str::to_string)))
+        .unwrap_or_else(|| devices.len().to_string());
+    for e in &mut envs {
+        e.push((GPUS_ENV.into(), given.clone()));
+    }
+    let args = strip_gpus_arg(&raw);
     let exe = std::env::current_exe().context("finding the meddpm executable to start the ranks")?;
+    // The ranks run in their own process groups: the terminal's Ctrl-C comes here, and each
+    // signal goes on to every rank exactly once.
+    let signals = count_signals()?;
     println!("meddpm: {} rank(s) on GPU(s) {devices:?}, rendezvous on 127.0.0.1:{port}", devices.len());
-    run_local(&exe, &args, &envs, Duration::from_secs(60))?;
-    Ok(())
+    run_local(&exe, &args, &envs, Duration::from_secs(60), &signals)?;
+    Ok(devices.len())
 }
 
 /// The CUDA backend of a rank: device `LOCAL_RANK` (of those the launcher made visible).
@@ -65,25 +86,17 @@ struct Agreement<'a> {
     layout: Layout,
 }
 
-/// One data-parallel training rank (see the module docs).
-pub fn train_rank(a: &TrainArgs, env: DistEnv, unet: UNetConfig, tc: TrainConfig, run: RunConfig) -> Result<()> {
-    let be = rank_backend(&a.backend, &env)?;
-    let tr = make_trainer(&be, a, &unet, &tc)?;
-    let pairs = open_dataset(&run, &tr.net.cfg)?.len();
-    let hash = config_hash(&Agreement {
-        unet: &tr.net.cfg,
-        train: &tr.tc,
-        step: tr.step,
-        samples: tr.samples,
-        run: &run,
-        pairs,
-        precision: a.backend.precision(),
-        layout: a.backend.layout(),
-    });
-    let timeout = Duration::from_secs(a.dist_timeout.max(1));
-    // rank 0 makes the NCCL id; if it cannot, the others hear why instead of waiting
+/// The rendezvous of this rank: rank 0 makes `n` NCCL unique ids (one per communicator the ranks
+/// will open) and hands them out once every rank arrived with the same `hash`; then the liveness
+/// watch (a lost peer aborts the communicator in the returned slot and exits).
+fn join(env: &DistEnv, hash: u64, timeout: Duration, n: usize) -> Result<(Vec<UniqueId>, Watch, CommSlot)> {
+    // rank 0 makes the NCCL ids; if it cannot, the others hear why instead of waiting
     let payload = if env.rank == 0 {
-        UniqueId::new().map(|id| id.0.to_vec()).map_err(|e| e.to_string())
+        (0..n)
+            .map(|_| UniqueId::new().map(|id| id.0.to_vec()))
+            .collect::<meddpm::Result<Vec<_>>>()
+            .map(|v| v.concat())
+            .map_err(|e| e.to_string())
     } else {
         Err(String::new())
     };
@@ -98,12 +111,36 @@ pub fn train_rank(a: &TrainArgs, env: DistEnv, unet: UNetConfig, tc: TrainConfig
         },
         payload,
     )?;
-    let id = UniqueId::from_bytes(&rdv.payload)?;
+    let len = rdv.payload.len() / n.max(1);
+    let ids = rdv.payload.chunks(len.max(1)).map(UniqueId::from_bytes).collect::<meddpm::Result<Vec<_>>>()?;
+    if ids.len() != n {
+        bail!("rank {}: the rendezvous brought {} NCCL id(s), {n} expected", env.rank, ids.len());
+    }
     let slot = CommSlot::default();
     let watch = rdv.watch(WatchConfig::default(), exit_on_lost(slot.clone(), env.rank))?;
+    Ok((ids, watch, slot))
+}
+
+/// One data-parallel training rank (see the module docs).
+pub fn train_rank(a: &TrainArgs, env: DistEnv, plan: Plan) -> Result<()> {
+    let be = rank_backend(&plan.backend, &env)?;
+    let (tr, started) = start_trainer(&be, a, plan)?;
+    let pairs = open_dataset(&started.run, &tr.net.cfg)?.len();
+    let hash = config_hash(&Agreement {
+        unet: &tr.net.cfg,
+        train: &tr.tc,
+        step: tr.step,
+        samples: tr.samples,
+        run: &started.run,
+        pairs,
+        precision: started.backend.precision(),
+        layout: started.backend.layout(),
+    });
+    let timeout = Duration::from_secs(a.dist_timeout.max(1));
+    let (ids, watch, slot) = join(&env, hash, timeout, 1)?;
     let plan = BucketPlan::for_unet(&tr.net.cfg, DEFAULT_BUCKET_BYTES);
-    let mut sync = NcclSync::new(&be, &id, env.rank, env.world, plan, timeout, Some(&slot))?;
-    let r = train_on(&be, tr, run, Some(RankCtx { sync: &mut sync, check_every: a.check_every }));
+    let mut sync = NcclSync::new(&be, &ids[0], env.rank, env.world, plan, timeout, Some(&slot))?;
+    let r = train_on(&be, started, tr, Some(RankCtx { sync: &mut sync, check_every: a.check_every }));
     match r {
         Ok(()) => {
             watch.close();
@@ -116,4 +153,48 @@ pub fn train_rank(a: &TrainArgs, env: DistEnv, unet: UNetConfig, tc: TrainConfig
             Err(e.context(format!("rank {} of {}", env.rank, env.world)))
         }
     }
+}
+
+/// Where a sampling rank writes its timing: `<out>_timing.json` alone, `<out>_timing_rank<r>.json`
+/// as rank r of several (the ranks' volume files are disjoint; their timings are merged by
+/// [`merge_timing`] under `--gpus`).
+pub fn timing_path(out: &Path, rank: usize, world: usize) -> PathBuf {
+    if world > 1 {
+        PathBuf::from(format!("{}_timing_rank{rank}.json", out.display()))
+    } else {
+        PathBuf::from(format!("{}_timing.json", out.display()))
+    }
+}
+
+/// After `sample --gpus`: the ranks' timing files as one `<out>_timing.json` (every rank's
+/// batches; the device line names the ranks), the rank files removed. A rank that had no
+/// volume wrote none.
+pub fn merge_timing(out: &Path, world: usize) -> Result<()> {
+    let mut parts = Vec::new();
+    for r in 0..world {
+        let p = timing_path(out, r, world);
+        if !p.is_file() {
+            continue;
+        }
+        let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        let t: SampleTiming =
+            serde_json::from_str(&s).with_context(|| format!("{}: not a timing file", p.display()))?;
+        parts.push((p, t));
+    }
+    let Some(merged) = SampleTiming::merge(parts.iter().map(|(_, t)| t.clone()).collect()) else {
+        bail!("sample --gpus: no rank wrote a timing file ({})", timing_path(out, 0, world).display());
+    };
+    let path = timing_path(out, 0, 1);
+    meddpm::checkpoint::write_atomic(&path, serde_json::to_string_pretty(&merged)?.as_bytes())?;
+    for (p, _) in &parts {
+        let _ = std::fs::remove_file(p);
+    }
+    println!(
+        "{} volume(s) on {} rank(s): {:.3} s/volume per GPU; timing: {}",
+        merged.volumes(),
+        parts.len(),
+        merged.seconds_per_volume(),
+        path.display()
+    );
+    Ok(())
 }

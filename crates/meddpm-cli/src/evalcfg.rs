@@ -59,10 +59,7 @@ impl Config {
             Config::Cpu => "cpu".into(),
             Config::Cuda(p, l) => format!(
                 "{}/{}",
-                match p {
-                    Precision::Fp32 => "fp32",
-                    Precision::Tf32 => "tf32",
-                },
+                p.name(),
                 match l {
                     Layout::Ncdhw => "ncdhw",
                     Layout::Ndhwc => "ndhwc",
@@ -72,19 +69,16 @@ impl Config {
     }
 }
 
-/// `cpu`, or `PRECISION/LAYOUT` for CUDA (`fp32|tf32` / `ncdhw|ndhwc`).
+/// `cpu`, or `PRECISION/LAYOUT` for CUDA (`fp32|tf32|bf16` / `ncdhw|ndhwc`).
 pub fn parse_config(s: &str) -> Result<Config, String> {
     let t = s.trim().to_ascii_lowercase();
     if t == "cpu" {
         return Ok(Config::Cpu);
     }
-    let bad = || format!("'{s}' is not a configuration: use cpu or PRECISION/LAYOUT with fp32|tf32 and ncdhw|ndhwc");
+    let bad =
+        || format!("'{s}' is not a configuration: use cpu or PRECISION/LAYOUT with fp32|tf32|bf16 and ncdhw|ndhwc");
     let (p, l) = t.split_once('/').ok_or_else(bad)?;
-    let p = match p {
-        "fp32" => Precision::Fp32,
-        "tf32" => Precision::Tf32,
-        _ => return Err(bad()),
-    };
+    let p: Precision = p.parse().map_err(|_| bad())?;
     let l = match l {
         "ncdhw" => Layout::Ncdhw,
         "ndhwc" => Layout::Ndhwc,

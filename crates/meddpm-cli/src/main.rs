@@ -12,6 +12,8 @@ mod masks;
 mod preview;
 mod profile;
 mod run;
+mod study;
+mod view;
 
 use clap::{Parser, Subcommand};
 
@@ -32,7 +34,28 @@ enum Cmd {
     /// volumes), then samples one volume: the whole pipeline in a few minutes on 2 CPU cores.
     /// Several GPUs: `--gpus N`, or one process per GPU under torchrun or `srun`.
     Train(run::TrainArgs),
-    /// Sample volumes from a checkpoint for a conditioning mask (250 ancestral DDPM steps).
+    /// Sample volumes for conditioning masks: DDPM-250 (reference) or DDIM, DPM-Solver++, iPNDM
+    ///
+    /// Samplers (`--sampler`, `--steps S` network evaluations per volume, all on the model's
+    /// cosine schedule; x̂₀ is clipped to [−1, 1] as the reference clips):
+    ///   ddpm          ancestral sampling, "fixed small" variance; the reference with S = T; with
+    ///                 S < T the respaced chain of Improved DDPM (timesteps round(i·(T−1)/(S−1))).
+    ///   ddim          DDIM with --eta (0: deterministic ODE solver, first order; 1 with S = T is
+    ///                 ancestral DDPM); the DDIM paper's linear selection ⌊i·T/S⌋; ends on x̂₀.
+    ///   dpm-solver++  DPM-Solver++(2M): multistep, second order, data prediction; time-uniform
+    ///                 steps with the official discrete-time interpolation (fractional timesteps).
+    ///   ipndm         iPNDM (DEIS), the sampler of the reference's fast_sampling script (10 steps
+    ///                 there): DDIM steps with Adams–Bashforth-combined ε, timesteps ⌊i·(T−1)/S⌋.
+    /// ddpm and ddim end on x̂₀; dpm-solver++ and ipndm on x at timestep 0, as their reference
+    /// implementations (noise of σ ≈ 0.014 left).
+    ///
+    /// `--batch B` runs B volumes per network forward (masks and seeds mixed); each volume draws
+    /// its noise from its own seed's Philox stream, so it is the same volume in any batch. Wall
+    /// time per batch and per volume is printed and saved in <out>_timing.json.
+    ///
+    /// `--gpus N` spreads the volumes over N GPUs of this machine (one process each; rank r draws
+    /// volumes r, r+N, …): the same files as one GPU, one merged <out>_timing.json.
+    #[command(verbatim_doc_comment)]
     Sample(run::SampleArgs),
     /// Print a model configuration: parameters, FLOPs, planned memory.
     Info(run::InfoArgs),
@@ -40,6 +63,9 @@ enum Cmd {
     Masks(masks::MasksArgs),
     /// PNG mid-slice previews of NIfTI volumes side by side.
     Preview(preview::PreviewArgs),
+    /// A self-contained HTML viewer: three slices with sliders, window/level, mask overlay,
+    /// volumes side by side.
+    View(view::ViewArgs),
     /// Measure the whole-head train step, sampling forward and 250-step volume per precision ×
     /// layout (PyTorch side by side with --torch).
     Bench(bench::BenchArgs),
@@ -50,6 +76,9 @@ enum Cmd {
     /// Sample the same masks and seeds under each precision × layout (and the CPU reference);
     /// compare with the fp32 baseline and its seed-to-seed spread.
     EvalConfigs(evalcfg::EvalConfigsArgs),
+    /// The sampler study's table, CSV and chart (quality against wall time per volume) from the
+    /// run folders of scripts/gpu/samplers.sh.
+    EvalSamplers(study::EvalSamplersArgs),
     /// Where a training and a sampling step spend their time: per-op/kernel breakdown, Nsight
     /// Compute counters, the optimization matrix, roofline.
     Profile(profile::ProfileArgs),
@@ -72,10 +101,12 @@ fn main() {
         Cmd::Info(a) => run::info(a),
         Cmd::Masks(a) => masks::run(a),
         Cmd::Preview(a) => preview::run(a),
+        Cmd::View(a) => view::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Convert(a) => convert::run(a),
         Cmd::Eval(a) => eval::run(a),
         Cmd::EvalConfigs(a) => evalcfg::run(a),
+        Cmd::EvalSamplers(a) => study::run(a),
         Cmd::Profile(a) => profile::run(a),
         Cmd::Doctor => run::doctor(),
     };

@@ -190,6 +190,14 @@ fn preset_name(p: Preset) -> &'static str {
     }
 }
 
+fn math_of(p: Precision) -> Math {
+    match p {
+        Precision::Fp32 => Math::Fp32,
+        Precision::Tf32 => Math::Tf32,
+        Precision::Bf16 => Math::Bf16,
+    }
+}
+
 fn layout_of(l: LayoutArg) -> Layout {
     match l {
         LayoutArg::Ncdhw => Layout::Ncdhw,
@@ -198,11 +206,7 @@ fn layout_of(l: LayoutArg) -> Layout {
 }
 
 fn config_name(p: Precision, l: Layout) -> String {
-    format!(
-        "{}-{}",
-        if p == Precision::Fp32 { "fp32" } else { "tf32" },
-        if l == Layout::Ncdhw { "ncdhw" } else { "ndhwc" }
-    )
+    format!("{}-{}", p.name(), if l == Layout::Ncdhw { "ncdhw" } else { "ndhwc" })
 }
 
 // ---- CUDA: steps through CUPTI ------------------------------------------------------------------
@@ -541,7 +545,7 @@ fn child_args(a: &ProfileArgs, precision: Precision, layout: Layout, steps: Step
         "--preset".into(),
         preset_name(a.preset).into(),
         "--math".into(),
-        if precision == Precision::Fp32 { "fp32" } else { "tf32" }.into(),
+        precision.name().into(),
         "--layout".into(),
         if layout == Layout::Ncdhw { "ncdhw" } else { "ndhwc" }.into(),
         "--warmup".into(),
@@ -597,7 +601,11 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         || !a.command.is_empty();
     let device = a.device.or(if have_inputs { None } else { Some(ProfileDevice::Cpu) });
     let cfg = a.preset.unet();
-    let precision = if matches!(a.math, MathArg::Fp32) { Precision::Fp32 } else { Precision::Tf32 };
+    let precision = match a.math {
+        MathArg::Fp32 => Precision::Fp32,
+        MathArg::Tf32 => Precision::Tf32,
+        MathArg::Bf16 => Precision::Bf16,
+    };
     let layout = layout_of(a.layout);
     let opts = Options { seed: a.seed, warmup: a.warmup, repeats: a.repeats, ..Options::default() };
 
@@ -831,7 +839,7 @@ fn cuda_run(
         }
     };
     input.device_gpu = gpus::find(&cuda.info().name);
-    input.math = Some(if precision == Precision::Fp32 { Math::Fp32 } else { Math::Tf32 });
+    input.math = Some(math_of(precision));
     input.device = cuda.describe();
     let main_name = config_name(precision, layout);
     input.config.push_str(&format!("; configuration {main_name}"));
@@ -887,6 +895,8 @@ fn cuda_run(
             (Precision::Tf32, Layout::Ncdhw),
             (Precision::Fp32, Layout::Ndhwc),
             (Precision::Tf32, Layout::Ndhwc),
+            (Precision::Bf16, Layout::Ncdhw),
+            (Precision::Bf16, Layout::Ndhwc),
         ];
         for (p, l) in configs {
             let name = config_name(p, l);
@@ -926,7 +936,11 @@ fn cuda_run(
             }
         }
         // baseline first: fp32-ncdhw
-        let order = |p: Precision, l: Layout| (p != Precision::Fp32) as u8 + 2 * (l != Layout::Ncdhw) as u8;
+        // fp32-ncdhw, tf32-ncdhw, fp32-ndhwc, tf32-ndhwc, then bf16-ncdhw, bf16-ndhwc
+        let order = |p: Precision, l: Layout| match p {
+            Precision::Bf16 => 4 + (l != Layout::Ncdhw) as u8,
+            _ => (p != Precision::Fp32) as u8 + 2 * (l != Layout::Ncdhw) as u8,
+        };
         matrix_rows.sort_by_key(|r| order(r.0, r.1));
         for (p, l, recs) in matrix_rows {
             let name = config_name(p, l);

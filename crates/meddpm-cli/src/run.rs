@@ -1,16 +1,19 @@
 //! `train`, `sample`, `info`, `doctor`: argument structs, run-file (TOML) handling, backend
-//! choice, and the loops with progress bars. The engine does the work; this file only wires.
-//! Data-parallel runs (`--gpus`, torchrun, Slurm) are set up in `dist.rs` and use the same loop.
+//! choice, and the loops with progress bars. The engine does the work (`meddpm::run` for the
+//! run folder: record, resume, loss log, safe stop); this file only wires. Data-parallel runs
+//! (`--gpus`, torchrun, Slurm) are set up in `dist.rs` and train through the same `train_on`.
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use meddpm::checkpoint::{init_trainer_with, load_weights, save_trainer, Checkpoint, LoadedWeights, WeightGroup};
+use meddpm::checkpoint::{bundled, init_trainer_with, load_weights, Checkpoint, LoadHints, LoadedWeights, WeightGroup};
 use meddpm::cpu::CpuBackend;
-use meddpm::data::{preview, Convention, Dataset, Loader, Shard, Volume};
-use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
+use meddpm::data::{preview, view, Convention, Dataset, Loader, Shard, Volume};
+use meddpm::diffusion::{Sampler, SamplerKind, SamplerSpec, Schedule, TrainConfig, Trainer};
 use meddpm::dist::spawn::GpuSelection;
-use meddpm::dist::{broadcast_state, check_weights, DistEnv};
+use meddpm::dist::{DistEnv, GradSync};
+use meddpm::eval::samplers::{BatchTiming, SampleTiming, TimedVolume};
 use meddpm::model::{cost, UNet, UNetConfig};
+use meddpm::run::{DataChanges, DataSource, Faults, LossLog, Outcome, Overrides, Ranks, RunRecord, Session, StopFlag};
 use meddpm::{Backend, Layout, Precision};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -76,18 +79,23 @@ pub struct BackendArgs {
     /// auto | cpu | cuda | cuda:N
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: Device,
-    /// Convolution/GEMM math on the GPU: fp32 (true FMA) or tf32 (tensor cores).
-    #[arg(long, value_enum, default_value = "tf32")]
-    pub precision: PrecisionArg,
-    /// Activation layout on the GPU: ndhwc (channels-last, default) or ncdhw.
-    #[arg(long, value_enum, default_value = "ndhwc")]
-    pub layout: LayoutArg,
+    /// Precision on the GPU: fp32 (true FMA), tf32 (tensor-core convs and GEMMs) or bf16 (activations
+    /// stored in bf16, bf16 tensor-core convs, fp32 statistics/loss/weights/optimizer); on the CPU
+    /// bf16 emulates the GPU's bf16 rounding, fp32 and tf32 are the fp32 reference [default: tf32;
+    /// a resumed run: its own].
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionArg>,
+    /// Activation layout on the GPU: ndhwc (channels-last) or ncdhw [default: ndhwc; a resumed
+    /// run: its own].
+    #[arg(long, value_enum)]
+    pub layout: Option<LayoutArg>,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum PrecisionArg {
     Fp32,
     Tf32,
+    Bf16,
 }
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum LayoutArg {
@@ -97,15 +105,33 @@ pub enum LayoutArg {
 
 impl BackendArgs {
     pub(crate) fn precision(&self) -> Precision {
-        match self.precision {
+        match self.precision.unwrap_or(PrecisionArg::Tf32) {
             PrecisionArg::Fp32 => Precision::Fp32,
             PrecisionArg::Tf32 => Precision::Tf32,
+            PrecisionArg::Bf16 => Precision::Bf16,
         }
     }
     pub(crate) fn layout(&self) -> Layout {
-        match self.layout {
+        match self.layout.unwrap_or(LayoutArg::Ndhwc) {
             LayoutArg::Ncdhw => Layout::Ncdhw,
             LayoutArg::Ndhwc => Layout::Ndhwc,
+        }
+    }
+    /// These arguments with `p` and `l` where no flag gave them.
+    fn with_defaults(&self, p: Precision, l: Layout) -> BackendArgs {
+        let precision = Some(match p {
+            Precision::Fp32 => PrecisionArg::Fp32,
+            Precision::Tf32 => PrecisionArg::Tf32,
+            Precision::Bf16 => PrecisionArg::Bf16,
+        });
+        let layout = Some(match l {
+            Layout::Ncdhw => LayoutArg::Ncdhw,
+            Layout::Ndhwc => LayoutArg::Ndhwc,
+        });
+        BackendArgs {
+            device: self.device.clone(),
+            precision: self.precision.or(precision),
+            layout: self.layout.or(layout),
         }
     }
     /// The device to use: `Auto` becomes CUDA 0 when a device answers, else the CPU.
@@ -125,7 +151,10 @@ macro_rules! with_backend {
     ($args:expr, $be:ident => $body:expr) => {{
         match $args.resolve() {
             Device::Cpu | Device::Auto => {
-                let $be = CpuBackend::new();
+                let $be = CpuBackend::with_precision(match $args.precision() {
+                    Precision::Bf16 => Precision::Bf16,
+                    Precision::Fp32 | Precision::Tf32 => Precision::Fp32,
+                })?;
                 $body
             }
             Device::Cuda(i) => {
@@ -185,6 +214,17 @@ pub enum ConventionName {
 }
 
 impl ConventionName {
+    /// The CLI name (`whole-head`, ...), as run records store it.
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self).expect("no variant is skipped").get_name().to_string()
+    }
+
+    /// The convention called `name` (a run record's).
+    pub fn from_name(name: &str) -> Result<ConventionName> {
+        <ConventionName as clap::ValueEnum>::from_str(name, false)
+            .map_err(|_| anyhow::anyhow!("unknown data convention '{name}' in the run record"))
+    }
+
     /// The convention for `unet`, checked against its channel counts.
     pub fn for_model(self, unet: &UNetConfig) -> Result<Convention> {
         let mut c = match self {
@@ -234,7 +274,9 @@ pub struct TrainArgs {
     /// Model preset (ignored when the run file has a [unet] table).
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
-    /// Resume from a meddpm checkpoint (continues exactly: weights, EMA, Adam, step, RNG).
+    /// Continue the run of this meddpm checkpoint exactly (weights, EMA, Adam, step, RNG), in the
+    /// checkpoint's folder, on the run's data, to its step target; flags override the run's
+    /// settings (a note is printed for each), and data that changed since is reported.
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Start from the EMA weights of a released checkpoint (.pt, safetensors or meddpm) as the
@@ -247,6 +289,9 @@ pub struct TrainArgs {
     pub steps: Option<u64>,
     #[arg(long)]
     pub lr: Option<f32>,
+    /// Micro-steps (batches) accumulated per optimizer step.
+    #[arg(long)]
+    pub grad_accum: Option<usize>,
     #[arg(long)]
     pub seed: Option<u64>,
     #[arg(long)]
@@ -276,7 +321,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub gpus: Option<GpuSelection>,
     /// Data-parallel runs: compare the weights of all ranks by hash every N optimizer steps
-    /// (0: never); a difference stops the run.
+    /// (0: only at the end); a difference stops the run.
     #[arg(long, default_value_t = 100)]
     pub check_every: u64,
     /// Data-parallel runs: seconds to wait for the other ranks (rendezvous, each gradient
@@ -287,8 +332,9 @@ pub struct TrainArgs {
     pub backend: BackendArgs,
 }
 
-/// Settle the configuration: run file < preset < flags; the demo is the default.
-pub(crate) fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
+/// Settle the configuration of a new run (or of a resumed checkpoint without a run record):
+/// run file < preset < flags; the demo is the default.
+fn plan_from_flags(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
     let file = match &a.config {
         Some(p) => {
             let s = std::fs::read_to_string(p).with_context(|| format!("reading run file {}", p.display()))?;
@@ -306,6 +352,9 @@ pub(crate) fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunC
     let mut run = file.run.clone();
     if let Some(v) = a.lr {
         tc.lr = v;
+    }
+    if let Some(v) = a.grad_accum {
+        tc.grad_accum = v;
     }
     if let Some(v) = a.seed {
         tc.seed = v;
@@ -338,17 +387,147 @@ pub(crate) fn plan_train(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunC
     Ok((unet, tc, run))
 }
 
+/// Where a run's pairs come from, as a run record says it.
+fn data_source(run: &RunConfig) -> DataSource {
+    match (&run.masks, &run.manifest) {
+        (Some(m), _) => DataSource::Folders { masks: m.clone(), images: run.images.clone() },
+        (None, Some(csv)) => DataSource::Manifest { csv: csv.clone() },
+        (None, None) => DataSource::Demo,
+    }
+}
+
+/// A run's settings as its record keeps them (paths absolute; the data prints come later).
+fn record_of(run: &RunConfig, backend: &BackendArgs) -> Result<RunRecord> {
+    Ok(RunRecord {
+        out: meddpm::run::record::absolute(&run.out)?,
+        data: data_source(run).absolute()?,
+        convention: run.convention.name(),
+        steps: run.steps,
+        checkpoint_every: run.checkpoint_every,
+        sample_at_end: run.sample_at_end,
+        workers: run.workers,
+        precision: backend.precision(),
+        layout: backend.layout(),
+        pairs: Vec::new(),
+    })
+}
+
+/// The run settings a record stands for.
+fn run_config_of(rec: &RunRecord) -> Result<RunConfig> {
+    let (masks, images, manifest) = match &rec.data {
+        DataSource::Demo => (None, Vec::new(), None),
+        DataSource::Folders { masks, images } => (Some(masks.clone()), images.clone(), None),
+        DataSource::Manifest { csv } => (None, Vec::new(), Some(csv.clone())),
+    };
+    Ok(RunConfig {
+        steps: rec.steps,
+        checkpoint_every: rec.checkpoint_every,
+        out: rec.out.clone(),
+        sample_at_end: rec.sample_at_end,
+        masks,
+        images,
+        manifest,
+        convention: ConventionName::from_name(&rec.convention)?,
+        workers: rec.workers,
+    })
+}
+
+fn precision_of(p: PrecisionArg) -> Precision {
+    BackendArgs { device: Device::Auto, precision: Some(p), layout: None }.precision()
+}
+fn layout_of(l: LayoutArg) -> Layout {
+    BackendArgs { device: Device::Auto, precision: None, layout: Some(l) }.layout()
+}
+
+/// A settled training run.
+pub(crate) struct Plan {
+    pub unet: UNetConfig,
+    pub tc: TrainConfig,
+    pub run: RunConfig,
+    pub backend: BackendArgs,
+    /// The checkpoint resumed from, and its run record (None: an older checkpoint).
+    pub resume: Option<(Checkpoint, Option<RunRecord>)>,
+}
+
+/// `train --resume CK`: the run recorded in CK, with the flags as overrides (one note each,
+/// printed when `say` — by rank 0 alone in a data-parallel run).
+fn plan_resume(a: &TrainArgs, path: &Path, say: bool) -> Result<Plan> {
+    let ck = Checkpoint::read(path)?;
+    let Some(unet) = ck.unet.clone() else {
+        bail!("{}: no 'unet' config in the metadata: not a meddpm training checkpoint", path.display())
+    };
+    let Some(mut tc) = ck.train.clone() else {
+        bail!("{}: no 'train' config in the metadata: not a meddpm training checkpoint", path.display())
+    };
+    let mut notes = meddpm::run::override_train(&mut tc, a.lr, a.grad_accum, a.batch, a.seed)?;
+    let rec = RunRecord::from_checkpoint(&ck)?;
+    let (run, backend) = match &rec {
+        Some(rec) => {
+            if a.config.is_some() {
+                bail!(
+                    "--config with --resume: {} records its run; override its settings with flags instead",
+                    path.display()
+                );
+            }
+            let data = (a.masks.is_some() || a.manifest.is_some()).then(|| {
+                data_source(&RunConfig {
+                    masks: a.masks.clone(),
+                    images: a.images.clone(),
+                    manifest: a.manifest.clone(),
+                    ..RunConfig::default()
+                })
+            });
+            let o = Overrides {
+                steps: a.steps,
+                checkpoint_every: a.checkpoint_every,
+                out: a.out.clone(),
+                sample_at_end: a.no_sample.then_some(false),
+                data,
+                convention: a.convention.map(ConventionName::name),
+                precision: a.backend.precision.map(precision_of),
+                layout: a.backend.layout.map(layout_of),
+            };
+            let (here, moved) = rec.resumed_at(path)?;
+            notes.extend(moved);
+            let (new, more) = here.apply(&o)?;
+            notes.extend(more);
+            (run_config_of(&new)?, a.backend.with_defaults(new.precision, new.layout))
+        }
+        None => {
+            notes.push(format!(
+                "{} has no run record (written by an older meddpm): the data, output folder and step target \
+                 come from the flags and defaults, as before",
+                path.display()
+            ));
+            let (_, _, run) = plan_from_flags(a)?;
+            (run, a.backend.clone())
+        }
+    };
+    for n in notes.iter().filter(|_| say) {
+        eprintln!("note: {n}");
+    }
+    Ok(Plan { unet, tc, run, backend, resume: Some((ck, rec)) })
+}
+
 pub fn train(a: &TrainArgs) -> Result<()> {
     if let Some(sel) = &a.gpus {
-        return crate::dist::launch_local(sel);
+        return crate::dist::launch_local(sel).map(|_| ());
     }
-    let (unet, tc, run) = plan_train(a)?;
-    if let Some(env) = DistEnv::from_env()?.filter(|e| e.world > 1) {
-        return crate::dist::train_rank(a, env, unet, tc, run);
+    let env = DistEnv::from_env()?.filter(|e| e.world > 1);
+    let plan = match &a.resume {
+        Some(p) => plan_resume(a, p, env.as_ref().is_none_or(|e| e.rank == 0))?,
+        None => {
+            let (unet, tc, run) = plan_from_flags(a)?;
+            Plan { unet, tc, run, backend: a.backend.clone(), resume: None }
+        }
+    };
+    if let Some(env) = env {
+        return crate::dist::train_rank(a, env, plan);
     }
-    with_backend!(a.backend, be => {
-        let tr = make_trainer(&be, a, &unet, &tc)?;
-        train_on(&be, tr, run, None)
+    let backend = plan.backend.clone();
+    with_backend!(backend, be => {
+        let (tr, plan) = start_trainer(&be, a, plan)?;
+        train_on(&be, plan, tr, None)
     })
 }
 
@@ -397,21 +576,35 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-/// A fresh, resumed (`--resume`) or initialised (`--init-from`) trainer.
-pub(crate) fn make_trainer<B: Backend>(
-    be: &B,
-    a: &TrainArgs,
-    unet: &UNetConfig,
-    tc: &TrainConfig,
-) -> Result<Trainer<B>> {
-    Ok(match &a.resume {
-        Some(p) => {
-            let ck = Checkpoint::read(p)?;
-            let tr = ck.restore_trainer(be)?;
-            if tr.net.cfg != *unet && a.config.is_some() {
-                eprintln!("note: the checkpoint's model config is used; the run file's [unet] is ignored");
-            }
-            tr
+/// The command that continues the run of `ck` (the device repeated when one was chosen; the
+/// GPUs when `--gpus` started this rank, see `dist::GPUS_ENV`).
+fn resume_command(ck: &Path, backend: &BackendArgs) -> String {
+    let q = |s: &str| shlex::try_quote(s).map(|c| c.into_owned()).unwrap_or_else(|_| s.to_string());
+    let mut cmd = format!("meddpm train --resume {}", q(&ck.display().to_string()));
+    if let Ok(g) = std::env::var(crate::dist::GPUS_ENV) {
+        cmd.push_str(&format!(" --gpus {}", q(&g)));
+        return cmd;
+    }
+    match backend.device {
+        Device::Auto => {}
+        Device::Cpu => cmd.push_str(" --device cpu"),
+        Device::Cuda(i) => cmd.push_str(&format!(" --device cuda:{i}")),
+    }
+    cmd
+}
+
+/// The run a trainer continues: the checkpoint it was resumed from and that checkpoint's run
+/// record (None: a new run).
+pub(crate) type OldRun = Option<(PathBuf, Option<RunRecord>)>;
+
+/// The trainer of a plan: resumed (`--resume`), initialised (`--init-from`) or fresh.
+pub(crate) fn start_trainer<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<(Trainer<B>, Started)> {
+    let Plan { unet, tc, run, backend, resume } = plan;
+    let (tr, old) = match resume {
+        Some((ck, rec)) => {
+            let mut tr = ck.restore_trainer(be)?;
+            tr.tc = tc; // the checkpoint's, with --lr / --grad-accum applied (batch and seed unchanged)
+            (tr, Some((ck.path.clone(), rec)))
         }
         None => match &a.init_from {
             Some(p) => {
@@ -420,46 +613,53 @@ pub(crate) fn make_trainer<B: Backend>(
                     eprintln!("warning: {}: {m}", p.display());
                 }
                 println!("init from {}", w.source);
-                let mut tr = Trainer::new(be, &w.cfg, tc)?;
+                let mut tr = Trainer::new(be, &w.cfg, &tc)?;
                 init_trainer_with(be, &mut tr, &w)?;
-                tr
+                (tr, None)
             }
-            None => Trainer::new(be, unet, tc)?,
+            None => (Trainer::new(be, &unet, &tc)?, None),
         },
-    })
+    };
+    Ok((tr, Started { run, backend, old }))
+}
+
+/// What the loop needs of a plan once its trainer exists.
+pub(crate) struct Started {
+    pub run: RunConfig,
+    pub backend: BackendArgs,
+    pub old: OldRun,
 }
 
 /// What a data-parallel rank brings to the training loop (`dist.rs` makes it).
 pub(crate) struct RankCtx<'a, B: Backend> {
-    pub sync: &'a mut dyn meddpm::dist::GradSync<B>,
+    pub sync: &'a mut dyn GradSync<B>,
     pub check_every: u64,
 }
 
-/// The training loop. With `dist`, this process is one data-parallel rank: it reads its shard,
-/// averages gradients through `dist.sync`, checks the weights every `check_every` steps, and only
-/// rank 0 prints, logs, writes checkpoints and samples at the end.
+/// The training loop of a run folder (`meddpm::run::Session`). With `dist`, this process is one
+/// data-parallel rank: it reads its shard of the data, and the session averages gradients,
+/// agrees on stops and checks the weights; only rank 0 prints, writes the run folder and samples
+/// at the end.
 pub(crate) fn train_on<B: Backend>(
     be: &B,
+    started: Started,
     mut tr: Trainer<B>,
-    run: RunConfig,
-    mut dist: Option<RankCtx<'_, B>>,
+    dist: Option<RankCtx<'_, B>>,
 ) -> Result<()> {
-    if let Some(d) = &mut dist {
-        tr.set_rank(d.sync.rank(), d.sync.world())?;
-        broadcast_state(d.sync, be, &mut tr)?;
-    }
-    let (rank, world) = (tr.rank, tr.world);
+    let Started { mut run, backend, old: old_record } = started;
+    let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.sync.rank(), d.sync.world()));
+    tr.set_rank(rank, world)?;
     let lead = rank == 0;
-    let cfg = tr.net.cfg.clone();
-    let flops = cost::forward_flops(&cfg);
-    if !lead {
-        println!("rank {rank}/{world} on {}", be.describe());
-    }
     let say = |m: String| {
         if lead {
             println!("{m}");
         }
     };
+    if !lead {
+        println!("rank {rank} of {world} on {}", be.describe());
+    }
+    let cfg = tr.net.cfg.clone();
+    let flops = cost::forward_flops(&cfg);
     say(format!(
         "meddpm train on {}{}",
         be.describe(),
@@ -495,81 +695,157 @@ pub(crate) fn train_on<B: Backend>(
     if lead {
         std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
     }
-    let ckpt = run.out.join("checkpoint.safetensors");
+    let mut record = record_of(&run, &backend)?;
+    // From here on the run's paths are the record's (absolute), so the data prints name the
+    // files as a resume from any directory will.
+    run = run_config_of(&record)?;
+    let ckpt = run.out.join(meddpm::run::CHECKPOINT);
+    if lead && old_record.is_none() && ckpt.is_file() {
+        let step = Checkpoint::read(&ckpt).map(|c| format!(" (step {})", c.step)).unwrap_or_default();
+        eprintln!(
+            "note: {} holds another run's checkpoint{step}; this new run replaces it and its loss log",
+            run.out.display()
+        );
+    }
     let dataset = open_dataset(&run, &cfg)?;
-    let source = match (&run.masks, &run.manifest) {
-        (Some(m), _) => m.display().to_string(),
-        (None, Some(c)) => c.display().to_string(),
-        (None, None) => "built-in demo pairs (MNI152-derived, 32³)".into(),
-    };
-    say(format!("data: {} pairs from {source}, {:?} convention; checking every pair…", dataset.len(), run.convention));
+    say(format!(
+        "data: {} pairs from {}, {:?} convention; checking every pair…",
+        dataset.len(),
+        record.data.describe(),
+        run.convention
+    ));
+    // every rank checks and fingerprints the data (the same work keeps the ranks in step; only
+    // rank 0's record is written)
     dataset.validate()?;
+    let known = old_record.as_ref().and_then(|(_, r)| r.as_ref()).map(|r| r.pairs.as_slice()).unwrap_or(&[]);
+    record.pairs = meddpm::run::fingerprint(&dataset, known)?;
+    if let Some((_, Some(old))) = old_record.as_ref().filter(|_| lead) {
+        let changes = DataChanges::between(&old.pairs, &record.pairs);
+        if !changes.is_empty() {
+            eprintln!("warning: the data changed since the checkpoint (step {}):", tr.step);
+            for line in changes.report() {
+                eprintln!("  {line}");
+            }
+            eprintln!("  training continues on the data as it is now (the resume is not bit-identical)");
+        }
+    }
+    let log = match old_record.as_ref().filter(|_| lead) {
+        Some((ck_path, _)) => {
+            let (mut log, dropped) =
+                LossLog::open(&meddpm::run::run_dir(ck_path).join(meddpm::run::losslog::CSV), tr.step)?;
+            if dropped > 0 {
+                eprintln!(
+                    "note: {dropped} row(s) past step {} dropped from {} (they are redone)",
+                    tr.step,
+                    log.csv_path().display()
+                );
+            }
+            log.move_to(&run.out);
+            log
+        }
+        // a new run, or a rank other than 0 (which never writes its log)
+        None => LossLog::fresh(&run.out),
+    };
+    let stop = StopFlag::install()?;
+    let faults = Faults::from_env()?;
+    if faults.any() && lead {
+        eprintln!("note: test fault injection armed: {faults:?}");
+    }
     // this rank's part of the global sample stream, from the saved global position
     let shard = Shard::new(rank, world, tr.tc.batch)?;
     let loader = Loader::sharded(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), tr.samples, shard);
     let mut data = Batches { loader, batch: tr.tc.batch };
-    let mut log = String::new();
+    let saved_step = old_record
+        .as_ref()
+        .filter(|(p, _)| meddpm::run::record::absolute(&meddpm::run::run_dir(p)).ok().as_ref() == Some(&run.out))
+        .map(|_| tr.step);
+    let mut session = Session { dir: run.out.clone(), record, log, stop: &stop, faults, saved_step };
     let t0 = Instant::now();
-    let start = tr.step;
-    let pb = if lead { bar(run.steps.saturating_sub(start), "train") } else { ProgressBar::hidden() };
-    let mut recent = Vec::new();
-    while tr.step < run.steps {
-        let loss = match &mut dist {
-            None => tr.train_step(be, || data.next_batch())?,
-            Some(d) => {
-                let own = tr.train_step_synced(be, || data.next_batch(), d.sync)?;
-                // the logged loss is the mean over the global batch, as one process would log it
-                let all = d.sync.all_gather_u64(be, own.to_bits() as u64)?;
-                let global = all.iter().map(|&b| f32::from_bits(b as u32)).sum::<f32>() / world as f32;
-                if d.check_every > 0 && tr.step.is_multiple_of(d.check_every) {
-                    check_weights(d.sync, be, &tr)?;
-                }
-                global
-            }
-        };
-        if !loss.is_finite() {
-            bail!("loss became {loss} at step {}; last good checkpoint: {}", tr.step, ckpt.display());
-        }
-        recent.push(loss);
-        log.push_str(&format!("{},{loss}\n", tr.step));
-        pb.set_message(format!("loss {loss:.4}"));
-        pb.inc(1);
-        if lead && run.checkpoint_every > 0 && tr.step.is_multiple_of(run.checkpoint_every) {
-            save_trainer(&ckpt, be, &tr)?;
-        }
-    }
+    let pb = if lead { bar(run.steps.saturating_sub(tr.step), "train") } else { ProgressBar::hidden() };
+    let ranks = dist.map(|d| Ranks { sync: d.sync, check_every: d.check_every });
+    let summary = session.run_ranked(
+        be,
+        &mut tr,
+        ranks,
+        || data.next_batch(),
+        |_, loss| {
+            pb.set_message(format!("loss {loss:.4}"));
+            pb.inc(1);
+        },
+    )?;
     pb.finish();
-    if let Some(d) = &mut dist {
-        check_weights(d.sync, be, &tr)?;
-    }
-    if !lead {
-        println!("rank {rank}: done at step {}", tr.step);
-        return Ok(());
-    }
-    save_trainer(&ckpt, be, &tr)?;
-    let log_path = run.out.join("loss.csv");
-    let mut prev = std::fs::read_to_string(&log_path).unwrap_or_else(|_| "step,loss\n".into());
-    prev.push_str(&log);
-    meddpm::checkpoint::write_atomic(&log_path, prev.as_bytes())?;
     let secs = t0.elapsed().as_secs_f64();
-    let steps = tr.step - start;
+    let steps = summary.end - summary.start;
+    let recent = &summary.losses;
     let tail = &recent[recent.len().saturating_sub(10)..];
     let first = &recent[..recent.len().min(10)];
     let mean = |v: &[f32]| if v.is_empty() { f32::NAN } else { v.iter().sum::<f32>() / v.len() as f32 };
+    if !lead {
+        // rank 0 reports the run; the others say where they stopped
+        return match &summary.outcome {
+            Outcome::Diverged { step, reason } => bail!("rank {rank}: training diverged at step {step}: {reason}"),
+            Outcome::Stopped => {
+                println!("rank {rank}: stopped at step {} with the others", summary.end);
+                Ok(())
+            }
+            Outcome::Finished => {
+                println!("rank {rank}: done at step {}", summary.end);
+                Ok(())
+            }
+        };
+    }
+    let kept = |s: Option<u64>| match s {
+        Some(s) => format!("the last good checkpoint (step {s}) is kept: {}", ckpt.display()),
+        None => "no checkpoint had been written".to_string(),
+    };
+    match &summary.outcome {
+        Outcome::Diverged { step, reason } => {
+            bail!(
+                "training diverged at step {step}: {reason}; {}; the loss log is {}",
+                kept(summary.saved_step),
+                session.log.csv_path().display()
+            )
+        }
+        Outcome::Stopped => {
+            println!(
+                "stopped at step {} after {steps} steps in {secs:.1} s; checkpoint: {}",
+                summary.end,
+                ckpt.display()
+            );
+            println!("resume with: {}", resume_command(&ckpt, &backend));
+            return Ok(());
+        }
+        Outcome::Finished => {}
+    }
+    stop.disarm();
     println!(
         "done: {steps} steps in {secs:.1} s ({:.2} steps/s); loss {:.4} (first 10) → {:.4} (last 10)",
         steps as f64 / secs.max(1e-9),
         mean(first),
         mean(tail)
     );
-    println!("checkpoint: {}\nloss log:   {}", ckpt.display(), log_path.display());
+    println!(
+        "checkpoint: {}\nloss log:   {} (plot: {})",
+        ckpt.display(),
+        session.log.csv_path().display(),
+        session.log.svg_path().display()
+    );
     if run.sample_at_end {
         let (cond, mask) = dataset.condition(0)?;
         let (_, real) = dataset.load(0)?;
         let sched = Schedule::cosine(tr.tc.timesteps);
         let seed = tr.tc.seed;
         let vol = tr.with_ema(|net| sample_volume(be, net, &sched, &cond, seed))?;
-        let paths = write_outputs(&run.out.join("sample_0"), &vol, &cfg, dataset.convention(), &mask, &real)?;
+        // The bundled model's sample of the same mask and seed, when it is the same kind of model.
+        let mut others = Vec::new();
+        if let Some(w) = bundled_for_demo(&run, &cfg)? {
+            println!("comparison: {}", w.source);
+            let mut net = UNet::new(be, &w.cfg, 1)?;
+            net.set_params(be, &w.params)?;
+            let v = sample_volume(be, &mut net, &sched, &cond, seed)?;
+            others.extend(generated_volumes(&v, &cfg, dataset.convention(), &mask)?);
+        }
+        let paths = write_outputs(&run.out.join("sample_0"), &vol, &cfg, dataset.convention(), &mask, &others, &real)?;
         for p in paths {
             println!("sample:     {}", p.display());
         }
@@ -577,16 +853,34 @@ pub(crate) fn train_on<B: Backend>(
     Ok(())
 }
 
+/// The bundled demo model, when the run trains on the built-in demo data with a model of the
+/// same shape (its sample then sits beside the run's in the preview).
+fn bundled_for_demo(run: &RunConfig, cfg: &UNetConfig) -> Result<Option<LoadedWeights>> {
+    if data_source(run) != DataSource::Demo {
+        return Ok(None);
+    }
+    Ok(bundled::load(WeightGroup::Ema, &LoadHints::default())?.filter(|w| w.cfg == *cfg))
+}
+
+/// The intensity volumes of a generated tensor on the mask's grid (the preview's columns).
+fn generated_volumes(vol: &[f32], cfg: &UNetConfig, conv: &Convention, mask: &Volume) -> Result<Vec<Volume>> {
+    let size = [cfg.depth, cfg.size, cfg.size];
+    let outs = meddpm::data::sample_outputs(conv, vol, cfg.out_channels, size, mask)?;
+    Ok(outs.into_iter().filter(|o| !o.labels).map(|o| o.volume).collect())
+}
+
 /// Write a generated (C, D, H, W) volume as the convention's NIfTI files
 /// (`meddpm::data::write_sample`: whole-head `<stem>.nii.gz`; BraTS `<stem>_{t1,t1ce,t2,flair}.nii.gz`
-/// rescaled to [0, 1] and crop/padded to 240×240×155, plus `<stem>_mask.nii.gz`) and a PNG preview
-/// (mask | generated | real when given). Returns the files written.
+/// rescaled to [0, 1] and crop/padded to 240×240×155, plus `<stem>_mask.nii.gz`), a PNG preview
+/// (mask | generated | `others` (e.g. the bundled model's sample) | real when given) and
+/// `<stem>.html`, the same volumes in the viewer. Returns the files written.
 fn write_outputs(
     stem: &Path,
     vol: &[f32],
     cfg: &UNetConfig,
     conv: &Convention,
     mask: &Volume,
+    others: &[Volume],
     real: &[Volume],
 ) -> Result<Vec<PathBuf>> {
     let size = [cfg.depth, cfg.size, cfg.size];
@@ -595,9 +889,22 @@ fn write_outputs(
     let png = stem.with_extension("png");
     let mut panel: Vec<(&Volume, preview::Kind)> = vec![(mask, preview::Kind::Labels)];
     panel.extend(outs.iter().filter(|(_, o)| !o.labels).map(|(_, o)| (&o.volume, preview::Kind::Intensity)));
+    panel.extend(others.iter().map(|v| (v, preview::Kind::Intensity)));
     panel.extend(real.iter().map(|v| (v, preview::Kind::Intensity)));
     preview::write_png(&png, &panel)?;
     written.push(png);
+    // The same volumes in the HTML viewer (meddpm::data::view), the mask as overlay.
+    let html = stem.with_extension("html");
+    let file_name = |p: &Path| p.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let mut layers: Vec<view::Layer> = outs
+        .iter()
+        .filter(|(_, o)| !o.labels)
+        .map(|(p, o)| view::Layer { name: file_name(p), volume: &o.volume })
+        .collect();
+    layers.extend(real.iter().map(|v| view::Layer { name: "real".into(), volume: v }));
+    let overlay = layers.iter().any(|l| l.volume.dims == mask.dims).then_some(("conditioning", mask));
+    view::write_html(&html, &file_name(stem), &layers, overlay)?;
+    written.push(html);
     Ok(written)
 }
 
@@ -615,12 +922,42 @@ fn sample_volume<B: Backend>(
     Ok(v)
 }
 
+/// `--sampler`: the samplers of `meddpm::diffusion::solvers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplerArg {
+    /// Ancestral DDPM: the reference sampler with all T steps; fewer steps use Improved-DDPM
+    /// respacing
+    Ddpm,
+    /// DDIM (Song et al. 2021): --eta 0 deterministic, 1 = ancestral variance (η = 1 with all
+    /// steps is DDPM); linear timestep selection ⌊i·T/S⌋
+    Ddim,
+    /// DPM-Solver++(2M) (Lu et al. 2022): multistep second order in data prediction, x̂₀ clipped
+    /// to [−1, 1], time-uniform steps
+    #[value(name = "dpm-solver++")]
+    DpmSolverPp,
+    /// iPNDM of DEIS (Zhang & Chen 2023): the Adams–Bashforth DDIM variant of the reference's
+    /// fast-sampling script (10 steps there), timesteps ⌊i·(T−1)/S⌋
+    Ipndm,
+}
+
+impl SamplerArg {
+    pub fn kind(self) -> SamplerKind {
+        match self {
+            SamplerArg::Ddpm => SamplerKind::Ddpm,
+            SamplerArg::Ddim => SamplerKind::Ddim,
+            SamplerArg::DpmSolverPp => SamplerKind::DpmSolverPp,
+            SamplerArg::Ipndm => SamplerKind::Ipndm,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct SampleArgs {
     /// Weights: a meddpm checkpoint, a safetensors state dict (meddpm convert/export) or a
-    /// PyTorch .pt (Med-DDPM {'step','model','ema'} or a bare state dict).
+    /// PyTorch .pt (Med-DDPM {'step','model','ema'} or a bare state dict). Default: the demo
+    /// model bundled into this binary (testdata/demo/model.safetensors), when it has one.
     #[arg(long)]
-    pub checkpoint: PathBuf,
+    pub checkpoint: Option<PathBuf>,
     /// Which weights: ema (as the reference samples) or model (online); ignored for a plain state dict.
     #[arg(long, value_enum, default_value = "ema")]
     pub weights: crate::convert::Weights,
@@ -632,22 +969,37 @@ pub struct SampleArgs {
     pub size: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// T of the cosine schedule the model was trained with.
     #[arg(long, default_value_t = 250)]
     pub timesteps: usize,
-    /// Conditioning mask (NIfTI). Default: the first built-in demo mask.
+    /// The sampler.
+    #[arg(long, value_enum, default_value = "ddpm")]
+    pub sampler: SamplerArg,
+    /// Network evaluations per volume, 1..=T [default: T, all of them].
     #[arg(long)]
-    pub mask: Option<PathBuf>,
+    pub steps: Option<usize>,
+    /// DDIM's η in [0, 1] (ddim only) [default: 0].
+    #[arg(long)]
+    pub eta: Option<f64>,
+    /// Conditioning mask(s) (NIfTI). Default: the first built-in demo mask.
+    #[arg(long, num_args = 1..)]
+    pub mask: Vec<PathBuf>,
     #[arg(long, value_enum, default_value = "whole-head")]
     pub convention: ConventionName,
-    /// Volumes to draw (seeds seed, seed+1, ...).
+    /// Volumes to draw per mask (seeds seed, seed+1, ...).
     #[arg(long, default_value_t = 1)]
     pub num_samples: u64,
-    /// Output stem: writes <out>.nii.gz (or <out>_<i>.nii.gz) and a PNG preview beside it.
+    /// Volumes per network batch; different masks and seeds share a batch, and every volume is
+    /// the one it would be alone.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Output stem: writes <out>.nii.gz (or <out>_<i>.nii.gz, with several masks
+    /// <out>_<mask>_<i>.nii.gz), a PNG preview beside each, and <out>_timing.json.
     #[arg(long, default_value = "sample")]
     pub out: PathBuf,
     /// Spread the volumes over GPUs of this machine, one process per GPU: a count (2), 'all', or
-    /// device indices (0,1). The files are those one GPU writes. Under torchrun or srun, leave it
-    /// out: rank r of W draws volumes r, r+W, ...
+    /// device indices (0,1). The volume files are those one GPU writes. Under torchrun or srun,
+    /// leave it out: rank r of W draws volumes r, r+W, … (each writes <out>_timing_rank<r>.json).
     #[arg(long)]
     pub gpus: Option<GpuSelection>,
     #[command(flatten)]
@@ -656,16 +1008,27 @@ pub struct SampleArgs {
 
 pub fn sample(a: &SampleArgs) -> Result<()> {
     if let Some(sel) = &a.gpus {
-        return crate::dist::launch_local(sel);
+        let world = crate::dist::launch_local(sel)?;
+        return crate::dist::merge_timing(&a.out, world);
     }
     let part = DistEnv::from_env()?.filter(|e| e.world > 1);
     let group = match a.weights {
         crate::convert::Weights::Ema => WeightGroup::Ema,
         crate::convert::Weights::Model => WeightGroup::Model,
     };
-    let w = load_weights(&a.checkpoint, group, a.depth.zip(a.size))?;
+    let w = match &a.checkpoint {
+        Some(p) => load_weights(p, group, a.depth.zip(a.size))?,
+        None => {
+            let hints = LoadHints { size: a.depth.zip(a.size), ..LoadHints::default() };
+            match bundled::load(group, &hints)? {
+                Some(w) => w,
+                None => bail!("no --checkpoint given, and {}", bundled::absent_message()),
+            }
+        }
+    };
+    let name = a.checkpoint.as_deref().unwrap_or(Path::new(bundled::PATH));
     for m in &w.warnings {
-        eprintln!("warning: {}: {m}", a.checkpoint.display());
+        eprintln!("warning: {}: {m}", name.display());
     }
     println!("weights: {}", w.source);
     match &part {
@@ -677,38 +1040,112 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
     }
 }
 
-/// Draw volumes `rank, rank + world, ...` of `0..num_samples` (all of them for one process).
+/// A mask file's name without .nii / .nii.gz.
+fn mask_stem(p: &Path) -> String {
+    let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("mask");
+    n.strip_suffix(".nii.gz").or_else(|| n.strip_suffix(".nii")).unwrap_or(n).to_string()
+}
+
+/// Draw the volumes (mask × seed jobs) `rank, rank + world, …` — all of them for one process —
+/// in batches of `--batch`. Each volume's noise comes from its own seed, so which rank draws it
+/// and in which batch changes nothing in its file.
 fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize, world: usize) -> Result<()> {
     let cfg = w.cfg.clone();
-    let mut net = UNet::new(be, &cfg, 1)?;
-    net.set_params(be, &w.params)?;
     let size = [cfg.depth, cfg.size, cfg.size];
     let conv = a.convention.for_model(&cfg)?;
-    let (cond, mask) = match &a.mask {
-        Some(m) => meddpm::data::load_condition(m, &conv, size)?,
-        None => meddpm::data::demo::dataset_at(size)?.condition(0)?,
+    // (name, condition, label volume) per mask
+    let masks: Vec<(String, Vec<f32>, Volume)> = if a.mask.is_empty() {
+        let (c, m) = meddpm::data::demo::dataset_at(size)?.condition(0)?;
+        vec![("built-in demo mask 0".into(), c, m)]
+    } else {
+        let mut v = Vec::new();
+        for p in &a.mask {
+            let (c, m) = meddpm::data::load_condition(p, &conv, size)?;
+            v.push((p.display().to_string(), c, m));
+        }
+        v
     };
     let sched = Schedule::cosine(a.timesteps);
+    let spec = SamplerSpec { kind: a.sampler.kind(), steps: a.steps.unwrap_or(a.timesteps), eta: a.eta.unwrap_or(0.0) };
+    let plan = meddpm::diffusion::plan(&spec, &sched)?;
+    if a.batch == 0 || a.num_samples == 0 {
+        bail!("--batch and --num-samples must be at least 1");
+    }
+    // (mask index, seed, output stem) per volume
+    let mut jobs = Vec::new();
+    for m in 0..masks.len() {
+        for k in 0..a.num_samples {
+            let stem = if masks.len() > 1 {
+                format!("{}_{}_{k}", a.out.display(), mask_stem(&a.mask[m]))
+            } else if a.num_samples == 1 {
+                a.out.display().to_string()
+            } else {
+                format!("{}_{k}", a.out.display())
+            };
+            jobs.push((m, a.seed + k, PathBuf::from(stem)));
+        }
+    }
+    let total = jobs.len();
+    let jobs: Vec<_> = jobs.into_iter().skip(rank).step_by(world).collect();
+    if jobs.is_empty() {
+        println!("rank {rank} of {world}: no volume left for this rank ({total} for {world} ranks)");
+        return Ok(());
+    }
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let b = a.batch.min(jobs.len());
+    let mut net = UNet::new(be, &cfg, b)?;
+    net.set_params(be, &w.params)?;
+    let mut s = Sampler::new(be, &net)?;
     let part = if world > 1 {
-        format!(" (rank {rank} of {world}: volumes {rank}, {}, …)", rank + world)
+        format!(" (rank {rank} of {world}: {} of the {total} volumes, jobs {rank}, {}, …)", jobs.len(), rank + world)
     } else {
         String::new()
     };
     println!(
-        "meddpm sample on {}: {} steps, {} volume(s) from seed {}{part}",
+        "meddpm sample on {}: {spec} (T = {}), {} volume(s) from seed {}, {b} per batch{part}",
         be.describe(),
         a.timesteps,
-        a.num_samples,
+        jobs.len(),
         a.seed
     );
-    for k in (rank as u64..a.num_samples).step_by(world) {
+    let batches = jobs.len().div_ceil(b);
+    let pb = bar((batches * spec.steps) as u64, "sample");
+    let mut timing = SampleTiming {
+        tool: format!("meddpm {} sample", env!("CARGO_PKG_VERSION")),
+        device: be.describe(),
+        sampler: spec,
+        timesteps: a.timesteps,
+        batch: b,
+        batches: Vec::new(),
+        ranks: 1,
+    };
+    for chunk in jobs.chunks(b) {
+        let inputs: Vec<(&[f32], u64)> = chunk.iter().map(|(m, seed, _)| (masks[*m].1.as_slice(), *seed)).collect();
+        be.sync();
         let t0 = Instant::now();
-        let vol = sample_volume(be, &mut net, &sched, &cond, a.seed + k)?;
-        let stem = if a.num_samples == 1 { a.out.clone() } else { PathBuf::from(format!("{}_{k}", a.out.display())) };
-        let paths = write_outputs(&stem, &vol, &cfg, &conv, &mask, &[])?;
-        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        println!("seed {}: {:.1} s → {}", a.seed + k, t0.elapsed().as_secs_f64(), names.join(", "));
+        let vols = s.sample_jobs(be, &mut net, &plan, &inputs, |_| pb.inc(1))?;
+        let secs = t0.elapsed().as_secs_f64();
+        let mut volumes = Vec::new();
+        for ((m, seed, stem), vol) in chunk.iter().zip(&vols) {
+            let paths = write_outputs(stem, vol, &cfg, &conv, &masks[*m].2, &[], &[])?;
+            let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            pb.println(format!("seed {seed}, {}: {}", masks[*m].0, names.join(", ")));
+            volumes.push(TimedVolume { file: names[0].clone(), mask: masks[*m].0.clone(), seed: *seed });
+        }
+        pb.println(format!("batch of {}: {secs:.2} s ({:.3} s/volume)", chunk.len(), secs / chunk.len() as f64));
+        timing.batches.push(BatchTiming { seconds: secs, volumes });
     }
+    pb.finish_and_clear();
+    let tpath = crate::dist::timing_path(&a.out, rank, world);
+    meddpm::checkpoint::write_atomic(&tpath, serde_json::to_string_pretty(&timing)?.as_bytes())?;
+    println!(
+        "{} volume(s): {:.3} s/volume (after the first batch when there are several); timing: {}",
+        timing.volumes(),
+        timing.seconds_per_volume(),
+        tpath.display()
+    );
     Ok(())
 }
 
@@ -732,14 +1169,20 @@ pub fn info(a: &InfoArgs) -> Result<()> {
         f.linear / 1e9
     );
     println!("train micro-step GFLOP: {:.1}", f.train_step(&cfg) / 1e9);
-    // The activation plan, counted without allocating (NullBackend buffers are lengths).
-    let plan = UNet::new(&meddpm::analysis::timed::NullBackend::default(), &cfg, 1)?;
+    // The buffer plan, counted without allocating (NullBackend buffers are lengths), per storage
+    // precision (fp32 and tf32 store the same).
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-    println!(
-        "planned memory (B=1, fp32): activations+gradients+scratch {:.2} GiB; parameters, gradients, Adam m/v, EMA {:.2} GiB",
-        gib(plan.act_bytes),
-        gib(5 * 4 * params)
-    );
+    let plans = [Precision::Fp32, Precision::Bf16]
+        .map(|p| UNet::new(&meddpm::analysis::timed::NullBackend { precision: p, ..Default::default() }, &cfg, 1));
+    let [p32, p16] = plans;
+    let (p32, p16) = (p32?, p16?);
+    println!("\nplanned memory, batch 1 (GiB)       fp32/tf32      bf16");
+    for ((name, a), (_, b)) in p32.mem.rows().iter().zip(p16.mem.rows().iter()) {
+        println!("  {name:<50} {:>8.3}  {:>8.3}", gib(*a), gib(*b));
+    }
+    let opt = 3 * 4 * params;
+    println!("  {:<50} {:>8.3}  {:>8.3}", "EMA weights, Adam m and v (f32)", gib(opt), gib(opt));
+    println!("  {:<50} {:>8.3}  {:>8.3}", "total", gib(p32.mem.total() + opt), gib(p16.mem.total() + opt));
     Ok(())
 }
 

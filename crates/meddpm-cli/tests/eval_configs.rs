@@ -193,10 +193,11 @@ fn configuration_names_parse() {
     assert_eq!(parse_config("cpu"), Ok(Config::Cpu));
     assert_eq!(parse_config("TF32/NDHWC"), Ok(Config::Cuda(Precision::Tf32, Layout::Ndhwc)));
     assert_eq!(parse_config("fp32/ncdhw"), Ok(Config::Cuda(Precision::Fp32, Layout::Ncdhw)));
-    for bad in ["", "gpu", "fp32", "fp32/", "bf16/ndhwc", "tf32/nchw", "fp32/ncdhw/x"] {
+    assert_eq!(parse_config("bf16/ndhwc"), Ok(Config::Cuda(Precision::Bf16, Layout::Ndhwc)));
+    for bad in ["", "gpu", "fp32", "fp32/", "fp16/ndhwc", "tf32/nchw", "fp32/ncdhw/x"] {
         assert!(parse_config(bad).is_err(), "{bad}");
     }
-    for c in ["cpu", "fp32/ncdhw", "tf32/ncdhw", "fp32/ndhwc", "tf32/ndhwc"] {
+    for c in ["cpu", "fp32/ncdhw", "tf32/ncdhw", "fp32/ndhwc", "tf32/ndhwc", "bf16/ncdhw", "bf16/ndhwc"] {
         assert_eq!(parse_config(c).unwrap().name(), c);
     }
 }

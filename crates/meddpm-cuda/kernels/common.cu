@@ -5,11 +5,73 @@
 //   cl == 0: NCDHW, element (n, c, s) at (n*C + c)*S + s;  cl == 1: NDHWC, at (n*S + s)*C + c.
 // - Flat indices are 64-bit (a 128^3 x 512 x 2 activation has more than 2^31 elements).
 // - `accum` == 1 adds into the destination (Accum::Add), 0 overwrites it.
+// - Element types: activation buffers hold f32 or bf16 (GpuBuf's tag). A kernel that reads or writes
+//   them takes `void*` pointers and a flag `bf` (or a bit mask `dt`, one bit per pointer, documented at
+//   the kernel) and dispatches once, at its start, to a body templated on the storage type T (float or
+//   bf16). Bodies read through ld()/ld4() and write through st()/st4(): all arithmetic is f32, and a
+//   bf16 store rounds to nearest even (f2bf, the twin of meddpm::backend::round_bf16).
 // No #include: NVRTC compiles these without the CUDA headers.
 
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned int u32;
+typedef unsigned short u16;
+
+// bf16 storage: the upper half of an f32. A distinct struct type so overloads tell it from u16.
+struct bf16 {
+    u16 b;
+};
+__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((u32)h.b) << 16); }
+__device__ __forceinline__ bf16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    bf16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        r.b = (u16)((u | 0x00400000u) >> 16);  // NaN stays a (quiet) NaN
+    } else {
+        r.b = (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return r;
+}
+
+__device__ __forceinline__ float ld(const float* p, i64 i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16* p, i64 i) { return bf2f(p[i]); }
+__device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(bf16* p, i64 i, float v) { p[i] = f2bf(v); }
+
+// Four consecutive elements p[4*i4 .. 4*i4+3] (16-byte f32 / 8-byte bf16 accesses; aligned by the
+// host's conditions).
+__device__ __forceinline__ void ld4(const float* p, i64 i4, float* v) {
+    float4 t = reinterpret_cast<const float4*>(p)[i4];
+    v[0] = t.x;
+    v[1] = t.y;
+    v[2] = t.z;
+    v[3] = t.w;
+}
+__device__ __forceinline__ void ld4(const bf16* p, i64 i4, float* v) {
+    uint2 t = reinterpret_cast<const uint2*>(p)[i4];
+    v[0] = __uint_as_float(t.x << 16);
+    v[1] = __uint_as_float(t.x & 0xffff0000u);
+    v[2] = __uint_as_float(t.y << 16);
+    v[3] = __uint_as_float(t.y & 0xffff0000u);
+}
+__device__ __forceinline__ void st4(float* p, i64 i4, const float* v) {
+    reinterpret_cast<float4*>(p)[i4] = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void st4(bf16* p, i64 i4, const float* v) {
+    uint2 t;
+    t.x = (u32)f2bf(v[0]).b | ((u32)f2bf(v[1]).b << 16);
+    t.y = (u32)f2bf(v[2]).b | ((u32)f2bf(v[3]).b << 16);
+    reinterpret_cast<uint2*>(p)[i4] = t;
+}
+
+// Run templated body F<T>(args...) with T = bf16 when `bf`, else float.
+#define DISPATCH(bf, F, ...)            \
+    do {                                \
+        if (bf)                         \
+            F<bf16>(__VA_ARGS__);       \
+        else                            \
+            F<float>(__VA_ARGS__);      \
+    } while (0)
 
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
@@ -81,3 +143,127 @@ __device__ float block_max(float v, float* sh) {
     v = (lane < nw) ? sh[lane] : -3.402823466e38f;
     return warp_max(v);
 }
+
+// ---- vectors of V consecutive elements (16-byte accesses for (float, 4) and (bf16, 8)) -----------
+// i is an element index, a multiple of V; the host guarantees the alignment.
+template <int V>
+__device__ __forceinline__ void ldv(const float* p, i64 i, float* v) {
+    if (V == 4) {
+        float4 t = *reinterpret_cast<const float4*>(p + i);
+        v[0] = t.x;
+        v[1] = t.y;
+        v[2] = t.z;
+        v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) v[j] = p[i + j];
+    }
+}
+__device__ __forceinline__ void unpack2(u32 w, float* v) {
+    v[0] = __uint_as_float(w << 16);
+    v[1] = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ u32 pack2(float a, float b) { return (u32)f2bf(a).b | ((u32)f2bf(b).b << 16); }
+template <int V>
+__device__ __forceinline__ void ldv(const bf16* p, i64 i, float* v) {
+    if (V == 8) {
+        uint4 t = *reinterpret_cast<const uint4*>(p + i);
+        unpack2(t.x, v);
+        unpack2(t.y, v + 2);
+        unpack2(t.z, v + 4);
+        unpack2(t.w, v + 6);
+    } else if (V == 4) {
+        uint2 t = *reinterpret_cast<const uint2*>(p + i);
+        unpack2(t.x, v);
+        unpack2(t.y, v + 2);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) v[j] = bf2f(p[i + j]);
+    }
+}
+template <int V>
+__device__ __forceinline__ void stv(float* p, i64 i, const float* v) {
+    if (V == 4) {
+        *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) p[i + j] = v[j];
+    }
+}
+template <int V>
+__device__ __forceinline__ void stv(bf16* p, i64 i, const float* v) {
+    if (V == 8) {
+        uint4 t;
+        t.x = pack2(v[0], v[1]);
+        t.y = pack2(v[2], v[3]);
+        t.z = pack2(v[4], v[5]);
+        t.w = pack2(v[6], v[7]);
+        *reinterpret_cast<uint4*>(p + i) = t;
+    } else if (V == 4) {
+        uint2 t;
+        t.x = pack2(v[0], v[1]);
+        t.y = pack2(v[2], v[3]);
+        *reinterpret_cast<uint2*>(p + i) = t;
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) p[i + j] = f2bf(v[j]);
+    }
+}
+
+// ---- channel-constant traversal (elementwise.rs `RowLaunch` picks the launch) ----------------------
+// Each thread handles vectors of V consecutive elements whose channels stay the same for the whole
+// loop, so per-channel constants are loaded once and no element index is ever divided:
+//  cl == 1 (NDHWC): grid (gx, N), block a multiple of lanes = C / V; the thread's channels are
+//                   c0 .. c0 + V - 1, c0 = (threadIdx.x % lanes) * V; its vectors are the
+//                   grid-stride v of sample n (element n*S*C + v*V), voxel v / lanes.
+//  cl == 0 (NDHWC's transpose, NCDHW): grid (gx, N*C), row = blockIdx.y (n = row / C, c = row % C);
+//                   the thread's vectors walk the row's S elements (S % V == 0); one channel.
+struct Row {
+    i64 base;   // element index of the sample (NDHWC) or row (NCDHW) start
+    i64 nvec;   // vectors in it
+    i64 start;  // this thread's first vector
+    i64 step;   // grid stride in vectors
+    int n;      // sample
+    int c0;     // channel of the first element
+    int cstep;  // channel step between a vector's elements (1 NDHWC, 0 NCDHW)
+    int lanes;  // vectors per voxel (NDHWC), 1 (NCDHW)
+};
+__device__ __forceinline__ Row row_geom(int C, i64 S, int V, int cl) {
+    Row r;
+    if (cl) {
+        r.lanes = C / V;
+        r.n = blockIdx.y;
+        r.c0 = (threadIdx.x % r.lanes) * V;
+        r.cstep = 1;
+        r.base = (i64)r.n * S * C;
+        r.nvec = S * r.lanes;
+    } else {
+        r.lanes = 1;
+        r.n = blockIdx.y / C;
+        r.c0 = blockIdx.y % C;
+        r.cstep = 0;
+        r.base = (i64)blockIdx.y * S;
+        r.nvec = S / V;
+    }
+    r.start = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    r.step = (i64)gridDim.x * blockDim.x;
+    return r;
+}
+
+// F<T, V>(args...) with T from `bf` and V one of 1, 4, 8 (8 only for bf16).
+#define DISPATCH_V(bf, V, F, ...)                  \
+    do {                                           \
+        if (bf) {                                  \
+            if (V == 8)                            \
+                F<bf16, 8>(__VA_ARGS__);           \
+            else if (V == 4)                       \
+                F<bf16, 4>(__VA_ARGS__);           \
+            else                                   \
+                F<bf16, 1>(__VA_ARGS__);           \
+        } else {                                   \
+            if (V == 4)                            \
+                F<float, 4>(__VA_ARGS__);          \
+            else                                   \
+                F<float, 1>(__VA_ARGS__);          \
+        }                                          \
+    } while (0)

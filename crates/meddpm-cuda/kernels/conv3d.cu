@@ -15,9 +15,12 @@
 // (First version, one thread per voxel with 27 bounds-checked loads and 64-bit index divisions:
 // 6.4 ms for the whole-head 64 -> 1 conv on the H200.)
 
-template <int CO>
-__device__ void conv3d_wgrad_small(const float* x, const float* dy, float* part, int N, int C, int D, int H, int W,
+// x and dy may each be f32 or bf16 (TX, TY); the sums are f32.
+template <typename TX, typename TY, int CO>
+__device__ void conv3d_wgrad_small(const void* xv, const void* dyv, float* part, int N, int C, int D, int H, int W,
                                    int lines_per_block, int cl) {
+    const TX* x = (const TX*)xv;
+    const TY* dy = (const TY*)dyv;
     __shared__ float red[256];
     __shared__ float sh[32];
     const i64 S = (i64)D * H * W;
@@ -52,15 +55,15 @@ __device__ void conv3d_wgrad_small(const float* x, const float* dy, float* part,
 #pragma unroll
             for (int j = 0; j < 9; j++) {
                 xm[j] = 0.0f;
-                xc[j] = nb[j] >= 0 ? x[nb[j]] : 0.0f;
+                xc[j] = nb[j] >= 0 ? ld(x, nb[j]) : 0.0f;
             }
             for (int w = 0; w < W; w++) {
                 float g[CO];
 #pragma unroll
-                for (int co = 0; co < CO; co++) g[co] = dy[gb + w * gstep + co * gcs];
+                for (int co = 0; co < CO; co++) g[co] = ld(dy, gb + w * gstep + co * gcs);
 #pragma unroll
                 for (int j = 0; j < 9; j++) {
-                    const float xn = (nb[j] >= 0 && w + 1 < W) ? x[nb[j] + (w + 1) * xstep] : 0.0f;
+                    const float xn = (nb[j] >= 0 && w + 1 < W) ? ld(x, nb[j] + (w + 1) * xstep) : 0.0f;
 #pragma unroll
                     for (int co = 0; co < CO; co++) {
                         acc[co][j * 3 + 0] += g[co] * xm[j];
@@ -97,15 +100,21 @@ __device__ void conv3d_wgrad_small(const float* x, const float* dy, float* part,
     }
 }
 
-#define WGRAD_SMALL(CO)                                                                                           \
-    extern "C" __global__ void conv3d_wgrad_small##CO(const float* x, const float* dy, float* part, int N, int C, \
-                                                      int D, int H, int W, int lines_per_block, int cl) {        \
-        conv3d_wgrad_small<CO>(x, dy, part, N, C, D, H, W, lines_per_block, cl);                                \
+// x and dy are both f32 or both bf16 (`bf`). bf16 is instantiated for CO = 1 and 4 only (the
+// whole-head and BraTS output convs; see small_cout_wgrad in conv3d.rs): each instantiation costs
+// seconds of NVRTC time at start-up.
+#define WGRAD_SMALL(CO, BF16)                                                                                     \
+    extern "C" __global__ void conv3d_wgrad_small##CO(const void* x, const void* dy, float* part, int N, int C,  \
+                                                      int D, int H, int W, int lines_per_block, int cl, int bf) { \
+        if (BF16 && bf)                                                                                          \
+            conv3d_wgrad_small<bf16, bf16, CO>(x, dy, part, N, C, D, H, W, lines_per_block, cl);                 \
+        else                                                                                                     \
+            conv3d_wgrad_small<float, float, CO>(x, dy, part, N, C, D, H, W, lines_per_block, cl);               \
     }
-WGRAD_SMALL(1)
-WGRAD_SMALL(2)
-WGRAD_SMALL(3)
-WGRAD_SMALL(4)
+WGRAD_SMALL(1, 1)
+WGRAD_SMALL(2, 0)
+WGRAD_SMALL(3, 0)
+WGRAD_SMALL(4, 1)
 
 // Stage 2: grid CO*C*27 (one block per weight, index j = (co*C + ci)*27 + t), block 256.
 extern "C" __global__ void conv3d_wgrad_small_finalize(const float* part, float* dw, int C, int CO, int nchunks,

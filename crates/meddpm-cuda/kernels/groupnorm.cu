@@ -2,9 +2,12 @@
 // for both layouts. Semantics: torch.nn.GroupNorm / crates/meddpm/src/cpu (biased variance).
 //
 // Forward  = chan_stats_* (reduce.cu, many blocks per group) -> gn_stats_finalize (one block per
-//            group, combining the chunk partials in double) -> gn_apply (elementwise).
+//            group, combining the chunk partials in double) -> gn_apply (elementwise; with SiLU only
+//            the SiLU output is written).
 // Backward = chan_gnbwd_* -> gn_bwd_finalize (dgamma, dbeta and two per-(n, g) coefficients)
-//            -> gn_bwd_apply (elementwise). With xhat = (x - mu) * r and g = dL/dy:
+//            -> gn_bwd_apply (elementwise); with SiLU both recompute y = GN(x) from the saved
+//            statistics instead of reading a stored GroupNorm output. With xhat = (x - mu) * r and
+//            g = dL/dy:
 //   dx = r * (gamma_c * g - m1 - xhat * m2),  m1 = mean_group(gamma*g),  m2 = mean_group(gamma*g*xhat).
 
 // grid G, block 256 (loops over n). Writes mean[n*G + g], rstd[n*G + g].
@@ -35,19 +38,6 @@ extern "C" __global__ void gn_stats_finalize(const float* part, float* mean, flo
             mean[n * G + g] = (float)mu;
             rstd[n * G + g] = (float)(1.0 / sqrt(m2 / total + (double)eps));
         }
-    }
-}
-
-// out = (x - mu) * r * gamma + beta; when act != null also act = silu(out).
-extern "C" __global__ void gn_apply(const float* x, const float* mean, const float* rstd, const float* gamma,
-                                    const float* beta, float* out, float* act, int C, i64 S, int G, i64 total, int cl) {
-    int cpg = C / G;
-    GRID_STRIDE(i, total) {
-        int c = chan_of(i, C, S, cl);
-        int ng = sample_of(i, (i64)C * S) * G + c / cpg;
-        float v = (x[i] - mean[ng]) * rstd[ng] * gamma[c] + beta[c];
-        out[i] = v;
-        if (act) act[i] = v * sigmoid_f(v);
     }
 }
 
@@ -86,79 +76,85 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
     }
 }
 
-// dx = r * (gamma_c * g - m1 - xhat * m2), g = dout (* silu'(y) when y != null).
-extern "C" __global__ void gn_bwd_apply(const float* dout, const float* x, const float* y, const float* mean,
-                                        const float* rstd, const float* gamma, const float* coef, float* dx, int C,
-                                        i64 S, int G, i64 total, int cl, int accum) {
+// out = GN(x) (when out != null) and act = silu(GN(x)) (when act != null; from the unrounded value).
+// x, out, act: activations of the type `bf` selects; V elements per access (RowLaunch, common.cu).
+template <typename T, int V>
+__device__ void gn_apply_t(const void* xv, const float* mean, const float* rstd, const float* gamma,
+                           const float* beta, void* outv, void* actv, int C, i64 S, int G, int cl) {
+    const T* x = (const T*)xv;
+    T *out = (T*)outv, *act = (T*)actv;
+    Row r = row_geom(C, S, V, cl);
     int cpg = C / G;
-    GRID_STRIDE(i, total) {
-        int c = chan_of(i, C, S, cl);
-        int ng = sample_of(i, (i64)C * S) * G + c / cpg;
-        float g = dout[i];
-        if (y) g *= silu_grad(y[i]);
-        float r = rstd[ng];
-        float xh = (x[i] - mean[ng]) * r;
-        float v = r * (gamma[c] * g - coef[2 * ng] - xh * coef[2 * ng + 1]);
-        dx[i] = accum ? dx[i] + v : v;
+    float sc[V], sh[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int c = r.c0 + j * r.cstep, ng = r.n * G + c / cpg;
+        sc[j] = rstd[ng] * gamma[c];
+        sh[j] = beta[c] - mean[ng] * sc[j];
+    }
+    for (i64 v = r.start; v < r.nvec; v += r.step) {
+        i64 i = r.base + v * V;
+        float a[V];
+        ldv<V>(x, i, a);
+#pragma unroll
+        for (int j = 0; j < V; j++) a[j] = a[j] * sc[j] + sh[j];
+        if (out) stv<V>(out, i, a);
+        if (act) {
+#pragma unroll
+            for (int j = 0; j < V; j++) a[j] = a[j] * sigmoid_f(a[j]);
+            stv<V>(act, i, a);
+        }
     }
 }
-
-// Vectorised versions of gn_apply / gn_bwd_apply: four consecutive elements per thread with 16-byte
-// accesses. Host condition: total % 4 == 0 and (NDHWC: C % 4 == 0, the four are channels c..c+3 of
-// one voxel; NCDHW: S % 4 == 0, the four share channel c).
-extern "C" __global__ void gn_apply4(const float* x, const float* mean, const float* rstd, const float* gamma,
-                                     const float* beta, float* out, float* act, int C, i64 S, int G, i64 total, int cl) {
-    int cpg = C / G;
-    i64 total4 = total / 4;
-    GRID_STRIDE(i4, total4) {
-        i64 i = 4 * i4;
-        int c = chan_of(i, C, S, cl);
-        int nG = sample_of(i, (i64)C * S) * G;
-        float4 xv = reinterpret_cast<const float4*>(x)[i4];
-        float xs[4] = {xv.x, xv.y, xv.z, xv.w}, ys[4], as[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int cj = cl ? c + j : c;
-            int ng = nG + cj / cpg;
-            float v = (xs[j] - mean[ng]) * rstd[ng] * gamma[cj] + beta[cj];
-            ys[j] = v;
-            as[j] = v * sigmoid_f(v);
-        }
-        reinterpret_cast<float4*>(out)[i4] = make_float4(ys[0], ys[1], ys[2], ys[3]);
-        if (act) reinterpret_cast<float4*>(act)[i4] = make_float4(as[0], as[1], as[2], as[3]);
-    }
+extern "C" __global__ void gn_apply(const void* x, const float* mean, const float* rstd, const float* gamma,
+                                    const float* beta, void* out, void* act, int C, i64 S, int G, int cl, int bf,
+                                    int V) {
+    DISPATCH_V(bf, V, gn_apply_t, x, mean, rstd, gamma, beta, out, act, C, S, G, cl);
 }
 
-extern "C" __global__ void gn_bwd_apply4(const float* dout, const float* x, const float* y, const float* mean,
-                                         const float* rstd, const float* gamma, const float* coef, float* dx, int C,
-                                         i64 S, int G, i64 total, int cl, int accum) {
+// dx = r·(γ·g − m1 − x̂·m2) = A·g + B·x + K with A = r·γ, B = −r²·m2, K = r·(μ·r·m2 − m1), per channel;
+// g = dout, times silu'(y) with y = GN(x) recomputed from the statistics when `silu` (beta given).
+// dout, x, dx: activations of the type `bf` selects; dx may be dout itself (each element is read
+// before it is written, by the same thread).
+template <typename T, int V>
+__device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* mean, const float* rstd,
+                               const float* gamma, const float* beta, const float* coef, void* dxv, int C, i64 S,
+                               int G, int cl, int accum) {
+    const T *dout = (const T*)doutv, *x = (const T*)xv;
+    T* dx = (T*)dxv;
+    Row r = row_geom(C, S, V, cl);
     int cpg = C / G;
-    i64 total4 = total / 4;
-    GRID_STRIDE(i4, total4) {
-        i64 i = 4 * i4;
-        int c = chan_of(i, C, S, cl);
-        int nG = sample_of(i, (i64)C * S) * G;
-        float4 dv = reinterpret_cast<const float4*>(dout)[i4];
-        float4 xv = reinterpret_cast<const float4*>(x)[i4];
-        float ds[4] = {dv.x, dv.y, dv.z, dv.w}, xs[4] = {xv.x, xv.y, xv.z, xv.w}, r4[4];
-        if (y) {
-            float4 yv = reinterpret_cast<const float4*>(y)[i4];
-            ds[0] *= silu_grad(yv.x);
-            ds[1] *= silu_grad(yv.y);
-            ds[2] *= silu_grad(yv.z);
-            ds[3] *= silu_grad(yv.w);
-        }
-        float4 old = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (accum) old = reinterpret_cast<const float4*>(dx)[i4];
-        float os[4] = {old.x, old.y, old.z, old.w};
+    float A[V], B[V], K[V], sc[V], sh[V];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int cj = cl ? c + j : c;
-            int ng = nG + cj / cpg;
-            float r = rstd[ng];
-            float xh = (xs[j] - mean[ng]) * r;
-            r4[j] = os[j] + r * (gamma[cj] * ds[j] - coef[2 * ng] - xh * coef[2 * ng + 1]);
-        }
-        reinterpret_cast<float4*>(dx)[i4] = make_float4(r4[0], r4[1], r4[2], r4[3]);
+    for (int j = 0; j < V; j++) {
+        int c = r.c0 + j * r.cstep, ng = r.n * G + c / cpg;
+        float rs = rstd[ng], mu = mean[ng], m1 = coef[2 * ng], m2 = coef[2 * ng + 1];
+        A[j] = rs * gamma[c];
+        B[j] = -rs * rs * m2;
+        K[j] = rs * (mu * rs * m2 - m1);
+        sc[j] = A[j];
+        sh[j] = beta ? beta[c] - mu * A[j] : 0.0f;
     }
+    for (i64 v = r.start; v < r.nvec; v += r.step) {
+        i64 i = r.base + v * V;
+        float g[V], xs[V], o[V];
+        ldv<V>(dout, i, g);
+        ldv<V>(x, i, xs);
+        if (beta) {
+#pragma unroll
+            for (int j = 0; j < V; j++) g[j] *= silu_grad(xs[j] * sc[j] + sh[j]);
+        }
+        if (accum) ldv<V>(dx, i, o);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float d = A[j] * g[j] + B[j] * xs[j] + K[j];
+            o[j] = accum ? o[j] + d : d;
+        }
+        stv<V>(dx, i, o);
+    }
+}
+extern "C" __global__ void gn_bwd_apply(const void* dout, const void* x, const float* mean, const float* rstd,
+                                        const float* gamma, const float* beta, const float* coef, void* dx, int C,
+                                        i64 S, int G, int cl, int accum, int bf, int V) {
+    DISPATCH_V(bf, V, gn_bwd_apply_t, dout, x, mean, rstd, gamma, beta, coef, dx, C, S, G, cl, accum);
 }

@@ -7,28 +7,47 @@
 // (n, chunk, c) to part[((n*nchunks + chunk)*C + c)*2 + {0,1}]:
 //   OP_STATS: (mean, M2) of x over the chunk's voxels (sums shifted by the chunk's first value,
 //             so large means do not cancel the variance);
-//   OP_GNBWD: (sum g, sum g*(x - mu_group)) with g = dout, or dout*silu'(y) when y is given;
+//   OP_GNBWD: (sum g, sum g*(x - mu_group)) with g = dout, or dout*silu'(y) with y = GN(x)
+//             recomputed from the statistics (rstd, gamma, beta) when beta is given;
 //   OP_SUM:   (sum x, 0).
 // Stage 2 combines the chunks in double precision (see groupnorm.cu and chan_sum_finalize).
+// The activation inputs (a = x or dout, b = x) share one storage type T; the `bf` argument of the
+// extern kernels selects it (common.cu).
 
 #define OP_STATS 0
 #define OP_GNBWD 1
 #define OP_SUM 2
 
+// GroupNorm backward's per-channel inputs: mu of the channel's group, and the affine map of
+// x to y = GN(x) (sc, sh) for the SiLU derivative.
+struct GnBwdIn {
+    const float* mean;
+    const float* rstd;
+    const float* gamma;
+    const float* beta;  // null: no SiLU
+    int G;
+};
+
+__device__ __forceinline__ void gn_chan(const GnBwdIn& p, int n, int c, int C, float& mu, float& sc, float& sh) {
+    int ng = n * p.G + c / (C / p.G);
+    mu = p.mean[ng];
+    sc = p.beta ? p.rstd[ng] * p.gamma[c] : 0.0f;
+    sh = p.beta ? p.beta[c] - mu * sc : 0.0f;
+}
+
 template <int OP>
-__device__ __forceinline__ void chan_acc(const float* a, const float* b, const float* y, i64 i, float mu,
-                                         float shift, float& s, float& q) {
+__device__ __forceinline__ void chan_acc1(float a, float b, bool silu, float mu, float sc, float sh, float shift,
+                                          float& s, float& q) {
     if (OP == OP_STATS) {
-        float v = a[i] - shift;
+        float v = a - shift;
         s += v;
         q += v * v;
     } else if (OP == OP_GNBWD) {
-        float g = a[i];
-        if (y) g *= silu_grad(y[i]);
+        float g = silu ? a * silu_grad(b * sc + sh) : a;
         s += g;
-        q += g * (b[i] - mu);
+        q += g * (b - mu);
     } else {
-        s += a[i];
+        s += a;
     }
 }
 
@@ -45,81 +64,59 @@ __device__ __forceinline__ void chan_write(float* part, i64 idx, float s, float 
 }
 
 // grid (nchunks, N*C), block 256.
-template <int OP>
-__device__ void chan_partial_ncdhw(const float* a, const float* b, const float* y, const float* mean, float* part,
-                                   int C, i64 S, int G, int chunk_len, int nchunks) {
+template <typename T, int OP>
+__device__ void chan_partial_ncdhw_t(const void* av, const void* bv, GnBwdIn gp, float* part, int C, i64 S,
+                                     int chunk_len, int nchunks) {
+    const T *a = (const T*)av, *b = (const T*)bv;
     __shared__ float sh[32];
     int row = blockIdx.y, n = row / C, c = row % C, chunk = blockIdx.x;
     i64 base = (i64)row * S;
     i64 v0 = (i64)chunk * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
-    float shift = (OP == OP_STATS) ? a[base + v0] : 0.0f;
-    float mu = (OP == OP_GNBWD) ? mean[n * G + c / (C / G)] : 0.0f;
+    float shift = (OP == OP_STATS) ? ld(a, base + v0) : 0.0f;
+    float mu = 0.0f, sc = 0.0f, shf = 0.0f;
+    if (OP == OP_GNBWD) gn_chan(gp, n, c, C, mu, sc, shf);
+    bool silu = OP == OP_GNBWD && gp.beta;
     float s = 0.0f, q = 0.0f;
 #pragma unroll 4
-    for (i64 v = v0 + threadIdx.x; v < v1; v += blockDim.x) chan_acc<OP>(a, b, y, base + v, mu, shift, s, q);
+    for (i64 v = v0 + threadIdx.x; v < v1; v += blockDim.x)
+        chan_acc1<OP>(ld(a, base + v), OP == OP_GNBWD ? ld(b, base + v) : 0.0f, silu, mu, sc, shf, shift, s, q);
     s = block_sum(s, sh);
     q = block_sum(q, sh);
     if (threadIdx.x == 0) chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, s, q, v1 - v0, shift);
 }
 
-// NDHWC: grid (nchunks, N), block 256. Each thread owns VEC consecutive channels (VEC = 4: 16-byte
-// loads; needs C % 4 == 0) of one voxel row; the block's rows = 256 / (C / VEC) stride over the
-// chunk's voxels, so every thread issues useful, coalesced loads. Host ensures C / VEC <= 256.
-template <int VEC>
-__device__ __forceinline__ void load_vec(const float* p, float* v) {
-    if (VEC == 4) {
-        float4 t = *reinterpret_cast<const float4*>(p);
-        v[0] = t.x;
-        v[1] = t.y;
-        v[2] = t.z;
-        v[3] = t.w;
-    } else {
-#pragma unroll
-        for (int j = 0; j < VEC; j++) v[j] = p[j];
-    }
-}
-
-template <int OP, int VEC>
-__device__ void chan_partial_ndhwc(const float* a, const float* b, const float* y, const float* mean, float* part,
-                                   int C, i64 S, int G, int chunk_len, int nchunks) {
-    __shared__ float red[2][1024];
+// NDHWC: grid (nchunks, N), block 256. Each thread owns VEC consecutive channels (VEC = 4 f32 or
+// 8 bf16: 16-byte loads; needs C % VEC == 0) of one voxel row; the block's rows = 256 / (C / VEC)
+// stride over the chunk's voxels, so every thread issues useful, coalesced loads. Host ensures
+// C / VEC <= 256.
+template <typename T, int OP, int VEC>
+__device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp, float* part, int C, i64 S,
+                                     int chunk_len, int nchunks) {
+    const T *a = (const T*)av, *b = (const T*)bv;
+    __shared__ float red[2][256 * VEC];
     int n = blockIdx.y, chunk = blockIdx.x, t = threadIdx.x;
     int lanes = C / VEC, rows = blockDim.x / lanes;
     int l = t % lanes, r = t / lanes, c0 = l * VEC;
     i64 v0 = (i64)chunk * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
-    int cpg = C / G;
-    float s[VEC], q[VEC], shift[VEC], mu[VEC];
+    bool silu = OP == OP_GNBWD && gp.beta;
+    float s[VEC], q[VEC], shift[VEC], mu[VEC], sc[VEC], shf[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; j++) {
         s[j] = 0.0f;
         q[j] = 0.0f;
-        shift[j] = (OP == OP_STATS) ? a[((i64)n * S + v0) * C + c0 + j] : 0.0f;
-        mu[j] = (OP == OP_GNBWD) ? mean[n * G + (c0 + j) / cpg] : 0.0f;
+        shift[j] = (OP == OP_STATS) ? ld(a, ((i64)n * S + v0) * C + c0 + j) : 0.0f;
+        mu[j] = sc[j] = shf[j] = 0.0f;
+        if (OP == OP_GNBWD) gn_chan(gp, n, c0 + j, C, mu[j], sc[j], shf[j]);
     }
     if (r < rows) {
         for (i64 v = v0 + r; v < v1; v += rows) {
             i64 base = ((i64)n * S + v) * C + c0;
-            float va[VEC], vb[VEC], vy[VEC];
-            load_vec<VEC>(a + base, va);
-            if (OP == OP_GNBWD) {
-                load_vec<VEC>(b + base, vb);
-                if (y) load_vec<VEC>(y + base, vy);
-            }
+            float va[VEC], vb[VEC];
+            ldv<VEC>(a, base, va);
+            if (OP == OP_GNBWD) ldv<VEC>(b, base, vb);
 #pragma unroll
-            for (int j = 0; j < VEC; j++) {
-                if (OP == OP_STATS) {
-                    float d = va[j] - shift[j];
-                    s[j] += d;
-                    q[j] += d * d;
-                } else if (OP == OP_GNBWD) {
-                    float g = va[j];
-                    if (y) g *= silu_grad(vy[j]);
-                    s[j] += g;
-                    q[j] += g * (vb[j] - mu[j]);
-                } else {
-                    s[j] += va[j];
-                }
-            }
+            for (int j = 0; j < VEC; j++)
+                chan_acc1<OP>(va[j], OP == OP_GNBWD ? vb[j] : 0.0f, silu, mu[j], sc[j], shf[j], shift[j], s[j], q[j]);
         }
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
@@ -135,39 +132,62 @@ __device__ void chan_partial_ndhwc(const float* a, const float* b, const float* 
             ss += red[0][rr * C + c];
             qq += red[1][rr * C + c];
         }
-        float sh = (OP == OP_STATS) ? a[((i64)n * S + v0) * C + c] : 0.0f;
+        float sh = (OP == OP_STATS) ? ld(a, ((i64)n * S + v0) * C + c) : 0.0f;
         chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, ss, qq, v1 - v0, sh);
     }
 }
 
-extern "C" __global__ void chan_stats_ncdhw(const float* x, float* part, int C, i64 S, int G, int chunk_len,
-                                            int nchunks) {
-    chan_partial_ncdhw<OP_STATS>(x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks);
+// Extern kernels: x/dout are activations of the type `bf` selects; part and the GroupNorm
+// parameters are f32.
+// PARTIAL(F, (args), template args after T): F<T, ...>(args) with T chosen by `bf`.
+#define PARTIAL(F, ARGS, ...)       \
+    if (bf)                         \
+        F<bf16, __VA_ARGS__> ARGS;  \
+    else                            \
+        F<float, __VA_ARGS__> ARGS
+#define NO_GN GnBwdIn{nullptr, nullptr, nullptr, nullptr, 1}
+extern "C" __global__ void chan_stats_ncdhw(const void* x, float* part, int C, i64 S, int chunk_len, int nchunks,
+                                            int bf) {
+    PARTIAL(chan_partial_ncdhw_t, (x, nullptr, NO_GN, part, C, S, chunk_len, nchunks), OP_STATS);
 }
-#define NDHWC_WRAPPERS(V)                                                                                      \
-    extern "C" __global__ void chan_stats_ndhwc##V(const float* x, float* part, int C, i64 S, int G, int chunk_len, \
-                                                   int nchunks) {                                                  \
-        chan_partial_ndhwc<OP_STATS, V>(x, nullptr, nullptr, nullptr, part, C, S, G, chunk_len, nchunks);         \
-    }                                                                                                              \
-    extern "C" __global__ void chan_gnbwd_ndhwc##V(const float* dout, const float* x, const float* y,              \
-                                                   const float* mean, float* part, int C, i64 S, int G,            \
-                                                   int chunk_len, int nchunks) {                                   \
-        chan_partial_ndhwc<OP_GNBWD, V>(dout, x, y, mean, part, C, S, G, chunk_len, nchunks);                     \
-    }                                                                                                              \
-    extern "C" __global__ void chan_sum_ndhwc##V(const float* x, float* part, int C, i64 S, int chunk_len,         \
-                                                 int nchunks) {                                                    \
-        chan_partial_ndhwc<OP_SUM, V>(x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks);           \
+extern "C" __global__ void chan_gnbwd_ncdhw(const void* dout, const void* x, const float* mean, const float* rstd,
+                                            const float* gamma, const float* beta, float* part, int C, i64 S, int G,
+                                            int chunk_len, int nchunks, int bf) {
+    GnBwdIn gp{mean, rstd, gamma, beta, G};
+    PARTIAL(chan_partial_ncdhw_t, (dout, x, gp, part, C, S, chunk_len, nchunks), OP_GNBWD);
+}
+extern "C" __global__ void chan_sum_ncdhw(const void* x, float* part, int C, i64 S, int chunk_len, int nchunks,
+                                          int bf) {
+    PARTIAL(chan_partial_ncdhw_t, (x, nullptr, NO_GN, part, C, S, chunk_len, nchunks), OP_SUM);
+}
+#define NDHWC_WRAPPERS(V, BF16_ONLY)                                                                            \
+    extern "C" __global__ void chan_stats_ndhwc##V(const void* x, float* part, int C, i64 S, int chunk_len,      \
+                                                   int nchunks, int bf) {                                       \
+        if (BF16_ONLY || bf)                                                                                    \
+            chan_partial_ndhwc_t<bf16, OP_STATS, V>(x, nullptr, NO_GN, part, C, S, chunk_len, nchunks);         \
+        else                                                                                                    \
+            chan_partial_ndhwc_t<float, OP_STATS, V>(x, nullptr, NO_GN, part, C, S, chunk_len, nchunks);        \
+    }                                                                                                           \
+    extern "C" __global__ void chan_gnbwd_ndhwc##V(const void* dout, const void* x, const float* mean,          \
+                                                   const float* rstd, const float* gamma, const float* beta,     \
+                                                   float* part, int C, i64 S, int G, int chunk_len, int nchunks, \
+                                                   int bf) {                                                    \
+        GnBwdIn gp{mean, rstd, gamma, beta, G};                                                                 \
+        if (BF16_ONLY || bf)                                                                                    \
+            chan_partial_ndhwc_t<bf16, OP_GNBWD, V>(dout, x, gp, part, C, S, chunk_len, nchunks);               \
+        else                                                                                                    \
+            chan_partial_ndhwc_t<float, OP_GNBWD, V>(dout, x, gp, part, C, S, chunk_len, nchunks);              \
+    }                                                                                                           \
+    extern "C" __global__ void chan_sum_ndhwc##V(const void* x, float* part, int C, i64 S, int chunk_len,        \
+                                                 int nchunks, int bf) {                                         \
+        if (BF16_ONLY || bf)                                                                                    \
+            chan_partial_ndhwc_t<bf16, OP_SUM, V>(x, nullptr, NO_GN, part, C, S, chunk_len, nchunks);           \
+        else                                                                                                    \
+            chan_partial_ndhwc_t<float, OP_SUM, V>(x, nullptr, NO_GN, part, C, S, chunk_len, nchunks);          \
     }
-NDHWC_WRAPPERS(1)
-NDHWC_WRAPPERS(4)
-extern "C" __global__ void chan_gnbwd_ncdhw(const float* dout, const float* x, const float* y, const float* mean,
-                                            float* part, int C, i64 S, int G, int chunk_len, int nchunks) {
-    chan_partial_ncdhw<OP_GNBWD>(dout, x, y, mean, part, C, S, G, chunk_len, nchunks);
-}
-extern "C" __global__ void chan_sum_ncdhw(const float* x, float* part, int C, i64 S, int chunk_len, int nchunks) {
-    chan_partial_ncdhw<OP_SUM>(x, nullptr, nullptr, nullptr, part, C, S, 1, chunk_len, nchunks);
-}
-
+NDHWC_WRAPPERS(1, 0)
+NDHWC_WRAPPERS(4, 0)
+NDHWC_WRAPPERS(8, 1)
 // out[n*C + c] (or out[c] summed over n when over_n) = sum of the chunks' first values, in double.
 // grid = number of outputs, block 256: one block per output, its threads stride over the chunks
 // (a whole-head 128^3 NDHWC activation has 8192 chunks per channel; one thread per output, as

@@ -1,6 +1,7 @@
 // upsample.cu: trilinear x2 upsampling, align_corners=False (PyTorch F.interpolate,
 // area_pixel_compute_source_index with scale 1/2), forward and backward, both layouts.
 // The backward gathers (each input element sums the outputs that read it), so no atomics.
+// Input and output share the storage type `bf` selects.
 
 struct Idx5 {
     int n, c, d, h, w;
@@ -37,7 +38,10 @@ __device__ __forceinline__ void src_index(int o, int in, int& i0, int& i1, float
 }
 
 // x: (N, C, D, H, W); out: (N, C, 2D, 2H, 2W).
-extern "C" __global__ void upsample_fwd(float* out, const float* x, int C, int D, int H, int W, i64 total, int cl) {
+template <typename T>
+__device__ void upsample_fwd_t(void* outv, const void* xv, int C, int D, int H, int W, i64 total, int cl) {
+    T* out = (T*)outv;
+    const T* x = (const T*)xv;
     int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
     GRID_STRIDE(i, total) {
         Idx5 o = decompose(i, C, Do, Ho, Wo, cl);
@@ -46,14 +50,18 @@ extern "C" __global__ void upsample_fwd(float* out, const float* x, int C, int D
         src_index(o.d, D, d0, d1, ld0, ld1);
         src_index(o.h, H, h0, h1, lh0, lh1);
         src_index(o.w, W, w0, w1, lw0, lw1);
-#define X(d, h, w) x[compose(o.n, o.c, d, h, w, C, D, H, W, cl)]
+#define X(d, h, w) ld(x, compose(o.n, o.c, d, h, w, C, D, H, W, cl))
         float v = ld0 * (lh0 * (lw0 * X(d0, h0, w0) + lw1 * X(d0, h0, w1)) +
                          lh1 * (lw0 * X(d0, h1, w0) + lw1 * X(d0, h1, w1))) +
                   ld1 * (lh0 * (lw0 * X(d1, h0, w0) + lw1 * X(d1, h0, w1)) +
                          lh1 * (lw0 * X(d1, h1, w0) + lw1 * X(d1, h1, w1)));
 #undef X
-        out[i] = v;
+        st(out, i, v);
     }
+}
+extern "C" __global__ void upsample_fwd(void* out, const void* x, int C, int D, int H, int W, i64 total, int cl,
+                                        int bf) {
+    DISPATCH(bf, upsample_fwd_t, out, x, C, D, H, W, total, cl);
 }
 
 // The (at most 4) outputs along one axis that read input k, with their weights.
@@ -74,8 +82,11 @@ __device__ __forceinline__ int readers(int k, int in, int* os, float* ws) {
 }
 
 // dx (N, C, D, H, W) from dout (N, C, 2D, 2H, 2W).
-extern "C" __global__ void upsample_bwd(float* dx, const float* dout, int C, int D, int H, int W, i64 total, int cl,
-                                        int accum) {
+template <typename T>
+__device__ void upsample_bwd_t(void* dxv, const void* doutv, int C, int D, int H, int W, i64 total, int cl,
+                               int accum) {
+    T* dx = (T*)dxv;
+    const T* dout = (const T*)doutv;
     int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
     GRID_STRIDE(i, total) {
         Idx5 p = decompose(i, C, D, H, W, cl);
@@ -87,11 +98,105 @@ extern "C" __global__ void upsample_bwd(float* dx, const float* dout, int C, int
             float sa = 0.0f;
             for (int b = 0; b < mh; b++) {
                 float sb = 0.0f;
-                for (int e = 0; e < mw; e++) sb += ww[e] * dout[compose(p.n, p.c, od[a], oh[b], ow[e], C, Do, Ho, Wo, cl)];
+                for (int e = 0; e < mw; e++) sb += ww[e] * ld(dout, compose(p.n, p.c, od[a], oh[b], ow[e], C, Do, Ho, Wo, cl));
                 sa += wh[b] * sb;
             }
             acc += wd[a] * sa;
         }
-        dx[i] = accum ? dx[i] + acc : acc;
+        st(dx, i, accum ? ld(dx, i) + acc : acc);
     }
+}
+extern "C" __global__ void upsample_bwd(void* dx, const void* dout, int C, int D, int H, int W, i64 total, int cl,
+                                        int accum, int bf) {
+    DISPATCH(bf, upsample_bwd_t, dx, dout, C, D, H, W, total, cl, accum);
+}
+
+// NDHWC, V channels per thread (16-byte accesses; C % V == 0): the Row traversal of common.cu over
+// the output (forward) or the input (backward); u counts the thread's voxels without a division
+// per element (block and grid strides are multiples of lanes).
+template <typename T, int V>
+__device__ void upsample_fwd_cl_t(void* outv, const void* xv, int C, int D, int H, int W) {
+    T* out = (T*)outv;
+    const T* x = (const T*)xv;
+    int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
+    i64 So = (i64)Do * Ho * Wo, Si = (i64)D * H * W;
+    Row r = row_geom(C, So, V, 1);
+    i64 u = r.start / r.lanes, ustep = r.step / r.lanes;
+    i64 xb = (i64)r.n * Si * C + r.c0;
+    for (i64 v = r.start; v < r.nvec; v += r.step, u += ustep) {
+        int ow = (int)(u % Wo), oh = (int)((u / Wo) % Ho), od = (int)(u / ((i64)Wo * Ho));
+        int d0, d1, h0, h1, w0, w1;
+        float ld0, ld1, lh0, lh1, lw0, lw1;
+        src_index(od, D, d0, d1, ld0, ld1);
+        src_index(oh, H, h0, h1, lh0, lh1);
+        src_index(ow, W, w0, w1, lw0, lw1);
+        // the scalar kernel's (and the CPU's) order of operations, per channel
+        float c000[V], c001[V], c010[V], c011[V], c100[V], c101[V], c110[V], c111[V], acc[V];
+#define LD(dst, dd, hh, ww) ldv<V>(x, xb + (((i64)(dd) * H + (hh)) * W + (ww)) * C, dst)
+        LD(c000, d0, h0, w0);
+        LD(c001, d0, h0, w1);
+        LD(c010, d0, h1, w0);
+        LD(c011, d0, h1, w1);
+        LD(c100, d1, h0, w0);
+        LD(c101, d1, h0, w1);
+        LD(c110, d1, h1, w0);
+        LD(c111, d1, h1, w1);
+#undef LD
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            acc[j] = ld0 * (lh0 * (lw0 * c000[j] + lw1 * c001[j]) + lh1 * (lw0 * c010[j] + lw1 * c011[j])) +
+                     ld1 * (lh0 * (lw0 * c100[j] + lw1 * c101[j]) + lh1 * (lw0 * c110[j] + lw1 * c111[j]));
+        stv<V>(out, r.base + v * V, acc);
+    }
+}
+extern "C" __global__ void upsample_fwd_cl(void* out, const void* x, int C, int D, int H, int W, int bf, int V) {
+    DISPATCH_V(bf, V, upsample_fwd_cl_t, out, x, C, D, H, W);
+}
+
+template <typename T, int V>
+__device__ void upsample_bwd_cl_t(void* dxv, const void* doutv, int C, int D, int H, int W, int accum) {
+    T* dx = (T*)dxv;
+    const T* dout = (const T*)doutv;
+    int Do = 2 * D, Ho = 2 * H, Wo = 2 * W;
+    i64 Si = (i64)D * H * W, So = (i64)Do * Ho * Wo;
+    Row r = row_geom(C, Si, V, 1);
+    i64 u = r.start / r.lanes, ustep = r.step / r.lanes;
+    i64 ob = (i64)r.n * So * C + r.c0;
+    for (i64 v = r.start; v < r.nvec; v += r.step, u += ustep) {
+        int w = (int)(u % W), h = (int)((u / W) % H), d = (int)(u / ((i64)W * H));
+        int od[4], oh[4], ow[4];
+        float wd[4], wh[4], ww[4];
+        int md = readers(d, D, od, wd), mh = readers(h, H, oh, wh), mw = readers(w, W, ow, ww);
+        float acc[V], sa[V], sb[V], t[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] = 0.0f;
+        for (int a = 0; a < md; a++) {
+#pragma unroll
+            for (int j = 0; j < V; j++) sa[j] = 0.0f;
+            for (int b = 0; b < mh; b++) {
+#pragma unroll
+                for (int j = 0; j < V; j++) sb[j] = 0.0f;
+                for (int e = 0; e < mw; e++) {
+                    ldv<V>(dout, ob + (((i64)od[a] * Ho + oh[b]) * Wo + ow[e]) * C, t);
+#pragma unroll
+                    for (int j = 0; j < V; j++) sb[j] += ww[e] * t[j];
+                }
+#pragma unroll
+                for (int j = 0; j < V; j++) sa[j] += wh[b] * sb[j];
+            }
+#pragma unroll
+            for (int j = 0; j < V; j++) acc[j] += wd[a] * sa[j];
+        }
+        i64 i = r.base + v * V;
+        if (accum) {
+            ldv<V>(dx, i, t);
+#pragma unroll
+            for (int j = 0; j < V; j++) acc[j] += t[j];
+        }
+        stv<V>(dx, i, acc);
+    }
+}
+extern "C" __global__ void upsample_bwd_cl(void* dx, const void* dout, int C, int D, int H, int W, int accum, int bf,
+                                           int V) {
+    DISPATCH_V(bf, V, upsample_bwd_cl_t, dx, dout, C, D, H, W, accum);
 }

@@ -6,10 +6,14 @@
 //! Each head's q, k, v, out are logical (c × T) matrices (channel rows, token columns). In NCDHW
 //! they are row-major with row stride T; in NDHWC token t of channel j sits at t·ld + j, i.e. a
 //! column-major (c × T) matrix with ld = 3C (qkv) or C (out). att is row-major (T × T) per head.
+//!
+//! The core is f32 in every precision (as PyTorch autocast's softmax): bf16 qkv, out, dout and
+//! dqkv are converted to and from f32 temporaries around it (the attention levels are 16³ and 8³,
+//! a few MB); att and datt are f32 buffers.
 
-use cudarc::driver::CudaSlice;
-use meddpm::Dims;
+use meddpm::{DType, Dims};
 
+use crate::buf::{require_f32, GpuBuf};
 use crate::device::{Arg::*, Device};
 use crate::linear::{gemm, Mat};
 
@@ -57,19 +61,37 @@ fn check(x: Dims, heads: usize, out: usize, att: usize, qkv: usize) {
     );
 }
 
-pub(crate) fn forward(
-    dev: &Device,
-    out: &mut CudaSlice<f32>,
-    att: &mut CudaSlice<f32>,
-    qkv: &CudaSlice<f32>,
-    x: Dims,
-    heads: usize,
-    cl: bool,
-) {
+/// Address of `b`'s data as f32: the buffer itself, or a temporary (slot) holding its conversion.
+fn f32_in(dev: &Device, b: &GpuBuf, slot: u8) -> u64 {
+    if b.dtype() == DType::F32 {
+        return dev.ptr(b);
+    }
+    let t = dev.temp(b.len(), DType::F32, slot);
+    dev.cast(t, DType::F32, dev.ptr(b), b.dtype(), b.len(), false);
+    t
+}
+
+/// Where to write `b`'s f32 result: the buffer itself, or a temporary that [`f32_out_done`] converts.
+fn f32_out(dev: &Device, b: &mut GpuBuf, slot: u8) -> u64 {
+    if b.dtype() == DType::F32 {
+        dev.ptr_mut(b)
+    } else {
+        dev.temp(b.len(), DType::F32, slot)
+    }
+}
+
+fn f32_out_done(dev: &Device, b: &mut GpuBuf, tmp: u64) {
+    if b.dtype() != DType::F32 {
+        dev.cast(dev.ptr_mut(b), b.dtype(), tmp, DType::F32, b.len(), false);
+    }
+}
+
+pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, att: &mut GpuBuf, qkv: &GpuBuf, x: Dims, heads: usize, cl: bool) {
     check(x, heads, out.len(), att.len(), qkv.len());
+    require_f32("attention probabilities", &[att]);
     let (c, t) = (x.c / heads, x.s());
     let scale2 = 1.0 / (c as f32).sqrt();
-    let (op_, ap, qp) = (dev.ptr_mut(out), dev.ptr_mut(att), dev.ptr(qkv));
+    let (op_, ap, qp) = (f32_out(dev, out, 1), dev.ptr_mut(att), f32_in(dev, qkv, 0));
     for n in 0..x.n {
         let m = views(qp, op_, ap, x, heads, n, cl);
         gemm(dev, t, t, c, scale2, m.q.tr(), m.k, 0.0, m.att, heads);
@@ -79,16 +101,17 @@ pub(crate) fn forward(
         let m = views(qp, op_, ap, x, heads, n, cl);
         gemm(dev, c, t, t, 1.0, m.v, m.att.tr(), 0.0, m.o, heads);
     }
+    f32_out_done(dev, out, op_);
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &Device,
-    dqkv: &mut CudaSlice<f32>,
-    datt: &mut CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    qkv: &CudaSlice<f32>,
-    att: &CudaSlice<f32>,
+    dqkv: &mut GpuBuf,
+    datt: &mut GpuBuf,
+    dout: &GpuBuf,
+    qkv: &GpuBuf,
+    att: &GpuBuf,
     x: Dims,
     heads: usize,
     cl: bool,
@@ -97,7 +120,9 @@ pub(crate) fn backward(
     assert!(dqkv.len() == qkv.len() && datt.len() == att.len(), "attention backward {x}: dqkv/datt lengths");
     let (c, t) = (x.c / heads, x.s());
     let scale2 = 1.0 / (c as f32).sqrt();
-    let (dq, dap, dop, qp, ap) = (dev.ptr_mut(dqkv), dev.ptr_mut(datt), dev.ptr(dout), dev.ptr(qkv), dev.ptr(att));
+    require_f32("attention probabilities", &[att, datt]);
+    let (dq, dap, ap) = (f32_out(dev, dqkv, 2), dev.ptr_mut(datt), dev.ptr(att));
+    let (dop, qp) = (f32_in(dev, dout, 1), f32_in(dev, qkv, 0));
     for n in 0..x.n {
         let f = views(qp, dop, ap, x, heads, n, cl); // q, k, v, dout, att
         let g = views(dq, dop, dap, x, heads, n, cl); // dq, dk, dv, -, datt
@@ -111,4 +136,5 @@ pub(crate) fn backward(
         gemm(dev, c, t, t, scale2, f.k, g.att.tr(), 0.0, g.q, heads); // dQ = s²·K·dSᵀ
         gemm(dev, c, t, t, scale2, f.q, g.att, 0.0, g.k, heads); // dK = s²·Q·dS
     }
+    f32_out_done(dev, dqkv, dq);
 }

@@ -17,7 +17,8 @@
 //! limits the step. `nccl::DType::Bf16` exists for a future reduction of bf16 gradients.
 //!
 //! Status: compiled here, not yet run on a GPU (see tests/multigpu.rs and scripts/gpu/multigpu.sh).
-//! The one place that knows the backend's buffer type is [`dev_ptr`].
+//! The one place that takes a device address of the backend's buffers is [`dev_ptr`], which
+//! asserts that they store f32.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,8 +26,9 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use meddpm::dist::buckets::{BucketCursor, BucketPlan};
 use meddpm::dist::GradSync;
-use meddpm::{Backend, Error, Result};
+use meddpm::{Error, Result};
 
+use crate::buf::{require_f32, GpuBuf};
 use crate::nccl::{self, Comm, DType, ReduceOp, UniqueId};
 use crate::CudaBackend;
 
@@ -49,13 +51,17 @@ pub fn device_count() -> usize {
     .unwrap_or(0)
 }
 
-/// The device address of a backend buffer (the only code here that knows `Buf`'s type).
-fn dev_ptr(be: &CudaBackend, b: &mut <CudaBackend as Backend>::Buf) -> u64 {
+/// The device address of a backend buffer (the only code here that knows `Buf`'s type). Every
+/// buffer a collective touches — parameters, their gradients, EMA and Adam moments — is f32 in
+/// every precision (`alloc`, not `alloc_act`); anything else is a bug, and the f32 element count
+/// and `DType::F32` of the NCCL calls below rely on it.
+fn dev_ptr(be: &CudaBackend, b: &mut GpuBuf) -> u64 {
+    require_f32("NCCL collective", &[b]);
     be.dev.ptr_mut(b)
 }
 
-fn elems(be: &CudaBackend, b: &<CudaBackend as Backend>::Buf) -> usize {
-    be.len(b)
+fn elems(b: &GpuBuf) -> usize {
+    b.len()
 }
 
 fn drv(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -153,7 +159,7 @@ impl NcclSync {
     }
 
     /// Queue bucket `k` on the comm stream, after the compute stream's work so far.
-    fn start_bucket(&mut self, be: &CudaBackend, k: usize, grads: &mut [<CudaBackend as Backend>::Buf]) -> Result<()> {
+    fn start_bucket(&mut self, be: &CudaBackend, k: usize, grads: &mut [GpuBuf]) -> Result<()> {
         let ev = &self.ready[k];
         ev.record(&be.dev.stream).map_err(drv("recording a gradient event"))?;
         self.side.wait(ev).map_err(drv("ordering the NCCL stream"))?;
@@ -163,7 +169,7 @@ impl NcclSync {
         let mut off = 0u64;
         let mut spans = Vec::with_capacity(params.len());
         for &p in &params {
-            let n = elems(be, &grads[p]);
+            let n = elems(&grads[p]);
             let g = dev_ptr(be, &mut grads[p]);
             // SAFETY: both ranges are live device allocations of n floats (flat holds the bucket).
             unsafe { cudarc::driver::result::memcpy_dtod_async(flat + off * 4, g, n * 4, side) }
@@ -221,7 +227,7 @@ impl GradSync<CudaBackend> for NcclSync {
         self.comm.world()
     }
 
-    fn layer_done(&mut self, be: &CudaBackend, layer: usize, grads: &mut [<CudaBackend as Backend>::Buf]) {
+    fn layer_done(&mut self, be: &CudaBackend, layer: usize, grads: &mut [GpuBuf]) {
         for k in self.cursor.layer_done(layer) {
             if self.error.is_none() {
                 if let Err(e) = self.start_bucket(be, k, grads) {
@@ -231,7 +237,7 @@ impl GradSync<CudaBackend> for NcclSync {
         }
     }
 
-    fn finish(&mut self, be: &CudaBackend, grads: &mut [<CudaBackend as Backend>::Buf]) -> Result<()> {
+    fn finish(&mut self, be: &CudaBackend, grads: &mut [GpuBuf]) -> Result<()> {
         for k in self.cursor.rest() {
             if self.error.is_none() {
                 if let Err(e) = self.start_bucket(be, k, grads) {
@@ -248,13 +254,13 @@ impl GradSync<CudaBackend> for NcclSync {
         self.wait(&self.done, "gradient all-reduce")
     }
 
-    fn broadcast(&mut self, be: &CudaBackend, bufs: &mut [<CudaBackend as Backend>::Buf]) -> Result<()> {
+    fn broadcast(&mut self, be: &CudaBackend, bufs: &mut [GpuBuf]) -> Result<()> {
         be.dev.bind();
         let stream = be.dev.stream.cu_stream();
         let comm = self.comm.clone();
         nccl::group(|| {
             for b in bufs.iter_mut() {
-                let n = elems(be, b);
+                let n = elems(b);
                 let p = dev_ptr(be, b);
                 // SAFETY: a live buffer of n floats on this device, in place.
                 unsafe { comm.broadcast(p, p, n, DType::F32, 0, stream) }?;

@@ -5,7 +5,13 @@
 //! - Layouts: NCDHW activations with (Cout, Cin, k, k, k) weights, or NDHWC activations with
 //!   (Cout, k, k, k, Cin) weights (cuDNN's NHWC filter format), expressed through tensor strides.
 //! - Precision: `Fp32` sets `CUDNN_FMA_MATH` (no tensor cores, true fp32) and only accepts
-//!   algorithms cuDNN reports as FMA; `Tf32` sets `CUDNN_TENSOR_OP_MATH`.
+//!   algorithms cuDNN reports as FMA; `Tf32` sets `CUDNN_TENSOR_OP_MATH`; `Bf16` runs bf16 tensors
+//!   (x, w, y) with fp32 accumulation and `CUDNN_TENSOR_OP_MATH` (with the default math type the
+//!   legacy API picks a 30 TFLOP/s non-tensor-core kernel for bf16, ../shared/perf).
+//! - Operand types: the compute type is bf16 under `Bf16`, else f32. An operand of the other type
+//!   (the network's f32 input and output, an f32 weight) is converted through a kept temporary;
+//!   under `Bf16` the weight gradient is written by cuDNN in bf16 into a temporary and added to the
+//!   f32 gradient, and the bias gradient is summed from the output gradient as given.
 //! - Algorithms are chosen by `cudnnFind*AlgorithmEx` (timed on the real buffers) once per shape,
 //!   kept in a per-backend map and in an on-disk cache per GPU and cuDNN version
 //!   (`$MEDDPM_CACHE_DIR`, else `$XDG_CACHE_HOME/meddpm`, else `~/.cache/meddpm`;
@@ -23,9 +29,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use cudarc::cudnn::sys as nsys;
-use cudarc::driver::CudaSlice;
-use meddpm::{Accum, ConvShape, Layout, Precision};
+use meddpm::{Accum, ConvShape, DType, Layout, Precision};
 
+use crate::buf::{require_f32, GpuBuf};
 use crate::device::{cudnn_ck, Arg, Device};
 
 /// Largest workspace `cudnnFind` may try (bytes, default 2 GiB, at most a quarter of the free
@@ -67,7 +73,20 @@ fn ck(st: nsys::cudnnStatus_t, what: &str) {
     cudnn_ck(st, what).unwrap_or_else(|e| panic!("{e}"));
 }
 
-fn tensor_desc(d: meddpm::Dims, layout: Layout) -> TensorDesc {
+/// cuDNN's data type for a storage type.
+fn cudnn_type(dt: DType) -> nsys::cudnnDataType_t {
+    match dt {
+        DType::F32 => nsys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        DType::Bf16 => nsys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+    }
+}
+
+/// The type convolutions compute in (their tensors' storage type) under a precision.
+pub(crate) fn compute_type(p: Precision) -> DType {
+    p.act_dtype()
+}
+
+fn tensor_desc(d: meddpm::Dims, layout: Layout, dt: DType) -> TensorDesc {
     let mut t = std::ptr::null_mut();
     ck(unsafe { nsys::cudnnCreateTensorDescriptor(&mut t) }, "cudnnCreateTensorDescriptor");
     let (n, c, dd, h, w) = (d.n as i32, d.c as i32, d.d as i32, d.h as i32, d.w as i32);
@@ -77,36 +96,20 @@ fn tensor_desc(d: meddpm::Dims, layout: Layout) -> TensorDesc {
         Layout::Ndhwc => [dd * h * w * c, 1, h * w * c, w * c, c],
     };
     ck(
-        unsafe {
-            nsys::cudnnSetTensorNdDescriptor(
-                t,
-                nsys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-                5,
-                dims.as_ptr(),
-                strides.as_ptr(),
-            )
-        },
+        unsafe { nsys::cudnnSetTensorNdDescriptor(t, cudnn_type(dt), 5, dims.as_ptr(), strides.as_ptr()) },
         &format!("cudnnSetTensorNdDescriptor {d}"),
     );
     TensorDesc(t)
 }
 
-/// The bias as a (1, C, 1, 1, 1) tensor (same in both layouts).
-fn bias_desc(c: usize) -> TensorDesc {
+/// The bias as a (1, C, 1, 1, 1) tensor (same in both layouts), of the output's type.
+fn bias_desc(c: usize, dt: DType) -> TensorDesc {
     let mut t = std::ptr::null_mut();
     ck(unsafe { nsys::cudnnCreateTensorDescriptor(&mut t) }, "cudnnCreateTensorDescriptor");
     let dims = [1, c as i32, 1, 1, 1];
     let strides = [c as i32, 1, 1, 1, 1];
     ck(
-        unsafe {
-            nsys::cudnnSetTensorNdDescriptor(
-                t,
-                nsys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-                5,
-                dims.as_ptr(),
-                strides.as_ptr(),
-            )
-        },
+        unsafe { nsys::cudnnSetTensorNdDescriptor(t, cudnn_type(dt), 5, dims.as_ptr(), strides.as_ptr()) },
         "cudnnSetTensorNdDescriptor (bias)",
     );
     TensorDesc(t)
@@ -129,7 +132,7 @@ fn identity_desc() -> ActDesc {
     ActDesc(a)
 }
 
-fn filter_desc(cs: &ConvShape, layout: Layout) -> FilterDesc {
+fn filter_desc(cs: &ConvShape, layout: Layout, dt: DType) -> FilterDesc {
     let mut f = std::ptr::null_mut();
     ck(unsafe { nsys::cudnnCreateFilterDescriptor(&mut f) }, "cudnnCreateFilterDescriptor");
     let k = cs.k as i32;
@@ -139,7 +142,7 @@ fn filter_desc(cs: &ConvShape, layout: Layout) -> FilterDesc {
         Layout::Ndhwc => nsys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
     };
     ck(
-        unsafe { nsys::cudnnSetFilterNdDescriptor(f, nsys::cudnnDataType_t::CUDNN_DATA_FLOAT, fmt, 5, dims.as_ptr()) },
+        unsafe { nsys::cudnnSetFilterNdDescriptor(f, cudnn_type(dt), fmt, 5, dims.as_ptr()) },
         "cudnnSetFilterNdDescriptor",
     );
     FilterDesc(f)
@@ -338,13 +341,14 @@ impl ConvCache {
         self.plans.entry(cs).or_insert_with(|| {
             let math = match precision {
                 Precision::Fp32 => nsys::cudnnMathType_t::CUDNN_FMA_MATH,
-                Precision::Tf32 => nsys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+                Precision::Tf32 | Precision::Bf16 => nsys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
             };
+            let dt = compute_type(precision);
             Plan {
-                x: tensor_desc(cs.x, layout),
-                y: tensor_desc(cs.out(), layout),
-                w: filter_desc(&cs, layout),
-                bias: bias_desc(cs.cout),
+                x: tensor_desc(cs.x, layout, dt),
+                y: tensor_desc(cs.out(), layout, dt),
+                w: filter_desc(&cs, layout, dt),
+                bias: bias_desc(cs.cout, dt),
                 conv: [conv_desc(&cs, math), conv_desc(&cs, math), conv_desc(&cs, math)],
                 algo: [None, None, None],
                 fused_bias: None,
@@ -634,19 +638,50 @@ fn ws_size_checked(dev: &Device, p: &Plan, dir: Dir, id: u32) -> Option<usize> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws_size(dev, p, dir, id))).ok()
 }
 
+/// Temporary slots of converted operands (see `Device::temp`).
+const T_X: u8 = 10;
+const T_W: u8 = 11;
+const T_Y: u8 = 12;
+const T_DY: u8 = 13;
+const T_DX: u8 = 14;
+const T_DW: u8 = 15;
+
+/// Address of `b`'s data in type `dt`: the buffer itself, or a kept temporary (slot) holding its
+/// conversion.
+fn operand(dev: &Device, b: &GpuBuf, dt: DType, slot: u8) -> u64 {
+    if b.dtype() == dt {
+        return dev.ptr(b);
+    }
+    let t = dev.temp(b.len(), dt, slot);
+    dev.cast(t, dt, dev.ptr(b), b.dtype(), b.len(), false);
+    t
+}
+
 /// out = conv(inp, w) + b.
 pub(crate) fn forward(
     dev: &Device,
     cache: &mut ConvCache,
-    out: &mut CudaSlice<f32>,
-    inp: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
+    out: &mut GpuBuf,
+    inp: &GpuBuf,
+    w: &GpuBuf,
+    b: &GpuBuf,
     cs: ConvShape,
 ) {
     check_lens(cs, inp.len(), w.len(), out.len(), b.len());
+    require_f32("conv3d bias", &[b]);
     *cache.fwd_calls.entry(cs).or_insert(0) += 1;
-    let (xp, wp, yp, bp) = (dev.ptr(inp), dev.ptr(w), dev.ptr_mut(out), dev.ptr(b));
+    let cdt = compute_type(cache.precision);
+    let (xp, wp, bp) = (operand(dev, inp, cdt, T_X), operand(dev, w, cdt, T_W), dev.ptr(b));
+    // an output of the other type is computed into a temporary and converted at the end
+    let yp = if out.dtype() == cdt { dev.ptr_mut(out) } else { dev.temp(out.len(), cdt, T_Y) };
+    forward_typed(dev, cache, cs, xp, wp, bp, yp);
+    if out.dtype() != cdt {
+        dev.cast(dev.ptr_mut(out), out.dtype(), yp, cdt, out.len(), false);
+    }
+}
+
+/// The forward on operands already in the compute type.
+fn forward_typed(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u64, wp: u64, bp: u64, yp: u64) {
     if let Some(pcs) = padded_shape(cs) {
         let decided = cache.force_pad.or_else(|| cache.pads.get(&cs).and_then(|p| p.on));
         let on = match decided {
@@ -689,11 +724,11 @@ fn padded_shape(cs: ConvShape) -> Option<ConvShape> {
 }
 
 /// Scratch of a channel-padded forward: the padded input (when Cin is padded), weights, and output
-/// (when Cout is padded); allocated on the first call of the shape, reused after.
+/// (when Cout is padded), in the compute type; allocated on the first call of the shape, reused after.
 struct Pad {
-    x: Option<CudaSlice<f32>>,
-    w: CudaSlice<f32>,
-    y: Option<CudaSlice<f32>>,
+    x: Option<GpuBuf>,
+    w: GpuBuf,
+    y: Option<GpuBuf>,
     /// Whether the padded run is the faster one (None: not timed yet).
     on: Option<bool>,
 }
@@ -713,10 +748,11 @@ fn forward_padded(
     yp: u64,
 ) {
     let cl = cache.layout == Layout::Ndhwc;
+    let cdt = compute_type(cache.precision);
     let pad = match cache.pads.entry(cs) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
-            let a = |n: usize| dev.alloc_f32(n).unwrap_or_else(|e| panic!("{e}"));
+            let a = |n: usize| dev.alloc(n, cdt).unwrap_or_else(|e| panic!("{e}"));
             e.insert(Pad {
                 x: (pcs.x.c != cs.x.c).then(|| a(pcs.x.numel())),
                 w: a(pcs.w_len()),
@@ -728,11 +764,12 @@ fn forward_padded(
     let k3 = cs.k * cs.k * cs.k;
     // weights (Cout, Cin, k³) as an activation with N = Cout: pad both
     let pw = dev.ptr_mut(&mut pad.w);
-    pad_nc(dev, pw, wp, cs.cout, pcs.cout, cs.x.c, pcs.x.c, k3 as i64, cl);
+    let bf = (cdt == DType::Bf16) as i32;
+    pad_nc(dev, pw, wp, cs.cout, pcs.cout, cs.x.c, pcs.x.c, k3 as i64, cl, bf);
     let px = match &mut pad.x {
         Some(b) => {
             let p = dev.ptr_mut(b);
-            pad_nc(dev, p, xp, cs.x.n, cs.x.n, cs.x.c, pcs.x.c, cs.x.s() as i64, cl);
+            pad_nc(dev, p, xp, cs.x.n, cs.x.n, cs.x.c, pcs.x.c, cs.x.s() as i64, cl, bf);
             p
         }
         None => xp,
@@ -755,6 +792,7 @@ fn forward_padded(
                     Arg::L(o.s() as i64),
                     Arg::L(o.numel() as i64),
                     Arg::I(cl as i32),
+                    Arg::I(bf | (bf << 1)),
                 ],
             );
         }
@@ -764,9 +802,9 @@ fn forward_padded(
     }
 }
 
-/// dst (Np, Cp, S) = src (N, C, S) zero-padded.
+/// dst (Np, Cp, S) = src (N, C, S) zero-padded, both of the type `bf` says.
 #[allow(clippy::too_many_arguments)]
-fn pad_nc(dev: &Device, dst: u64, src: u64, n: usize, np: usize, c: usize, cp: usize, s: i64, cl: bool) {
+fn pad_nc(dev: &Device, dst: u64, src: u64, n: usize, np: usize, c: usize, cp: usize, s: i64, cl: bool, bf: i32) {
     let total = np as i64 * cp as i64 * s;
     dev.launch1(
         "pad_nc",
@@ -780,6 +818,7 @@ fn pad_nc(dev: &Device, dst: u64, src: u64, n: usize, np: usize, c: usize, cp: u
             Arg::L(s),
             Arg::L(total),
             Arg::I(cl as i32),
+            Arg::I(bf | (bf << 1)),
         ],
     );
 }
@@ -789,7 +828,9 @@ fn pad_nc(dev: &Device, dst: u64, src: u64, n: usize, np: usize, c: usize, cp: u
 fn forward_plain(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u64, wp: u64, bp: u64, yp: u64) {
     let a = cache.algo(dev, Dir::Fwd, cs, xp, wp, yp);
     let cl = cache.layout == Layout::Ndhwc;
-    let can_fuse = a.id == nsys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
+    // cuDNN's fused bias has the output's type; ours is f32, so bf16 adds it in our kernel
+    let can_fuse = a.id == nsys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32
+        && compute_type(cache.precision) == DType::F32;
     let fused = match (can_fuse, cache.force_fused_bias, cache.plan(cs).fused_bias) {
         (false, _, _) => false,
         (true, Some(f), _) => f,
@@ -892,12 +933,13 @@ fn run_forward(
     );
     drop(ws);
     if bias {
-        crate::elementwise::add_channel_bias(dev, yp, bp, cs.out(), cl, false);
+        let bf = (compute_type(cache.precision) == DType::Bf16) as i32;
+        crate::elementwise::add_channel_bias(dev, yp, bp, cs.out(), cl, false, bf);
     }
     true
 }
 
-fn ws_ptr(dev: &Device, ws: &CudaSlice<u8>) -> u64 {
+fn ws_ptr(dev: &Device, ws: &cudarc::driver::CudaSlice<u8>) -> u64 {
     use cudarc::driver::DevicePtr;
     let (p, _g) = ws.device_ptr(&dev.stream);
     p
@@ -923,20 +965,15 @@ fn check_lens(cs: ConvShape, x: usize, w: usize, y: usize, b: usize) {
 /// Whether the weight gradient goes to our kernel (kernels/conv3d.cu) instead of cuDNN: 3×3×3,
 /// stride 1, at most 4 output channels — cuDNN 9.19 runs these on a slow sm80 kernel (13.2 of
 /// 185 ms in a whole-head TF32 training step on the H200).
-pub(crate) fn small_cout_wgrad(cs: ConvShape) -> bool {
-    cs.k == 3 && cs.stride == 1 && cs.cout <= 4
+/// In bf16 the kernel exists for Cout 1 and 4 only (kernels/conv3d.cu).
+pub(crate) fn small_cout_wgrad(cs: ConvShape, cdt: DType) -> bool {
+    cs.k == 3 && cs.stride == 1 && (cs.cout <= 4 && (cdt == DType::F32 || cs.cout == 1 || cs.cout == 4))
 }
 
 /// dW += the weight gradient of a few-output-channel conv (kernels/conv3d.cu), fp32 in every
 /// precision mode.
-fn wgrad_small(
-    dev: &Device,
-    dw: &mut CudaSlice<f32>,
-    inp: &CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    cs: ConvShape,
-    cl: bool,
-) {
+#[allow(clippy::too_many_arguments)]
+fn wgrad_small(dev: &Device, dw: &mut GpuBuf, xp: u64, dyp: u64, bf: i32, cs: ConvShape, cl: bool) {
     use Arg::{I, P};
     let x = cs.x;
     // channels per block and line slots per block (kernels/conv3d.cu); NDHWC threads take 4 lines each
@@ -947,10 +984,10 @@ fn wgrad_small(
     let groups = x.c.div_ceil(cg);
     let per = cs.cout * 27;
     let part = dev.scratch(nchunks * x.c * per);
-    let pp = dev.ptr(&part);
+    let pp = dev.ptr(&*part);
     let args = [
-        P(dev.ptr(inp)),
-        P(dev.ptr(dout)),
+        P(xp),
+        P(dyp),
         P(pp),
         I(x.n as i32),
         I(x.c as i32),
@@ -959,6 +996,7 @@ fn wgrad_small(
         I(x.w as i32),
         I(lines_per_block as i32),
         I(cl as i32),
+        I(bf),
     ];
     let name =
         ["conv3d_wgrad_small1", "conv3d_wgrad_small2", "conv3d_wgrad_small3", "conv3d_wgrad_small4"][cs.cout - 1];
@@ -971,15 +1009,18 @@ fn wgrad_small(
     );
 }
 
-/// dW += the weight gradient through cuDNN (beta = 1: accumulate).
-fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: &mut CudaSlice<f32>, xp: u64, dyp: u64, cs: ConvShape) {
+/// dW += the weight gradient through cuDNN: beta = 1 into the f32 gradient, or (bf16) beta = 0 into
+/// a bf16 temporary then added to it.
+fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: &mut GpuBuf, xp: u64, dyp: u64, cs: ConvShape) {
+    let cdt = compute_type(cache.precision);
     let one = 1.0f32;
-    // Weight gradient (beta = 1: accumulate). cudnnFind writes its output, so it gets a scratch dw.
-    let dwp = dev.ptr_mut(dw);
+    let beta = if cdt == DType::F32 { 1.0f32 } else { 0.0 };
+    let dwp = if cdt == DType::F32 { dev.ptr_mut(dw) } else { dev.temp(cs.w_len(), cdt, T_DW) };
+    // cudnnFind writes its output, so it gets a scratch dw.
     let a = if cache.plan(cs).algo[2].is_some() {
         cache.algo(dev, Dir::BwdFilter, cs, xp, 0, dyp)
     } else {
-        let mut tmp = dev.alloc_f32(cs.w_len()).unwrap_or_else(|e| panic!("{e}"));
+        let mut tmp = dev.alloc(cs.w_len(), cdt).unwrap_or_else(|e| panic!("{e}"));
         let tp = dev.ptr_mut(&mut tmp);
         let a = cache.algo(dev, Dir::BwdFilter, cs, xp, tp, dyp);
         dev.sync();
@@ -1004,7 +1045,7 @@ fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: &mut CudaSlice<f32>, xp:
                     bwd_filter_algo(a.id),
                     wsp as _,
                     a.ws,
-                    &one as *const f32 as _,
+                    &beta as *const f32 as _,
                     p.w.0,
                     dwp as _,
                 )
@@ -1012,41 +1053,48 @@ fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: &mut CudaSlice<f32>, xp:
             "cudnnConvolutionBackwardFilter",
         );
     }
+    if cdt != DType::F32 {
+        dev.cast(dev.ptr_mut(dw), DType::F32, dwp, cdt, cs.w_len(), true);
+    }
 }
 
 pub(crate) fn backward(
     dev: &Device,
     cache: &mut ConvCache,
-    dinp: Option<(&mut CudaSlice<f32>, Accum)>,
-    dw: &mut CudaSlice<f32>,
-    db: &mut CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    inp: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
+    dinp: Option<(&mut GpuBuf, Accum)>,
+    dw: &mut GpuBuf,
+    db: &mut GpuBuf,
+    dout: &GpuBuf,
+    inp: &GpuBuf,
+    w: &GpuBuf,
     cs: ConvShape,
 ) {
     check_lens(cs, inp.len(), w.len(), dout.len(), db.len());
     assert_eq!(dw.len(), cs.w_len(), "conv3d backward: dw length");
-    let (xp, wp, dyp) = (dev.ptr(inp), dev.ptr(w), dev.ptr(dout));
+    require_f32("conv3d backward: dw, db", &[dw, db]);
     let cl = cache.layout == Layout::Ndhwc;
-    // Bias gradient: db[c] += sum over n and voxels of dout.
+    // Bias gradient: db[c] += sum over n and voxels of dout (as given).
     crate::elementwise::channel_sums(dev, dout, cs.out(), cl, crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db)));
+    let cdt = compute_type(cache.precision);
+    let (xp, wp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, w, cdt, T_W), operand(dev, dout, cdt, T_DY));
 
     let (one, zero) = (1.0f32, 0.0f32);
-    if small_cout_wgrad(cs) {
-        wgrad_small(dev, dw, inp, dout, cs, cl);
+    if small_cout_wgrad(cs, cdt) {
+        wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, cl);
     } else {
         cudnn_wgrad(dev, cache, dw, xp, dyp, cs);
     }
 
-    // Data gradient.
+    // Data gradient (an input gradient of the other type goes through a temporary).
     if let Some((dx, acc)) = dinp {
         assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
-        let dxp = dev.ptr_mut(dx);
-        let a = if cache.plan(cs).algo[1].is_some() || acc == Accum::Overwrite {
+        let direct = dx.dtype() == cdt;
+        let (dxp, acc_c) =
+            if direct { (dev.ptr_mut(dx), acc) } else { (dev.temp(dx.len(), cdt, T_DX), Accum::Overwrite) };
+        let a = if cache.plan(cs).algo[1].is_some() || acc_c == Accum::Overwrite {
             cache.algo(dev, Dir::BwdData, cs, dxp, wp, dyp)
         } else {
-            let mut tmp = dev.alloc_f32(cs.x.numel()).unwrap_or_else(|e| panic!("{e}"));
+            let mut tmp = dev.alloc(cs.x.numel(), cdt).unwrap_or_else(|e| panic!("{e}"));
             let tp = dev.ptr_mut(&mut tmp);
             let a = cache.algo(dev, Dir::BwdData, cs, tp, wp, dyp);
             dev.sync();
@@ -1056,7 +1104,7 @@ pub(crate) fn backward(
         let p = cache.plan(cs);
         let ws = dev.workspace(a.ws);
         let wsp = ws_ptr(dev, &ws);
-        let beta = if acc == Accum::Add { one } else { zero };
+        let beta = if acc_c == Accum::Add { one } else { zero };
         dev.bind();
         ck(
             unsafe {
@@ -1078,5 +1126,8 @@ pub(crate) fn backward(
             },
             "cudnnConvolutionBackwardData",
         );
+        if !direct {
+            dev.cast(dev.ptr_mut(dx), dx.dtype(), dxp, cdt, dx.len(), acc == Accum::Add);
+        }
     }
 }

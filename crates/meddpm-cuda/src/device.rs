@@ -17,26 +17,33 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::cublas::sys as bsys;
 use cudarc::cudnn::sys as nsys;
-use cudarc::driver::{
-    result as dres, sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-};
+use cudarc::driver::{result as dres, sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream};
 use cudarc::nvrtc::sys as rsys;
-use meddpm::{Error, Result};
+use meddpm::{DType, Error, Result};
 
-/// The NVRTC sources, in compilation order (common.cu and reduce.cu define helpers the others use).
-pub(crate) const KERNEL_SOURCES: &[(&str, &str)] = &[
-    ("common.cu", include_str!("../kernels/common.cu")),
-    ("reduce.cu", include_str!("../kernels/reduce.cu")),
-    ("groupnorm.cu", include_str!("../kernels/groupnorm.cu")),
-    ("silu.cu", include_str!("../kernels/silu.cu")),
-    ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
-    ("linear.cu", include_str!("../kernels/linear.cu")),
-    ("attention.cu", include_str!("../kernels/attention.cu")),
-    ("upsample.cu", include_str!("../kernels/upsample.cu")),
-    ("loss.cu", include_str!("../kernels/loss.cu")),
-    ("diffusion.cu", include_str!("../kernels/diffusion.cu")),
-    ("optim.cu", include_str!("../kernels/optim.cu")),
-    ("conv3d.cu", include_str!("../kernels/conv3d.cu")),
+use crate::buf::{DevMem, GpuBuf};
+
+const COMMON: (&str, &str) = ("common.cu", include_str!("../kernels/common.cu"));
+
+/// The NVRTC sources as compilation units, each a list of files in order (common.cu and reduce.cu
+/// define helpers the others use). The units compile in parallel threads into separate modules:
+/// conv3d.cu's unrolled kernels take most of NVRTC's time, so it is a unit of its own.
+pub(crate) const KERNEL_UNITS: &[&[(&str, &str)]] = &[
+    &[
+        COMMON,
+        ("reduce.cu", include_str!("../kernels/reduce.cu")),
+        ("groupnorm.cu", include_str!("../kernels/groupnorm.cu")),
+        ("silu.cu", include_str!("../kernels/silu.cu")),
+        ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+        ("linear.cu", include_str!("../kernels/linear.cu")),
+        ("attention.cu", include_str!("../kernels/attention.cu")),
+        ("upsample.cu", include_str!("../kernels/upsample.cu")),
+        ("loss.cu", include_str!("../kernels/loss.cu")),
+        ("diffusion.cu", include_str!("../kernels/diffusion.cu")),
+        ("sampler.cu", include_str!("../kernels/sampler.cu")),
+        ("optim.cu", include_str!("../kernels/optim.cu")),
+    ],
+    &[COMMON, ("conv3d.cu", include_str!("../kernels/conv3d.cu"))],
 ];
 
 /// Every `extern "C"` kernel in [`KERNEL_SOURCES`].
@@ -44,19 +51,20 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "chan_stats_ncdhw",
     "chan_stats_ndhwc1",
     "chan_stats_ndhwc4",
+    "chan_stats_ndhwc8",
     "chan_gnbwd_ncdhw",
     "chan_gnbwd_ndhwc1",
     "chan_gnbwd_ndhwc4",
+    "chan_gnbwd_ndhwc8",
     "chan_sum_ncdhw",
     "chan_sum_ndhwc1",
     "chan_sum_ndhwc4",
+    "chan_sum_ndhwc8",
     "chan_sum_finalize",
     "gn_stats_finalize",
     "gn_apply",
     "gn_bwd_finalize",
     "gn_bwd_apply",
-    "gn_apply4",
-    "gn_bwd_apply4",
     "silu_fwd",
     "silu_bwd",
     "add_assign",
@@ -71,14 +79,18 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "softmax_bwd_rows",
     "upsample_fwd",
     "upsample_bwd",
+    "upsample_fwd_cl",
+    "upsample_bwd_cl",
     "loss_partial",
     "loss_final",
     "loss_bwd",
     "randn",
     "q_sample",
     "ddpm_step",
+    "sampler_step",
     "adam_step",
     "ema_update",
+    "cast_buf",
     "conv3d_wgrad_small1",
     "conv3d_wgrad_small2",
     "conv3d_wgrad_small3",
@@ -153,6 +165,9 @@ pub(crate) struct Device {
     scratch: Mutex<CudaSlice<f32>>,
     /// cuDNN workspace (bytes), grown to the largest chosen algorithm's need.
     workspace: Mutex<CudaSlice<u8>>,
+    /// Typed temporaries by (elements, type, slot): conversions around cuDNN and attention,
+    /// created on the first use of a shape and kept (see [`Device::temp`]).
+    temps: Mutex<HashMap<(usize, DType, u8), GpuBuf>>,
 }
 
 /// Check a cuDNN status.
@@ -214,11 +229,20 @@ pub(crate) fn nvrtc_version() -> std::result::Result<(i32, i32), String> {
     Ok((a, b))
 }
 
-/// Compile all kernels for `arch` (e.g. "sm_90") to a cubin. Public for the compile-only test.
-pub fn compile_kernels(arch: &str) -> std::result::Result<Vec<u8>, String> {
-    let src: String = KERNEL_SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect();
+/// Compile all kernels for `arch` (e.g. "sm_90"): one cubin per unit of [`KERNEL_UNITS`], the units
+/// in parallel threads. Public for the compile-only test.
+pub fn compile_kernels(arch: &str) -> std::result::Result<Vec<Vec<u8>>, String> {
+    std::thread::scope(|sc| {
+        let hs: Vec<_> =
+            KERNEL_UNITS.iter().enumerate().map(|(i, u)| sc.spawn(move || compile_unit(arch, i, u))).collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("NVRTC thread panicked".into()))).collect()
+    })
+}
+
+fn compile_unit(arch: &str, i: usize, unit: &[(&str, &str)]) -> std::result::Result<Vec<u8>, String> {
+    let src: String = unit.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect();
     let csrc = std::ffi::CString::new(src).map_err(|e| e.to_string())?;
-    let name = std::ffi::CString::new("meddpm_kernels.cu").unwrap();
+    let name = std::ffi::CString::new(format!("meddpm_kernels_{i}.cu")).unwrap();
     let prog = cudarc::nvrtc::result::create_program(&csrc, Some(&name)).map_err(|e| format!("nvrtc create: {e:?}"))?;
     let mut opts = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into(), "-lineinfo".into()];
     let verbose = std::env::var("MEDDPM_NVRTC_VERBOSE").is_ok_and(|v| v == "1");
@@ -254,10 +278,11 @@ pub fn compile_kernels(arch: &str) -> std::result::Result<Vec<u8>, String> {
     out
 }
 
-/// Compiled cubins: kept per process, and on disk next to the cuDNN algorithm cache (keyed by a
-/// hash of the sources, the architecture and the NVRTC version) so later processes skip NVRTC.
-fn cubin_for(arch: &str) -> std::result::Result<Vec<u8>, String> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
+/// Compiled cubins (one per unit): kept per process, and on disk next to the cuDNN algorithm cache
+/// (keyed by a hash of the sources, the architecture and the NVRTC version) so later processes
+/// skip NVRTC.
+fn cubin_for(arch: &str) -> std::result::Result<Vec<Vec<u8>>, String> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Vec<Vec<u8>>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(b) = c.get(arch) {
@@ -266,18 +291,21 @@ fn cubin_for(arch: &str) -> std::result::Result<Vec<u8>, String> {
     let file = crate::conv3d::cache_dir().map(|d| {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        KERNEL_SOURCES.hash(&mut h);
+        KERNEL_UNITS.hash(&mut h);
         nvrtc_version().ok().hash(&mut h);
-        d.join(format!("kernels-{arch}-{:016x}.cubin", h.finish()))
+        let key = h.finish();
+        (0..KERNEL_UNITS.len()).map(|i| d.join(format!("kernels-{arch}-{key:016x}-{i}.cubin"))).collect::<Vec<_>>()
     });
-    let b = match file.as_ref().and_then(|f| std::fs::read(f).ok()) {
+    let cached: Option<Vec<Vec<u8>>> =
+        file.as_ref().and_then(|fs| fs.iter().map(|f| std::fs::read(f).ok()).collect::<Option<Vec<_>>>());
+    let b = match cached {
         Some(b) => b,
         None => {
             let b = compile_kernels(arch)?;
-            if let Some(f) = &file {
+            for (f, c) in file.iter().flatten().zip(&b) {
                 let _ = std::fs::create_dir_all(f.parent().unwrap_or(f));
                 let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &b).is_ok() {
+                if std::fs::write(&tmp, c).is_ok() {
                     let _ = std::fs::rename(&tmp, f);
                 }
             }
@@ -345,13 +373,17 @@ impl Device {
         // Kernels
         let nvrtc_version = nvrtc_version()?;
         let arch = format!("sm_{}{}", cc.0, cc.1);
-        let cubin = cubin_for(&arch)?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+        let modules = cubin_for(&arch)?
+            .into_iter()
+            .map(|c| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c)))
+            .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| format!("loading the meddpm kernels ({arch}): {e}"))?;
         let mut funcs = HashMap::new();
         for &k in KERNEL_NAMES {
-            let f = module.load_function(k).map_err(|e| format!("kernel {k}: {e}"))?;
+            let f = modules
+                .iter()
+                .find_map(|m| m.load_function(k).ok())
+                .ok_or_else(|| format!("kernel {k} is in none of the compiled modules"))?;
             funcs.insert(k, f);
         }
         let scratch = stream.alloc_zeros::<f32>(1 << 16).map_err(|e| e.to_string())?;
@@ -376,6 +408,7 @@ impl Device {
             info,
             scratch: Mutex::new(scratch),
             workspace: Mutex::new(workspace),
+            temps: Mutex::new(HashMap::new()),
         })
     }
 
@@ -384,15 +417,42 @@ impl Device {
     }
 
     /// Device address of a buffer to read.
-    pub(crate) fn ptr(&self, b: &CudaSlice<f32>) -> u64 {
-        let (p, _g) = b.device_ptr(&self.stream);
-        p
+    pub(crate) fn ptr<M: DevMem>(&self, b: &M) -> u64 {
+        b.addr(&self.stream)
     }
 
     /// Device address of a buffer to write.
-    pub(crate) fn ptr_mut(&self, b: &mut CudaSlice<f32>) -> u64 {
-        let (p, _g) = b.device_ptr_mut(&self.stream);
-        p
+    pub(crate) fn ptr_mut<M: DevMem>(&self, b: &mut M) -> u64 {
+        b.addr(&self.stream)
+    }
+
+    /// A zeroed buffer of `len` elements of type `dt`, with a clear out-of-memory message.
+    pub(crate) fn alloc(&self, len: usize, dt: DType) -> Result<GpuBuf> {
+        let bytes = (len * dt.bytes()).max(4);
+        let mem = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| self.oom(bytes, &e.to_string()))?;
+        Ok(GpuBuf::new(mem, len, dt))
+    }
+
+    /// Address of a kept temporary of `len` elements of type `dt` (slot distinguishes temporaries
+    /// of one call). Created on the first request of a (len, dt, slot) and reused after: the
+    /// single in-order stream makes reuse across calls safe; it lives as long as the device.
+    pub(crate) fn temp(&self, len: usize, dt: DType, slot: u8) -> u64 {
+        let mut g = self.temps.lock().unwrap_or_else(|e| e.into_inner());
+        let b = match g.entry((len, dt, slot)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.alloc(len, dt).unwrap_or_else(|e| panic!("{e}")))
+            }
+        };
+        b.addr(&self.stream)
+    }
+
+    /// dst (n elements of type `dt_dst`) ← src (type `dt_src`), or += with `accum`: the type
+    /// conversion kernel (f32 ↔ bf16, round to nearest even).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cast(&self, dst: u64, dt_dst: DType, src: u64, dt_src: DType, n: usize, accum: bool) {
+        let flags = (dt_dst == DType::Bf16) as i32 | (((dt_src == DType::Bf16) as i32) << 1);
+        self.launch1("cast_buf", n, &[Arg::P(dst), Arg::P(src), Arg::L(n as i64), Arg::I(flags), Arg::I(accum as i32)]);
     }
 
     /// Allocate `len` zeroed f32 with a clear out-of-memory message.

@@ -3,11 +3,11 @@
 //! one ancestral DDPM step. Semantics: `Backend::randn`, `q_sample`, `ddpm_step`.
 //! Per-sample coefficients travel by value in the kernel parameters, 16 samples per launch.
 
-use cudarc::driver::CudaSlice;
 use meddpm::backend::DdpmCoefs;
 use meddpm::rng::Philox;
 use meddpm::Dims;
 
+use crate::buf::{require_f32, GpuBuf};
 use crate::device::{Arg::*, Device};
 
 const PER_LAUNCH: usize = 16;
@@ -23,8 +23,9 @@ struct DdpmCoef {
     v: [f32; PER_LAUNCH * 5],
 }
 
-pub(crate) fn randn(dev: &Device, out: &mut CudaSlice<f32>, rng: Philox, offset: u64, x: Dims, cl: bool) {
+pub(crate) fn randn(dev: &Device, out: &mut GpuBuf, rng: Philox, offset: u64, x: Dims, cl: bool) {
     assert_eq!(out.len(), x.numel(), "randn {x}: buffer length");
+    require_f32("randn", &[out]);
     dev.launch1(
         "randn",
         x.numel(),
@@ -42,15 +43,7 @@ pub(crate) fn randn(dev: &Device, out: &mut CudaSlice<f32>, rng: Philox, offset:
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn q_sample(
-    dev: &Device,
-    xt: &mut CudaSlice<f32>,
-    x0: &CudaSlice<f32>,
-    eps: &CudaSlice<f32>,
-    a: &[f32],
-    b: &[f32],
-    x: Dims,
-) {
+pub(crate) fn q_sample(dev: &Device, xt: &mut GpuBuf, x0: &GpuBuf, eps: &GpuBuf, a: &[f32], b: &[f32], x: Dims) {
     assert!(
         xt.len() == x.numel() && x0.len() == x.numel() && eps.len() == x.numel() && a.len() == x.n && b.len() == x.n,
         "q_sample {x}: lengths xt {} x0 {} eps {} a {} b {}",
@@ -60,6 +53,7 @@ pub(crate) fn q_sample(
         a.len(),
         b.len()
     );
+    require_f32("q_sample", &[xt, x0, eps]);
     let per = x.numel() / x.n.max(1);
     let (xp, x0p, ep) = (dev.ptr_mut(xt), dev.ptr(x0), dev.ptr(eps));
     for n0 in (0..x.n).step_by(PER_LAUNCH) {
@@ -83,14 +77,7 @@ pub(crate) fn q_sample(
     }
 }
 
-pub(crate) fn ddpm_step(
-    dev: &Device,
-    x: &mut CudaSlice<f32>,
-    eps: &CudaSlice<f32>,
-    z: &CudaSlice<f32>,
-    coefs: &[DdpmCoefs],
-    xd: Dims,
-) {
+pub(crate) fn ddpm_step(dev: &Device, x: &mut GpuBuf, eps: &GpuBuf, z: &GpuBuf, coefs: &[DdpmCoefs], xd: Dims) {
     assert!(
         x.len() == xd.numel() && eps.len() == xd.numel() && z.len() == xd.numel() && coefs.len() == xd.n,
         "ddpm_step {xd}: lengths x {} eps {} z {} coefs {}",
@@ -99,6 +86,7 @@ pub(crate) fn ddpm_step(
         z.len(),
         coefs.len()
     );
+    require_f32("ddpm_step", &[x, eps, z]);
     let per = xd.numel() / xd.n.max(1);
     let (xp, ep, zp) = (dev.ptr_mut(x), dev.ptr(eps), dev.ptr(z));
     for n0 in (0..xd.n).step_by(PER_LAUNCH) {

@@ -3,17 +3,20 @@
 //! whole volume (kernels/reduce.cu) that channel_sum and the conv bias gradient share.
 //! Semantics: `Backend` docs in crates/meddpm/src/backend.rs; CPU twin cpu/elementwise.rs.
 
-use cudarc::driver::CudaSlice;
 use meddpm::{Accum, Dims};
 
+use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
 
-/// NDHWC partial kernels give each of 256 threads 4 channels (or 1 when C is not a multiple of 4).
+/// NDHWC partial kernels give each of 256 threads 4 (f32) or 8 (bf16) channels, or 1 when C is not
+/// a multiple of that.
 pub(crate) const MAX_CHANNELS_NDHWC: usize = 1024;
 
-/// Channels per thread of the NDHWC partial kernels for C channels.
-fn ndhwc_vec(c: usize) -> usize {
-    if c.is_multiple_of(4) && c / 4 <= 256 {
+/// Channels per thread of the NDHWC partial kernels for C channels of the given type.
+fn ndhwc_vec(c: usize, bf: i32) -> usize {
+    if bf == 1 && c.is_multiple_of(8) && c / 8 <= 256 {
+        8
+    } else if c.is_multiple_of(4) && c / 4 <= 256 {
         4
     } else {
         assert!(
@@ -21,6 +24,45 @@ fn ndhwc_vec(c: usize) -> usize {
             "NDHWC channel reductions support C <= {MAX_CHANNELS_NDHWC} (a multiple of 4) or C <= 256, got {c}"
         );
         1
+    }
+}
+
+/// Elements per access of the vectorised kernels: 16 bytes (4 f32, 8 bf16) when `fits(v)`, else
+/// 4 bf16 (8 bytes), else 1.
+pub(crate) fn vec_width(bf: i32, fits: impl Fn(usize) -> bool) -> usize {
+    let full = if bf == 1 { 8 } else { 4 };
+    if fits(full) {
+        full
+    } else if bf == 1 && fits(4) {
+        4
+    } else {
+        1
+    }
+}
+
+/// Vector width of a channel-constant traversal (kernels/common.cu `Row`) of an activation:
+/// NDHWC needs C % V == 0 (at most 1024 lanes), NCDHW S % V == 0.
+pub(crate) fn row_vec(x: Dims, cl: bool, bf: i32) -> usize {
+    vec_width(bf, |v| if cl { x.c.is_multiple_of(v) && x.c / v <= 1024 } else { x.s().is_multiple_of(v) })
+}
+
+/// Grid and block of a channel-constant traversal (kernels/common.cu `Row`) of an activation with
+/// V elements per access: NDHWC grid (gx, N) with a block that is a multiple of lanes = C / V;
+/// NCDHW grid (gx, N·C) of 256-thread blocks. gx fills the GPU about 8 blocks per SM deep.
+pub(crate) fn row_launch(dev: &Device, x: Dims, v: usize, cl: bool) -> ((u32, u32, u32), (u32, u32, u32)) {
+    let target = dev.info.sms as usize * 8;
+    if cl {
+        let lanes = x.c / v;
+        assert!(lanes * v == x.c && lanes <= 1024, "row launch: {} channels, {v} per access", x.c);
+        let bs = if lanes <= 256 { (256 / lanes) * lanes } else { lanes };
+        let nvec = x.s() * lanes;
+        let gx = nvec.div_ceil(bs).min(target.div_ceil(x.n)).max(1);
+        ((gx as u32, x.n as u32, 1), (bs as u32, 1, 1))
+    } else {
+        assert!(x.s().is_multiple_of(v), "row launch: {} voxels, {v} per access", x.s());
+        let nvec = x.s() / v;
+        let gx = nvec.div_ceil(256).min(target.div_ceil(x.n * x.c)).max(1);
+        ((gx as u32, (x.n * x.c) as u32, 1), (256, 1, 1))
     }
 }
 
@@ -42,17 +84,28 @@ pub(crate) fn chunking(x: Dims, cl: bool) -> (usize, usize) {
 pub(crate) enum Partial {
     /// (mean, M2) of x; leading args [x].
     Stats,
-    /// (Σ g, Σ g·(x − μ)); leading args [dout, x, y or 0, mean].
+    /// (Σ g, Σ g·(x − μ)); leading args [dout, x, mean, rstd, gamma, beta or 0 (beta: SiLU)].
     GnBwd,
     /// (Σ x, 0); leading args [x].
     Sum,
 }
 
 /// Launch the stage-1 per-channel reduction for activation `x` (shape `x`, `groups` groups);
-/// `lead` are the kernel's leading pointer arguments; partials go to `part`.
-pub(crate) fn launch_partial(dev: &Device, kind: Partial, x: Dims, groups: usize, cl: bool, lead: &[u64], part: u64) {
+/// `lead` are the kernel's leading pointer arguments (activations of the type `bf` says);
+/// partials go to `part`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_partial(
+    dev: &Device,
+    kind: Partial,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+    lead: &[u64],
+    part: u64,
+    bf: i32,
+) {
     let (len, nchunks) = chunking(x, cl);
-    let mut a = [P(0); 12];
+    let mut a = [P(0); 16];
     let mut k = 0;
     for &p in lead {
         a[k] = P(p);
@@ -65,22 +118,26 @@ pub(crate) fn launch_partial(dev: &Device, kind: Partial, x: Dims, groups: usize
     push(P(part));
     push(I(x.c as i32));
     push(L(x.s() as i64));
-    if kind != Partial::Sum {
-        push(I(groups as i32)); // chan_sum_* take no group count
+    if kind == Partial::GnBwd {
+        push(I(groups as i32)); // only the GroupNorm backward needs the groups
     }
     push(I(len as i32));
     push(I(nchunks as i32));
-    let vec4 = cl && ndhwc_vec(x.c) == 4;
-    let name = match (kind, cl, vec4) {
-        (Partial::Stats, false, _) => "chan_stats_ncdhw",
-        (Partial::Stats, true, false) => "chan_stats_ndhwc1",
-        (Partial::Stats, true, true) => "chan_stats_ndhwc4",
-        (Partial::GnBwd, false, _) => "chan_gnbwd_ncdhw",
-        (Partial::GnBwd, true, false) => "chan_gnbwd_ndhwc1",
-        (Partial::GnBwd, true, true) => "chan_gnbwd_ndhwc4",
-        (Partial::Sum, false, _) => "chan_sum_ncdhw",
-        (Partial::Sum, true, false) => "chan_sum_ndhwc1",
-        (Partial::Sum, true, true) => "chan_sum_ndhwc4",
+    push(I(bf));
+    let v = if cl { ndhwc_vec(x.c, bf) } else { 0 };
+    let name = match (kind, v) {
+        (Partial::Stats, 0) => "chan_stats_ncdhw",
+        (Partial::Stats, 1) => "chan_stats_ndhwc1",
+        (Partial::Stats, 4) => "chan_stats_ndhwc4",
+        (Partial::Stats, _) => "chan_stats_ndhwc8",
+        (Partial::GnBwd, 0) => "chan_gnbwd_ncdhw",
+        (Partial::GnBwd, 1) => "chan_gnbwd_ndhwc1",
+        (Partial::GnBwd, 4) => "chan_gnbwd_ndhwc4",
+        (Partial::GnBwd, _) => "chan_gnbwd_ndhwc8",
+        (Partial::Sum, 0) => "chan_sum_ncdhw",
+        (Partial::Sum, 1) => "chan_sum_ndhwc1",
+        (Partial::Sum, 4) => "chan_sum_ndhwc4",
+        (Partial::Sum, _) => "chan_sum_ndhwc8",
     };
     if cl {
         dev.launch(name, (nchunks as u32, x.n as u32, 1), (256, 1, 1), &a[..k]);
@@ -98,12 +155,12 @@ pub(crate) enum SumTo {
 }
 
 /// Per-channel sums of `src` (shape x) over the voxels, parallel over the whole volume.
-pub(crate) fn channel_sums(dev: &Device, src: &CudaSlice<f32>, x: Dims, cl: bool, to: SumTo) {
+pub(crate) fn channel_sums(dev: &Device, src: &GpuBuf, x: Dims, cl: bool, to: SumTo) {
     assert_eq!(src.len(), x.numel(), "channel sums over {x}: buffer length");
     let (_, nchunks) = chunking(x, cl);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
-    let pp = dev.ptr(&part);
-    launch_partial(dev, Partial::Sum, x, 1, cl, &[dev.ptr(src)], pp);
+    let pp = dev.ptr(&*part);
+    launch_partial(dev, Partial::Sum, x, 1, cl, &[dev.ptr(src)], pp, src.bf());
     let (out, over_n, accum) = match to {
         SumTo::PerSample(p) => (p, 0, 0),
         SumTo::AccumOverN(p) => (p, 1, 1),
@@ -117,36 +174,55 @@ pub(crate) fn channel_sums(dev: &Device, src: &CudaSlice<f32>, x: Dims, cl: bool
     );
 }
 
-pub(crate) fn add_assign(dev: &Device, dst: &mut CudaSlice<f32>, src: &CudaSlice<f32>) {
+/// The shared type flag of buffers a kernel requires to have one type.
+pub(crate) fn same_bf(what: &str, bufs: &[&GpuBuf]) -> i32 {
+    let bf = bufs[0].bf();
+    assert!(
+        bufs.iter().all(|b| b.bf() == bf),
+        "{what}: buffers of different types {:?}",
+        bufs.iter().map(|b| b.dtype()).collect::<Vec<_>>()
+    );
+    bf
+}
+
+pub(crate) fn add_assign(dev: &Device, dst: &mut GpuBuf, src: &GpuBuf) {
     assert_eq!(dst.len(), src.len(), "add_assign: lengths differ");
     let n = dst.len();
-    dev.launch1("add_assign", n, &[P(dev.ptr_mut(dst)), P(dev.ptr(src)), L(n as i64)]);
+    let bf = same_bf("add_assign", &[dst, src]);
+    let v = vec_width(bf, |v| n.is_multiple_of(v));
+    dev.launch1("add_assign", n / v, &[P(dev.ptr_mut(dst)), P(dev.ptr(src)), L(n as i64), I(bf), I(v as i32)]);
 }
 
-pub(crate) fn scale(dev: &Device, buf: &mut CudaSlice<f32>, s: f32) {
+pub(crate) fn scale(dev: &Device, buf: &mut GpuBuf, s: f32) {
     let n = buf.len();
-    dev.launch1("scale_buf", n, &[P(dev.ptr_mut(buf)), F(s), L(n as i64)]);
+    let bf = buf.bf();
+    dev.launch1("scale_buf", n, &[P(dev.ptr_mut(buf)), F(s), L(n as i64), I(bf)]);
 }
 
-/// x[n, c, ...] += bias[n, c] (per_n) or bias[c].
-pub(crate) fn add_channel_bias(dev: &Device, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool) {
-    dev.launch1(
-        "add_channel_bias",
-        xd.numel(),
-        &[P(x), P(bias), I(xd.c as i32), L(xd.s() as i64), L(xd.numel() as i64), I(cl as i32), I(per_n as i32)],
-    );
+/// x[n, c, ...] += bias[n, c] (per_n) or bias[c]; x of the type `bf` says, bias f32.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_channel_bias(dev: &Device, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool, bf: i32) {
+    if xd.numel() == 0 {
+        return;
+    }
+    let v = row_vec(xd, cl, bf);
+    let (grid, block) = row_launch(dev, xd, v, cl);
+    let args = [P(x), P(bias), I(xd.c as i32), L(xd.s() as i64), I(cl as i32), I(per_n as i32), I(bf), I(v as i32)];
+    dev.launch("add_channel_bias", grid, block, &args);
 }
 
-pub(crate) fn concat(
-    dev: &Device,
-    out: &mut CudaSlice<f32>,
-    a: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
-    x: Dims,
-    ca: usize,
-    cb: usize,
-    cl: bool,
-) {
+/// Vector width for concat/split: NDHWC needs both parts' channel counts divisible.
+fn cat_vec(x: Dims, ca: usize, cb: usize, cl: bool, bf: i32) -> usize {
+    vec_width(bf, |v| {
+        if cl {
+            ca.is_multiple_of(v) && cb.is_multiple_of(v) && (ca + cb) / v <= 1024
+        } else {
+            x.s().is_multiple_of(v)
+        }
+    })
+}
+
+pub(crate) fn concat(dev: &Device, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf, x: Dims, ca: usize, cb: usize, cl: bool) {
     let od = x.with_c(ca + cb);
     assert!(
         out.len() == od.numel() && a.len() == x.with_c(ca).numel() && b.len() == x.with_c(cb).numel(),
@@ -155,28 +231,29 @@ pub(crate) fn concat(
         a.len(),
         b.len()
     );
-    dev.launch1(
-        "concat_channels",
-        od.numel(),
-        &[
-            P(dev.ptr_mut(out)),
-            P(dev.ptr(a)),
-            P(dev.ptr(b)),
-            I(ca as i32),
-            I(cb as i32),
-            L(x.s() as i64),
-            L(od.numel() as i64),
-            I(cl as i32),
-        ],
-    );
+    let bf = same_bf("concat_channels", &[out, a, b]);
+    let v = cat_vec(x, ca, cb, cl, bf);
+    let (grid, block) = row_launch(dev, od, v, cl);
+    let args = [
+        P(dev.ptr_mut(out)),
+        P(dev.ptr(a)),
+        P(dev.ptr(b)),
+        I(ca as i32),
+        I(cb as i32),
+        L(x.s() as i64),
+        I(cl as i32),
+        I(bf),
+        I(v as i32),
+    ];
+    dev.launch("concat_channels", grid, block, &args);
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn split(
     dev: &Device,
-    da: (&mut CudaSlice<f32>, Accum),
-    db: (&mut CudaSlice<f32>, Accum),
-    dout: &CudaSlice<f32>,
+    da: (&mut GpuBuf, Accum),
+    db: (&mut GpuBuf, Accum),
+    dout: &GpuBuf,
     x: Dims,
     ca: usize,
     cb: usize,
@@ -187,20 +264,21 @@ pub(crate) fn split(
         dout.len() == od.numel() && da.0.len() == x.with_c(ca).numel() && db.0.len() == x.with_c(cb).numel(),
         "split_channels {x} ca {ca} cb {cb}: lengths"
     );
-    dev.launch1(
-        "split_channels",
-        od.numel(),
-        &[
-            P(dev.ptr_mut(da.0)),
-            P(dev.ptr_mut(db.0)),
-            P(dev.ptr(dout)),
-            I(ca as i32),
-            I(cb as i32),
-            L(x.s() as i64),
-            L(od.numel() as i64),
-            I(cl as i32),
-            I((da.1 == Accum::Add) as i32),
-            I((db.1 == Accum::Add) as i32),
-        ],
-    );
+    let bf = same_bf("split_channels", &[da.0, db.0, dout]);
+    let v = cat_vec(x, ca, cb, cl, bf);
+    let (grid, block) = row_launch(dev, od, v, cl);
+    let args = [
+        P(dev.ptr_mut(da.0)),
+        P(dev.ptr_mut(db.0)),
+        P(dev.ptr(dout)),
+        I(ca as i32),
+        I(cb as i32),
+        L(x.s() as i64),
+        I(cl as i32),
+        I((da.1 == Accum::Add) as i32),
+        I((db.1 == Accum::Add) as i32),
+        I(bf),
+        I(v as i32),
+    ];
+    dev.launch("split_channels", grid, block, &args);
 }

@@ -5,39 +5,43 @@
 //! block per (n, group) — 32 blocks on a 132-SM GPU. Here every pass is parallel over the whole
 //! volume: stage 1 (kernels/reduce.cu) reduces chunks of voxels per channel with thousands of
 //! blocks, stage 2 (one small block per group) combines the chunk partials in double, stage 3 is
-//! elementwise. Three passes over the data forward (read x; read x, write out [and act]), and
-//! three backward (read dout, x [, y]; again, write dx).
+//! elementwise (kernels/common.cu's channel-constant traversal, 16-byte accesses). Two passes over
+//! the data forward (read x; read x, write out or, fused with SiLU, only act) and two backward
+//! (read dout, x; again, write dx). The fused GroupNorm+SiLU never stores the GroupNorm output:
+//! the backward recomputes it from x and the saved statistics where SiLU's derivative needs it.
 
-use cudarc::driver::CudaSlice;
 use meddpm::{Accum, Dims};
 
+use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
-use crate::elementwise::{chunking, launch_partial, Partial};
+use crate::elementwise::{chunking, launch_partial, row_launch, row_vec, same_bf, Partial};
 
 pub(crate) const EPS: f32 = 1e-5;
 
-/// Forward: out = GN(inp); with `act` also act = silu(out). mean/rstd [N·G] saved.
+/// Forward: `out` = GN(inp) and/or `act` = silu(GN(inp)); mean/rstd [N·G] saved.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     dev: &Device,
-    out: &mut CudaSlice<f32>,
-    act: Option<&mut CudaSlice<f32>>,
-    mean: &mut CudaSlice<f32>,
-    rstd: &mut CudaSlice<f32>,
-    inp: &CudaSlice<f32>,
-    gamma: &CudaSlice<f32>,
-    beta: &CudaSlice<f32>,
+    out: Option<&mut GpuBuf>,
+    act: Option<&mut GpuBuf>,
+    mean: &mut GpuBuf,
+    rstd: &mut GpuBuf,
+    inp: &GpuBuf,
+    gamma: &GpuBuf,
+    beta: &GpuBuf,
     x: Dims,
     groups: usize,
     cl: bool,
 ) {
     check(x, groups, inp.len(), gamma.len(), mean.len());
-    assert_eq!(out.len(), x.numel(), "groupnorm {x}: out length");
+    let outs: Vec<&GpuBuf> = out.iter().map(|b| &**b).chain(act.iter().map(|b| &**b)).collect();
+    assert!(!outs.is_empty() && outs.iter().all(|b| b.len() == x.numel()), "groupnorm {x}: output lengths");
+    let bf = same_bf("groupnorm", &[&[inp][..], &outs[..]].concat());
     let (len, nchunks) = chunking(x, cl);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
-    let pp = dev.ptr(&part);
+    let pp = dev.ptr(&*part);
     let xp = dev.ptr(inp);
-    launch_partial(dev, Partial::Stats, x, groups, cl, &[xp], pp);
+    launch_partial(dev, Partial::Stats, x, groups, cl, &[xp], pp, bf);
     let (mp, rp) = (dev.ptr_mut(mean), dev.ptr_mut(rstd));
     dev.launch(
         "gn_stats_finalize",
@@ -56,39 +60,26 @@ pub(crate) fn forward(
             F(EPS),
         ],
     );
-    let ap = act.map(|a| {
-        assert_eq!(a.len(), x.numel(), "groupnorm+silu {x}: act length");
-        dev.ptr_mut(a)
-    });
-    let v4 = vec4_ok(x, cl);
-    dev.launch1(
-        if v4 { "gn_apply4" } else { "gn_apply" },
-        if v4 { x.numel() / 4 } else { x.numel() },
-        &[
-            P(xp),
-            P(mp),
-            P(rp),
-            P(dev.ptr(gamma)),
-            P(dev.ptr(beta)),
-            P(dev.ptr_mut(out)),
-            P(ap.unwrap_or(0)),
-            I(x.c as i32),
-            L(x.s() as i64),
-            I(groups as i32),
-            L(x.numel() as i64),
-            I(cl as i32),
-        ],
-    );
-}
-
-/// Whether the 4-wide elementwise kernels apply: groups of four consecutive elements share the
-/// sample and are one channel (NCDHW, S % 4 == 0) or four consecutive channels (NDHWC, C % 4 == 0).
-fn vec4_ok(x: Dims, cl: bool) -> bool {
-    if cl {
-        x.c.is_multiple_of(4)
-    } else {
-        x.s().is_multiple_of(4)
-    }
+    let v = row_vec(x, cl, bf);
+    let (grid, block) = row_launch(dev, x, v, cl);
+    let op_ = out.map(|o| dev.ptr_mut(o)).unwrap_or(0);
+    let ap = act.map(|a| dev.ptr_mut(a)).unwrap_or(0);
+    let args = [
+        P(xp),
+        P(mp),
+        P(rp),
+        P(dev.ptr(gamma)),
+        P(dev.ptr(beta)),
+        P(op_),
+        P(ap),
+        I(x.c as i32),
+        L(x.s() as i64),
+        I(groups as i32),
+        I(cl as i32),
+        I(bf),
+        I(v as i32),
+    ];
+    dev.launch("gn_apply", grid, block, &args);
 }
 
 fn check(x: Dims, groups: usize, inp: usize, gamma: usize, stats: usize) {
@@ -98,34 +89,36 @@ fn check(x: Dims, groups: usize, inp: usize, gamma: usize, stats: usize) {
     );
 }
 
-/// Backward: dinp (per Accum), dgamma += , dbeta += . With `y` (the saved GroupNorm output) the
-/// incoming gradient is first multiplied by silu'(y) on the fly (fused GroupNorm+SiLU backward).
+/// Backward: dinp (per Accum), dgamma += , dbeta += . With `silu_beta` (the GroupNorm's beta) the
+/// incoming gradient is first multiplied by silu'(y), y = GN(inp) recomputed on the fly from the
+/// statistics (fused GroupNorm+SiLU backward).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &Device,
-    dinp: (&mut CudaSlice<f32>, Accum),
-    dgamma: &mut CudaSlice<f32>,
-    dbeta: &mut CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    y: Option<&CudaSlice<f32>>,
-    inp: &CudaSlice<f32>,
-    mean: &CudaSlice<f32>,
-    rstd: &CudaSlice<f32>,
-    gamma: &CudaSlice<f32>,
+    dinp: (&mut GpuBuf, Accum),
+    dgamma: &mut GpuBuf,
+    dbeta: &mut GpuBuf,
+    dout: &GpuBuf,
+    silu_beta: Option<&GpuBuf>,
+    inp: &GpuBuf,
+    mean: &GpuBuf,
+    rstd: &GpuBuf,
+    gamma: &GpuBuf,
     x: Dims,
     groups: usize,
     cl: bool,
 ) {
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(dout.len() == x.numel() && dinp.0.len() == x.numel(), "groupnorm backward {x}: dout/dinp lengths");
+    let bf = same_bf("groupnorm backward", &[dinp.0, dout, inp]);
     let (_, nchunks) = chunking(x, cl);
     let npart = x.n * nchunks * x.c * 2;
     let scratch = dev.scratch(npart + x.n * groups * 2);
-    let pp = dev.ptr(&scratch);
+    let pp = dev.ptr(&*scratch);
     let coef = pp + (npart * 4) as u64;
     let (dp, xp, mp, rp, gp) = (dev.ptr(dout), dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr(gamma));
-    let yp = y.map(|b| dev.ptr(b)).unwrap_or(0);
-    launch_partial(dev, Partial::GnBwd, x, groups, cl, &[dp, xp, yp, mp], pp);
+    let bp = silu_beta.map(|b| dev.ptr(b)).unwrap_or(0);
+    launch_partial(dev, Partial::GnBwd, x, groups, cl, &[dp, xp, mp, rp, gp, bp], pp, bf);
     dev.launch(
         "gn_bwd_finalize",
         (groups as u32, 1, 1),
@@ -144,25 +137,24 @@ pub(crate) fn backward(
             I(nchunks as i32),
         ],
     );
-    let v4 = vec4_ok(x, cl);
-    dev.launch1(
-        if v4 { "gn_bwd_apply4" } else { "gn_bwd_apply" },
-        if v4 { x.numel() / 4 } else { x.numel() },
-        &[
-            P(dp),
-            P(xp),
-            P(yp),
-            P(mp),
-            P(rp),
-            P(gp),
-            P(coef),
-            P(dev.ptr_mut(dinp.0)),
-            I(x.c as i32),
-            L(x.s() as i64),
-            I(groups as i32),
-            L(x.numel() as i64),
-            I(cl as i32),
-            I((dinp.1 == Accum::Add) as i32),
-        ],
-    );
+    let v = row_vec(x, cl, bf);
+    let (grid, block) = row_launch(dev, x, v, cl);
+    let args = [
+        P(dp),
+        P(xp),
+        P(mp),
+        P(rp),
+        P(gp),
+        P(bp),
+        P(coef),
+        P(dev.ptr_mut(dinp.0)),
+        I(x.c as i32),
+        L(x.s() as i64),
+        I(groups as i32),
+        I(cl as i32),
+        I((dinp.1 == Accum::Add) as i32),
+        I(bf),
+        I(v as i32),
+    ];
+    dev.launch("gn_bwd_apply", grid, block, &args);
 }

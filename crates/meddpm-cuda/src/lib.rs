@@ -6,7 +6,9 @@
 //!   cuBLAS for linear layers and the attention GEMMs; NVRTC kernels of our own (kernels/*.cu) for
 //!   everything else, each supporting NCDHW and NDHWC.
 //! - Two switches: [`Precision`] (`Fp32`: FMA math everywhere; `Tf32`: tensor-op math in cuDNN
-//!   and cuBLAS) and [`Layout`] (NDHWC keeps data channels-last end to end).
+//!   and cuBLAS; `Bf16`: activations stored in bf16 ([`GpuBuf`] carries the type), bf16 cuDNN
+//!   convolutions with fp32 accumulation, everything else fp32 with TF32 GEMMs) and [`Layout`]
+//!   (NDHWC keeps data channels-last end to end).
 //! - Libraries are loaded at run time, so this crate builds everywhere; on a machine without a GPU
 //!   [`CudaBackend::new`] returns `Error::Backend("no CUDA device: ...")`.
 //!
@@ -18,6 +20,7 @@
 #![allow(clippy::too_many_arguments)]
 
 mod attention;
+pub mod buf;
 pub mod collective;
 mod conv3d;
 pub mod cupti;
@@ -31,16 +34,18 @@ mod loss;
 pub mod nccl;
 mod nvtx;
 mod optim;
+mod sampler;
 mod silu;
 mod upsample;
 
 use std::sync::Mutex;
 
-use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
-use meddpm::backend::{AdamStep, DdpmCoefs};
+use cudarc::driver::{CudaEvent, PinnedHostSlice};
+use meddpm::backend::{AdamStep, DdpmCoefs, Prediction, SamplerCoefs};
 use meddpm::rng::Philox;
-use meddpm::{Accum, Backend, ConvShape, Dims, Error, Layout, LossKind, Precision, Result};
+use meddpm::{Accum, Backend, ConvShape, DType, Dims, Error, Layout, LossKind, Precision, Result};
 
+pub use buf::GpuBuf;
 pub use conv3d::Algo;
 pub use device::{compile_kernels, DeviceInfo};
 pub use doctor::{doctor, MIN_CUDNN_TF32};
@@ -111,9 +116,9 @@ impl Pinned {
 impl CudaBackend {
     /// Upload through a page-locked buffer ([`Pinned`]); `false` when the copy is small, the
     /// buffers are exhausted or page-locked memory cannot be had (the caller copies directly).
-    fn upload_pinned(&self, host: &[f32], dst: &mut CudaSlice<f32>) -> bool {
+    fn upload_pinned(&self, host: &[f32], dst: &mut GpuBuf) -> bool {
         let n = host.len();
-        if n < Pinned::MIN_LEN {
+        if n < Pinned::MIN_LEN || dst.dtype() != DType::F32 {
             return false;
         }
         let mut g = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
@@ -147,18 +152,19 @@ impl CudaBackend {
     pub fn new(ordinal: usize, precision: Precision, layout: Layout) -> Result<Self> {
         let dev = Device::new(ordinal)?;
         let v = dev.info.cudnn_version;
-        if precision == Precision::Tf32 && v < MIN_CUDNN_TF32 {
+        if precision != Precision::Fp32 && v < MIN_CUDNN_TF32 {
             return Err(Error::Backend(format!(
-                "cuDNN {} was loaded, which has known wrong-result bugs for TF32 3-D convolutions; TF32 needs cuDNN \
-                 >= {}. Put a folder holding `libcudnn.so -> <site-packages>/nvidia/cudnn/lib/libcudnn.so.9` first in \
-                 LD_LIBRARY_PATH (see scripts/gpu-check.sh and `meddpm doctor`), or use --precision fp32",
+                "cuDNN {} was loaded, which has known wrong-result bugs for TF32 and bf16 3-D convolutions; {} needs \
+                 cuDNN >= {}. Put a folder holding `libcudnn.so -> <site-packages>/nvidia/cudnn/lib/libcudnn.so.9` \
+                 first in LD_LIBRARY_PATH (see scripts/gpu-check.sh and `meddpm doctor`), or use --precision fp32",
                 dev.info.cudnn_string(),
+                precision.name(),
                 device::version_string(MIN_CUDNN_TF32)
             )));
         }
         let math = match precision {
             Precision::Fp32 => cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
-            Precision::Tf32 => cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+            Precision::Tf32 | Precision::Bf16 => cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
         };
         device::cublas_ck(unsafe { cudarc::cublas::sys::cublasSetMathMode(dev.blas.0, math) }, "cublasSetMathMode")
             .map_err(Error::Backend)?;
@@ -268,7 +274,7 @@ fn weight_dims(shape: &[usize]) -> Option<Dims> {
 }
 
 impl Backend for CudaBackend {
-    type Buf = CudaSlice<f32>;
+    type Buf = GpuBuf;
 
     fn describe(&self) -> String {
         let i = &self.dev.info;
@@ -296,20 +302,58 @@ impl Backend for CudaBackend {
     }
 
     fn alloc(&self, len: usize) -> Result<Self::Buf> {
-        self.dev.alloc_f32(len)
+        self.dev.alloc(len, DType::F32)
+    }
+    fn alloc_act(&self, len: usize) -> Result<Self::Buf> {
+        self.dev.alloc(len, self.precision.act_dtype())
+    }
+    fn cast(&self, dst: &mut Self::Buf, src: &Self::Buf) {
+        assert_eq!(dst.len(), src.len(), "cast: lengths {} and {}", dst.len(), src.len());
+        let (d, s) = (self.dev.ptr_mut(dst), self.dev.ptr(src));
+        self.dev.cast(d, dst.dtype(), s, src.dtype(), src.len(), false);
     }
     fn len(&self, b: &Self::Buf) -> usize {
         b.len()
     }
     fn upload(&self, host: &[f32], dst: &mut Self::Buf) {
         assert_eq!(host.len(), dst.len(), "upload: host {} elements, device buffer {}", host.len(), dst.len());
-        if !self.upload_pinned(host, dst) {
-            self.dev.stream.memcpy_htod(host, dst).unwrap_or_else(|e| panic!("upload: {e}"));
+        if self.upload_pinned(host, dst) {
+            return;
         }
+        let dp = self.dev.ptr_mut(dst);
+        let st = self.dev.stream.cu_stream();
+        self.dev.bind();
+        // From pageable memory the driver stages the bytes before returning, so the host data may
+        // go away after the call.
+        let r = match dst.dtype() {
+            DType::F32 => unsafe { cudarc::driver::result::memcpy_htod_async(dp, host, st) },
+            DType::Bf16 => {
+                let bits: Vec<u16> = host.iter().map(|&v| buf::to_bf16_bits(v)).collect();
+                let r = unsafe { cudarc::driver::result::memcpy_htod_async(dp, &bits[..], st) };
+                self.dev.sync();
+                r
+            }
+        };
+        r.unwrap_or_else(|e| panic!("upload: {e}"));
     }
     fn download(&self, src: &Self::Buf, host: &mut [f32]) {
         assert_eq!(host.len(), src.len(), "download: host {} elements, device buffer {}", host.len(), src.len());
-        self.dev.stream.memcpy_dtoh(src, host).unwrap_or_else(|e| panic!("download: {e}"));
+        let sp = self.dev.ptr(src);
+        let st = self.dev.stream.cu_stream();
+        self.dev.bind();
+        match src.dtype() {
+            DType::F32 => unsafe { cudarc::driver::result::memcpy_dtoh_async(host, sp, st) }
+                .unwrap_or_else(|e| panic!("download: {e}")),
+            DType::Bf16 => {
+                let mut bits = vec![0u16; host.len()];
+                unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut bits[..], sp, st) }
+                    .unwrap_or_else(|e| panic!("download: {e}"));
+                self.dev.sync();
+                for (h, b) in host.iter_mut().zip(bits) {
+                    *h = buf::from_bf16_bits(b);
+                }
+            }
+        }
         self.dev.sync();
     }
     fn upload_act(&self, host_ncdhw: &[f32], x: Dims, dst: &mut Self::Buf) {
@@ -352,11 +396,17 @@ impl Backend for CudaBackend {
         }
     }
     fn zero(&self, b: &mut Self::Buf) {
-        self.dev.stream.memset_zeros(b).unwrap_or_else(|e| panic!("memset: {e}"));
+        self.dev.stream.memset_zeros(b.mem_mut()).unwrap_or_else(|e| panic!("memset: {e}"));
     }
     fn copy(&self, dst: &mut Self::Buf, src: &Self::Buf) {
         assert_eq!(dst.len(), src.len(), "copy: lengths {} and {}", dst.len(), src.len());
-        self.dev.stream.memcpy_dtod(src, dst).unwrap_or_else(|e| panic!("copy: {e}"));
+        if dst.dtype() != src.dtype() {
+            return self.cast(dst, src);
+        }
+        let (d, s) = (self.dev.ptr_mut(dst), self.dev.ptr(src));
+        self.dev.bind();
+        unsafe { cudarc::driver::result::memcpy_dtod_async(d, s, src.bytes(), self.dev.stream.cu_stream()) }
+            .unwrap_or_else(|e| panic!("copy: {e}"));
     }
     fn sync(&self) {
         self.dev.sync();
@@ -399,7 +449,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, out, None, mean, rstd, inp, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, Some(out), None, mean, rstd, inp, gamma, beta, x, groups, self.cl());
     }
     fn groupnorm_backward(
         &self,
@@ -424,7 +474,6 @@ impl Backend for CudaBackend {
     }
     fn groupnorm_silu_forward(
         &self,
-        gn_out: &mut Self::Buf,
         out: &mut Self::Buf,
         mean: &mut Self::Buf,
         rstd: &mut Self::Buf,
@@ -434,25 +483,24 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, gn_out, Some(out), mean, rstd, inp, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, gamma, beta, x, groups, self.cl());
     }
     fn groupnorm_silu_backward(
         &self,
         dinp: (&mut Self::Buf, Accum),
         dgamma: &mut Self::Buf,
         dbeta: &mut Self::Buf,
-        _tmp: &mut Self::Buf,
         dout: &Self::Buf,
-        gn_out: &Self::Buf,
         inp: &Self::Buf,
         mean: &Self::Buf,
         rstd: &Self::Buf,
         gamma: &Self::Buf,
+        beta: &Self::Buf,
         x: Dims,
         groups: usize,
     ) {
         let cl = self.cl();
-        groupnorm::backward(&self.dev, dinp, dgamma, dbeta, dout, Some(gn_out), inp, mean, rstd, gamma, x, groups, cl);
+        groupnorm::backward(&self.dev, dinp, dgamma, dbeta, dout, Some(beta), inp, mean, rstd, gamma, x, groups, cl);
     }
 
     fn linear_forward(
@@ -513,11 +561,14 @@ impl Backend for CudaBackend {
     }
     fn add_channel_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, xd: Dims) {
         assert!(x.len() == xd.numel() && bias.len() == xd.n * xd.c, "add_channel_bias {xd}: lengths");
+        buf::require_f32("add_channel_bias: bias", &[bias]);
+        let bf = x.bf();
         let (xp, bp) = (self.dev.ptr_mut(x), self.dev.ptr(bias));
-        elementwise::add_channel_bias(&self.dev, xp, bp, xd, self.cl(), true);
+        elementwise::add_channel_bias(&self.dev, xp, bp, xd, self.cl(), true, bf);
     }
     fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims) {
         assert_eq!(dbias.len(), xd.n * xd.c, "channel_sum {xd}: dbias length");
+        buf::require_f32("channel_sum: dbias", &[dbias]);
         let out = self.dev.ptr_mut(dbias);
         elementwise::channel_sums(&self.dev, dx, xd, self.cl(), elementwise::SumTo::PerSample(out));
     }
@@ -551,6 +602,18 @@ impl Backend for CudaBackend {
     }
     fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims) {
         diffusion::ddpm_step(&self.dev, x, eps, z, coefs, xd);
+    }
+    fn sampler_step(
+        &self,
+        x: &mut Self::Buf,
+        eps: &Self::Buf,
+        hist: &mut [Self::Buf],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+        sampler::sampler_step(&self.dev, x, eps, hist, pred, clip, coefs, xd, self.cl());
     }
 
     fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep) {

@@ -7,9 +7,9 @@
 //! leading dimension `ld` and a batch stride. [`gemm`] then computes C = α·A·B + β·C for any mix.
 
 use cudarc::cublas::sys as bsys;
-use cudarc::driver::CudaSlice;
 use meddpm::Accum;
 
+use crate::buf::{require_f32, GpuBuf};
 use crate::device::{cublas_ck, Arg::*, Device};
 
 #[derive(Clone, Copy, Debug)]
@@ -110,10 +110,10 @@ pub(crate) fn gemm(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     dev: &Device,
-    out: &mut CudaSlice<f32>,
-    inp: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
+    out: &mut GpuBuf,
+    inp: &GpuBuf,
+    w: &GpuBuf,
+    b: &GpuBuf,
     n: usize,
     i: usize,
     o: usize,
@@ -126,23 +126,24 @@ pub(crate) fn forward(
         w.len(),
         b.len()
     );
+    require_f32("linear", &[out, inp, w, b]);
     let op_ = dev.ptr_mut(out);
     let x = Mat::row_major(dev.ptr(inp), i, 0);
     let wm = Mat::row_major(dev.ptr(w), i, 0);
     gemm(dev, n, o, i, 1.0, x, wm.tr(), 0.0, Mat::row_major(op_, o, 0), 1);
     let d = meddpm::Dims::new(n, o, 1, 1, 1);
-    crate::elementwise::add_channel_bias(dev, op_, dev.ptr(b), d, false, false);
+    crate::elementwise::add_channel_bias(dev, op_, dev.ptr(b), d, false, false, 0);
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &Device,
-    dinp: Option<(&mut CudaSlice<f32>, Accum)>,
-    dw: &mut CudaSlice<f32>,
-    db: &mut CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    inp: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
+    dinp: Option<(&mut GpuBuf, Accum)>,
+    dw: &mut GpuBuf,
+    db: &mut GpuBuf,
+    dout: &GpuBuf,
+    inp: &GpuBuf,
+    w: &GpuBuf,
     n: usize,
     i: usize,
     o: usize,
@@ -151,6 +152,7 @@ pub(crate) fn backward(
         dout.len() == n * o && inp.len() == n * i && w.len() == o * i && dw.len() == o * i && db.len() == o,
         "linear backward N {n} I {i} O {o}: lengths"
     );
+    require_f32("linear backward", &[dw, db, dout, inp, w]);
     let dy = Mat::row_major(dev.ptr(dout), o, 0);
     let x = Mat::row_major(dev.ptr(inp), i, 0);
     // dw[O,I] += doutᵀ·inp
@@ -164,6 +166,7 @@ pub(crate) fn backward(
     );
     if let Some((dx, acc)) = dinp {
         assert_eq!(dx.len(), n * i, "linear backward: dinp length");
+        require_f32("linear backward", &[dx]);
         let beta = if acc == Accum::Add { 1.0 } else { 0.0 };
         // dinp[N,I] = dout·w
         let wm = Mat::row_major(dev.ptr(w), i, 0);

@@ -1,9 +1,9 @@
 //! Mean L1 / L2 loss and its gradient (kernels/loss.cu). Semantics: `Backend::loss_*`
 //! (torch.nn.functional.l1_loss / mse_loss, reduction "mean"); CPU twin cpu/loss.rs.
 
-use cudarc::driver::CudaSlice;
 use meddpm::LossKind;
 
+use crate::buf::{require_f32, GpuBuf};
 use crate::device::{Arg::*, Device};
 
 const PARTS: usize = 1024;
@@ -15,13 +15,7 @@ fn kind_id(k: LossKind) -> i32 {
     }
 }
 
-pub(crate) fn forward(
-    dev: &Device,
-    loss: &mut CudaSlice<f32>,
-    pred: &CudaSlice<f32>,
-    target: &CudaSlice<f32>,
-    kind: LossKind,
-) {
+pub(crate) fn forward(dev: &Device, loss: &mut GpuBuf, pred: &GpuBuf, target: &GpuBuf, kind: LossKind) {
     assert!(
         pred.len() == target.len() && !loss.is_empty(),
         "loss: pred {} target {} loss {}",
@@ -29,10 +23,11 @@ pub(crate) fn forward(
         target.len(),
         loss.len()
     );
+    require_f32("loss", &[loss, pred, target]);
     let n = pred.len();
     let blocks = n.div_ceil(256).clamp(1, PARTS);
     let part = dev.scratch(PARTS);
-    let pp = dev.ptr(&part);
+    let pp = dev.ptr(&*part);
     dev.launch(
         "loss_partial",
         (blocks as u32, 1, 1),
@@ -47,15 +42,9 @@ pub(crate) fn forward(
     );
 }
 
-pub(crate) fn backward(
-    dev: &Device,
-    dpred: &mut CudaSlice<f32>,
-    pred: &CudaSlice<f32>,
-    target: &CudaSlice<f32>,
-    kind: LossKind,
-    scale: f32,
-) {
+pub(crate) fn backward(dev: &Device, dpred: &mut GpuBuf, pred: &GpuBuf, target: &GpuBuf, kind: LossKind, scale: f32) {
     assert!(pred.len() == target.len() && dpred.len() == pred.len(), "loss backward: lengths");
+    require_f32("loss backward", &[dpred, pred, target]);
     let n = pred.len();
     let k = (scale as f64 / n as f64) as f32;
     dev.launch1(

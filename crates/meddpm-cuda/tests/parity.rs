@@ -9,7 +9,7 @@
 //!
 //! Tolerances (|gpu − cpu| ≤ abs + rel·|cpu|, with abs a fraction of the reference's RMS):
 //! - exact-arithmetic plumbing (concat, split, copy, bias adds, upsample, q_sample): 1e-6
-//! - fp32 elementwise with transcendental functions (SiLU, DDPM step, Adam, EMA): 1e-5
+//! - fp32 elementwise with transcendental functions (SiLU, DDPM step, sampler step, Adam, EMA): 1e-5
 //! - fp32 reductions (GroupNorm, channel sums, losses, softmax): 1e-4
 //! - fp32 (FMA) convolutions and GEMMs: 1e-4 (different summation orders over up to 1728 terms)
 //! - TF32 convolutions and GEMMs: 1e-2 (10-bit mantissa inputs: ~5e-4 typical relative error)
@@ -67,6 +67,7 @@ fn mm_frac(g: &CudaBackend) -> f64 {
     match g.precision() {
         Precision::Fp32 => 1e-4,
         Precision::Tf32 => 1e-2,
+        Precision::Bf16 => unreachable!("bf16 has its own parity tests (parity_bf16.rs)"),
     }
 }
 
@@ -269,23 +270,11 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
     let ng = x.n * groups;
     let (mut y_c, mut a_c, mut m_c, mut r_c) =
         (vec![0f32; x.numel()], vec![0f32; x.numel()], vec![0f32; ng], vec![0f32; ng]);
-    let (mut dg_c, mut db_c, mut dx_c, mut tmp) = (dg0.clone(), db0.clone(), dx0.clone(), vec![0f32; x.numel()]);
+    let (mut dg_c, mut db_c, mut dx_c) = (dg0.clone(), db0.clone(), dx0.clone());
     if fused {
-        cpu.groupnorm_silu_forward(&mut y_c, &mut a_c, &mut m_c, &mut r_c, &xin, &gamma, &beta, x, groups);
-        cpu.groupnorm_silu_backward(
-            (&mut dx_c, acc),
-            &mut dg_c,
-            &mut db_c,
-            &mut tmp,
-            &dy,
-            &y_c,
-            &xin,
-            &m_c,
-            &r_c,
-            &gamma,
-            x,
-            groups,
-        );
+        cpu.groupnorm_silu_forward(&mut a_c, &mut m_c, &mut r_c, &xin, &gamma, &beta, x, groups);
+        #[rustfmt::skip]
+        cpu.groupnorm_silu_backward((&mut dx_c, acc), &mut dg_c, &mut db_c, &dy, &xin, &m_c, &r_c, &gamma, &beta, x, groups);
     } else {
         cpu.groupnorm_forward(&mut y_c, &mut m_c, &mut r_c, &xin, &gamma, &beta, x, groups);
         cpu.groupnorm_backward((&mut dx_c, acc), &mut dg_c, &mut db_c, &dy, &xin, &m_c, &r_c, &gamma, x, groups);
@@ -295,30 +284,17 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
         let (xg, gg, bg, dyg) = (act(g, &xin, x), raw(g, &gamma), raw(g, &beta), act(g, &dy, x));
         let (mut yg, mut ag, mut mg, mut rg) =
             (g.alloc(x.numel()).unwrap(), g.alloc(x.numel()).unwrap(), g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
-        let (mut dgg, mut dbg, mut dxg, mut tg) =
-            (raw(g, &dg0), raw(g, &db0), act(g, &dx0, x), g.alloc(x.numel()).unwrap());
+        let (mut dgg, mut dbg, mut dxg) = (raw(g, &dg0), raw(g, &db0), act(g, &dx0, x));
         if fused {
-            g.groupnorm_silu_forward(&mut yg, &mut ag, &mut mg, &mut rg, &xg, &gg, &bg, x, groups);
-            g.groupnorm_silu_backward(
-                (&mut dxg, acc),
-                &mut dgg,
-                &mut dbg,
-                &mut tg,
-                &dyg,
-                &yg,
-                &xg,
-                &mg,
-                &rg,
-                &gg,
-                x,
-                groups,
-            );
+            g.groupnorm_silu_forward(&mut ag, &mut mg, &mut rg, &xg, &gg, &bg, x, groups);
+            #[rustfmt::skip]
+            g.groupnorm_silu_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, &bg, x, groups);
             check(&format!("{tag} silu out"), &get_act(g, &ag, x), &a_c, 1e-4);
         } else {
             g.groupnorm_forward(&mut yg, &mut mg, &mut rg, &xg, &gg, &bg, x, groups);
             g.groupnorm_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, x, groups);
+            check(&format!("{tag} out"), &get_act(g, &yg, x), &y_c, 1e-4);
         }
-        check(&format!("{tag} out"), &get_act(g, &yg, x), &y_c, 1e-4);
         check(&format!("{tag} mean"), &get_raw(g, &mg), &m_c, 1e-5);
         check(&format!("{tag} rstd"), &get_raw(g, &rg), &r_c, 1e-4);
         check(&format!("{tag} dx"), &get_act(g, &dxg, x), &dx_c, 2e-4);
@@ -600,6 +576,70 @@ fn diffusion_parity() {
     }
 }
 
+/// `sampler_step` (every sampler's update) in both layouts: data / noise prediction, with and
+/// without clipping, with 0, 1 and 3 history buffers, more than 16 samples (two launches), C = 2
+/// (the noise index must be the logical NCDHW one in NDHWC too), zero coefficients that skip a
+/// term, and per-sample noise streams; then the x_T draw (only cz) over a NaN x.
+#[test]
+fn sampler_step_parity() {
+    use meddpm::backend::{Prediction, SamplerCoefs};
+    use meddpm::rng::Philox;
+    let Some(gs) = gpus() else { return };
+    let cpu = Cpu::new();
+    let x = Dims::new(18, 2, 3, 4, 5);
+    let x0 = rnd(x.numel(), 11, 1.2);
+    let eps = rnd(x.numel(), 12, 1.0);
+    let hist0: Vec<Vec<f32>> = (0..3).map(|k| rnd(x.numel(), 13 + k, 1.0)).collect();
+    let coefs: Vec<SamplerCoefs> = (0..x.n)
+        .map(|i| SamplerCoefs {
+            recip: 1.0 + 0.05 * i as f32,
+            recipm1: 0.4 + 0.03 * i as f32,
+            cx: if i % 5 == 3 { 0.0 } else { 0.8 },
+            cd: 0.3 - 0.01 * i as f32,
+            ch: [0.2, if i % 4 == 1 { 0.0 } else { -0.15 }, 0.05],
+            cz: if i % 3 == 0 { 0.0 } else { 0.1 },
+            noise: Philox::new(100 + i as u64, 3),
+            offset: (i as u64 + 1) * 7919 + (1 << 33),
+        })
+        .collect();
+    for nh in [0usize, 1, 3] {
+        for pred in [Prediction::Data, Prediction::Noise] {
+            for clip in [false, true] {
+                let mut xs = x0.clone();
+                let mut hs: Vec<Vec<f32>> = hist0[..nh].to_vec();
+                cpu.sampler_step(&mut xs, &eps, &mut hs, pred, clip, &coefs, x);
+                for g in &gs {
+                    let what = format!("sampler_step nh={nh} {pred:?} clip={clip} [{}]", name(g));
+                    let mut xg = act(g, &x0, x);
+                    let eg = act(g, &eps, x);
+                    let mut hg: Vec<_> = hist0[..nh].iter().map(|h| act(g, h, x)).collect();
+                    g.sampler_step(&mut xg, &eg, &mut hg, pred, clip, &coefs, x);
+                    check(&what, &get_act(g, &xg, x), &xs, 1e-5);
+                    for (k, (hgk, hk)) in hg.iter().zip(&hs).enumerate() {
+                        check(&format!("{what} history {k}"), &get_act(g, hgk, x), hk, 1e-5);
+                    }
+                }
+            }
+        }
+    }
+    let only_z: Vec<SamplerCoefs> =
+        coefs.iter().map(|c| SamplerCoefs { cx: 0.0, cd: 0.0, ch: [0.0; 3], cz: 1.0, ..*c }).collect();
+    let nan = vec![f32::NAN; x.numel()];
+    let mut want = nan.clone();
+    cpu.sampler_step(&mut want, &eps, &mut [], Prediction::Data, true, &only_z, x);
+    assert!(want.iter().all(|v| v.is_finite()));
+    for g in &gs {
+        let mut xg = act(g, &nan, x);
+        let eg = act(g, &eps, x);
+        g.sampler_step(&mut xg, &eg, &mut [], Prediction::Data, true, &only_z, x);
+        let got = get_act(g, &xg, x);
+        for (i, (&a, &w)) in got.iter().zip(&want).enumerate() {
+            let ulps = (a.to_bits() as i64 - w.to_bits() as i64).abs();
+            assert!(ulps <= 1, "sampler_step x_T [{}] element {i}: gpu {a:e} cpu {w:e}", name(g));
+        }
+    }
+}
+
 #[test]
 fn optimiser_parity() {
     let Some(gs) = gpus() else { return };
@@ -637,6 +677,7 @@ fn net_tol(g: &CudaBackend) -> (f64, f64) {
     match g.precision() {
         Precision::Fp32 => (2e-3, 2e-4),
         Precision::Tf32 => (0.5, 0.15),
+        Precision::Bf16 => unreachable!("bf16 has its own parity tests (parity_bf16.rs)"),
     }
 }
 

@@ -6,7 +6,12 @@
 //!
 //! Conventions shared by every backend (the CPU one in `cpu/` is the executable spec; the CUDA one
 //! lives in the `meddpm-cuda` crate and is checked against it by parity tests):
-//! - Buffers hold `f32` elements. Activations are addressed by a *logical* shape [`Dims`]
+//! - Buffers hold `f32` values; a backend may *store* the activations and activation gradients
+//!   inside the network (buffers from [`Backend::alloc_act`]) as bf16 under [`Precision::Bf16`]:
+//!   every write into such a buffer rounds to nearest even, every read widens to f32, and all
+//!   arithmetic is f32. Everything else (`alloc`) is f32: parameters, their gradients, optimizer
+//!   state, GroupNorm statistics, embeddings, the loss, and the network's input and output.
+//! - Activations are addressed by a *logical* shape [`Dims`]
 //!   (N, C, D, H, W); how they are laid out in memory (NCDHW or NDHWC) is the backend's business.
 //!   Host data always crosses the boundary in NCDHW order through [`Backend::upload_act`] /
 //!   [`Backend::download_act`], and parameters in PyTorch's layout through
@@ -39,7 +44,7 @@ pub enum Layout {
     Ndhwc,
 }
 
-/// Math precision of convolutions and GEMMs.
+/// Math precision of convolutions and GEMMs, and the storage type of activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
@@ -47,6 +52,69 @@ pub enum Precision {
     Fp32,
     /// fp32 storage, TF32 tensor-core math in convolutions and GEMMs.
     Tf32,
+    /// Mixed precision: activations and activation gradients stored in bf16, convolutions on
+    /// bf16 tensor cores with fp32 accumulation (reading bf16 copies of the conv weights, see
+    /// [`Backend::cast`]); GroupNorm statistics, softmax, the loss, the time embedding, master
+    /// weights, Adam moments and EMA stay fp32 (PyTorch autocast's split).
+    Bf16,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 3] = [Precision::Fp32, Precision::Tf32, Precision::Bf16];
+    /// Lower-case name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+    /// Storage type of the network's activation buffers ([`Backend::alloc_act`]).
+    pub fn act_dtype(self) -> DType {
+        match self {
+            Precision::Bf16 => DType::Bf16,
+            Precision::Fp32 | Precision::Tf32 => DType::F32,
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown precision {s:?}: expected fp32, tf32 or bf16"))
+    }
+}
+
+/// Element type a buffer stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    /// bfloat16: the upper 16 bits of an f32, written with round-to-nearest-even.
+    Bf16,
+}
+
+impl DType {
+    pub const fn bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 => 2,
+        }
+    }
+}
+
+/// `x` rounded to the nearest bf16 value (ties to even), returned as f32 — exactly what the GPU
+/// stores in a bf16 buffer (`f2bf` in meddpm-cuda's kernels/common.cu). NaN stays NaN.
+pub fn round_bf16(x: f32) -> f32 {
+    let u = x.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return f32::from_bits((u | 0x0040_0000) & 0xffff_0000);
+    }
+    let r = u.wrapping_add(0x7fff + ((u >> 16) & 1));
+    f32::from_bits(r & 0xffff_0000)
 }
 
 /// Loss of ε̂ against ε. Med-DDPM uses L1.
@@ -83,6 +151,37 @@ pub struct DdpmCoefs {
     pub sigma: f32,
 }
 
+/// What one [`Backend::sampler_step`] derives from ε̂ and keeps in its history (see
+/// `diffusion::sampler`): DPM-Solver++ works in data prediction, iPNDM in noise prediction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prediction {
+    /// d = x̂₀ (clamped to [−1, 1] when the step clips).
+    Data,
+    /// d = the ε consistent with the (clamped) x̂₀: ε̂ itself where no clamping happened.
+    Noise,
+}
+
+/// Per-sample coefficients of one [`Backend::sampler_step`]. A coefficient that is exactly 0
+/// removes its term: the buffer is not read (and no noise is drawn for `cz` = 0).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplerCoefs {
+    /// √(1/ᾱ) at the step's time: x̂₀ = recip·x − recipm1·ε̂
+    pub recip: f32,
+    /// √(1/ᾱ − 1) at the step's time
+    pub recipm1: f32,
+    /// on x
+    pub cx: f32,
+    /// on this step's d
+    pub cd: f32,
+    /// on the history, newest first (hist[k] gets ch[k])
+    pub ch: [f32; 3],
+    /// on fresh noise z
+    pub cz: f32,
+    /// z of element j (logical NCDHW order within this sample) is `noise.normal(offset + j)`
+    pub noise: Philox,
+    pub offset: u64,
+}
+
 /// The hardware abstraction. Generic code stops at the model (`UNet<B>`, `Trainer<B>`).
 pub trait Backend {
     /// A device buffer of `f32` elements.
@@ -94,8 +193,18 @@ pub trait Backend {
     fn precision(&self) -> Precision;
 
     // ---- memory -------------------------------------------------------------------------------
-    /// A zero-filled buffer of `len` elements.
+    /// A zero-filled f32 buffer of `len` elements.
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// A zero-filled buffer of `len` elements for an activation or activation gradient inside the
+    /// network, stored in [`Precision::act_dtype`] (bf16 under `Precision::Bf16`).
+    fn alloc_act(&self, len: usize) -> Result<Self::Buf> {
+        self.alloc(len)
+    }
+    /// dst (an [`Backend::alloc_act`] buffer) ← src (f32, same length and layout), rounded to the
+    /// activation type: the bf16 copies of the conv weights the convolutions read.
+    fn cast(&self, dst: &mut Self::Buf, src: &Self::Buf) {
+        self.copy(dst, src);
+    }
     fn len(&self, b: &Self::Buf) -> usize;
     /// Raw element copy host → device (no layout change). Lengths must match.
     fn upload(&self, host: &[f32], dst: &mut Self::Buf);
@@ -171,12 +280,12 @@ pub trait Backend {
     /// dinp (per `Accum`) = dout·σ(x)(1 + x(1−σ(x))).
     fn silu_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, inp: &Self::Buf);
 
-    /// Fused GroupNorm + SiLU (the ResBlock prologue). `gn_out` keeps the GroupNorm output for
-    /// backward. The default chains the two primitives; a GPU backend overrides it with one kernel.
+    /// Fused GroupNorm + SiLU (the ResBlock and output-head prologue): out = silu(GN(inp)), with
+    /// mean/rstd [N·G] saved. The GroupNorm output itself is not kept: the backward recomputes it
+    /// from `inp` and the statistics where SiLU's derivative needs it.
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_forward(
         &self,
-        gn_out: &mut Self::Buf,
         out: &mut Self::Buf,
         mean: &mut Self::Buf,
         rstd: &mut Self::Buf,
@@ -185,30 +294,23 @@ pub trait Backend {
         beta: &Self::Buf,
         x: Dims,
         groups: usize,
-    ) {
-        self.groupnorm_forward(gn_out, mean, rstd, inp, gamma, beta, x, groups);
-        self.silu_forward(out, gn_out);
-    }
-    /// Backward of [`Backend::groupnorm_silu_forward`]; `tmp` is scratch of the input's size.
+    );
+    /// Backward of [`Backend::groupnorm_silu_forward`]: dinp (per `Accum`), dgamma += , dbeta += .
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_backward(
         &self,
         dinp: (&mut Self::Buf, Accum),
         dgamma: &mut Self::Buf,
         dbeta: &mut Self::Buf,
-        tmp: &mut Self::Buf,
         dout: &Self::Buf,
-        gn_out: &Self::Buf,
         inp: &Self::Buf,
         mean: &Self::Buf,
         rstd: &Self::Buf,
         gamma: &Self::Buf,
+        beta: &Self::Buf,
         x: Dims,
         groups: usize,
-    ) {
-        self.silu_backward((tmp, Accum::Overwrite), dout, gn_out);
-        self.groupnorm_backward(dinp, dgamma, dbeta, tmp, inp, mean, rstd, gamma, x, groups);
-    }
+    );
 
     // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------
     /// out[N,O] = inp[N,I]·wᵀ[I,O] + b[O], with w stored (O, I) as in PyTorch.
@@ -301,6 +403,25 @@ pub trait Backend {
     /// One ancestral DDPM update in place: x̂₀ = clamp(recip·x − recipm1·ε̂, −1, 1);
     /// x ← coef1·x̂₀ + coef2·x + sigma·z, with per-sample coefficients.
     fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims);
+    /// One update of any sampler of `diffusion::sampler`, per sample n with coefficients c = coefs[n]:
+    /// x̂₀ᵘ = c.recip·x − c.recipm1·ε̂; x̂₀ = clamp(x̂₀ᵘ, −1, 1) if `clip` else x̂₀ᵘ;
+    /// d = x̂₀ (`Data`) or ε̂ + (x̂₀ᵘ − x̂₀)/c.recipm1 (`Noise`);
+    /// x ← c.cd·d + c.cx·x + Σₖ c.ch[k]·hist[k] + c.cz·z, z drawn from Philox per sample
+    /// (`c.noise`, `c.offset`), so a volume's noise does not depend on its batch position.
+    /// Terms with a zero coefficient are skipped. With a history (≤ 3 buffers, newest first),
+    /// d is then written into its *last* buffer; the caller rotates the slice so d becomes
+    /// hist[0]. The ancestral DDPM step is the case cx = coef2, cd = coef1, cz = sigma, no history.
+    #[allow(clippy::too_many_arguments)]
+    fn sampler_step(
+        &self,
+        x: &mut Self::Buf,
+        eps: &Self::Buf,
+        hist: &mut [Self::Buf],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    );
 
     // ---- optimiser ------------------------------------------------------------------------------
     /// One Adam update of p with gradient g and moments m, v (PyTorch semantics).

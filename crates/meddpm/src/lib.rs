@@ -12,6 +12,7 @@
 //! - `checkpoint` safetensors checkpoints (atomic writes)
 //! - `dist`       data-parallel runs: launch environment, rendezvous, gradient buckets, sync trait
 //! - `data`       NIfTI I/O, Med-DDPM data conventions, demo data
+//! - `run`        a training run as a folder: record, data prints, loss log and plot, safe stop
 //! - `phantom`    a synthetic head phantom pair for tests
 //! - `testing`    tolerance comparisons and finite-difference helpers shared by tests
 
@@ -27,9 +28,10 @@ pub mod eval;
 pub mod model;
 pub mod phantom;
 pub mod rng;
+pub mod run;
 pub mod shape;
 pub mod testing;
 
-pub use backend::{Accum, Backend, Layout, LossKind, Precision};
+pub use backend::{Accum, Backend, DType, Layout, LossKind, Precision};
 pub use error::{Error, Result};
 pub use shape::{ConvShape, Dims};

@@ -1,10 +1,13 @@
 //! Launch environments without a cluster: torchrun-style and Slurm variables, Slurm node lists,
 //! `--gpus` selections and the environment each spawned rank gets (NVLink multicast off), and the
-//! local launcher's handling of a failing rank (real child processes: `sh`).
+//! local launcher's handling of a failing rank and its passing on of signals (real child
+//! processes: `sh`).
 
 use meddpm::dist::env::{expand_nodelist, first_node, slurm_default_port, DistEnv, Launcher};
 use meddpm::dist::spawn::{local_rank_envs, run_local, strip_gpus_arg, GpuSelection, NO_MULTICAST_ENV};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn env(pairs: &[(&str, &str)]) -> meddpm::Result<Option<DistEnv>> {
@@ -182,10 +185,58 @@ fn local_launcher_reports_the_failed_rank_and_stops_the_others() {
     // rank 0 would run for a minute, rank 1 fails at once with status 3
     let script = vec!["-c".to_string(), "if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 60".to_string()];
     let envs = local_rank_envs(&[0, 1], None, 1).unwrap();
-    let e = run_local(sh, &script, &envs, Duration::from_millis(300)).unwrap_err().to_string();
+    let e = run_local(sh, &script, &envs, Duration::from_millis(300), &AtomicUsize::new(0)).unwrap_err().to_string();
     assert!(e.contains("rank 1 exited with status 3"), "{e}");
     assert!(e.contains("rank 0 killed"), "{e}");
     // every rank sees its own variables; all succeed → Ok
     let check = vec!["-c".to_string(), "[ \"$WORLD_SIZE\" = 2 ] && [ \"$NCCL_NVLS_ENABLE\" = 0 ]".to_string()];
-    run_local(sh, &check, &envs, Duration::from_secs(1)).unwrap();
+    run_local(sh, &check, &envs, Duration::from_secs(1), &AtomicUsize::new(0)).unwrap();
+}
+
+#[test]
+fn local_launcher_passes_each_signal_on_to_every_rank_once() {
+    let sh = std::path::Path::new("/bin/sh");
+    if !sh.exists() || !std::path::Path::new("/proc/self/stat").exists() {
+        println!("skipped: no /bin/sh or /proc");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("meddpm-launch-signals-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Each rank: fails (7) unless it leads its own process group (so the terminal's Ctrl-C
+    // reaches the parent only); logs every SIGINT; exits 0 at the second; gives up after 20 s.
+    let body = r#"set -- $(cat /proc/$$/stat); [ "$5" = "$$" ] || exit 7
+n=0
+trap 'n=$((n+1)); echo int >> "$OUT/$RANK.log"; [ $n -ge 2 ] && exit 0' INT
+touch "$OUT/$RANK.ready"
+i=0
+while [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
+exit 9"#;
+    let script = vec!["-c".to_string(), body.to_string()];
+    let mut envs = local_rank_envs(&[0, 1], None, 1).unwrap();
+    for e in &mut envs {
+        e.push(("OUT".into(), dir.display().to_string()));
+    }
+    let forward = Arc::new(AtomicUsize::new(0));
+    let signaller = {
+        let (forward, dir) = (forward.clone(), dir.clone());
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while !(dir.join("0.ready").exists() && dir.join("1.ready").exists()) {
+                assert!(t0.elapsed() < Duration::from_secs(15), "the ranks never got ready");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // two signals to the parent, as a user's Ctrl-C twice
+            forward.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(300));
+            forward.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    run_local(sh, &script, &envs, Duration::from_secs(1), &forward).unwrap();
+    signaller.join().unwrap();
+    for r in 0..2 {
+        let log = std::fs::read_to_string(dir.join(format!("{r}.log"))).unwrap();
+        assert_eq!(log.lines().count(), 2, "rank {r} got {log:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

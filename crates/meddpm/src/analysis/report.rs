@@ -1197,56 +1197,66 @@ pub fn matrix_svg(r: &Report, path: &Path) -> Result<bool> {
     stacked_svg(&bars, "Optimization matrix: kernel time by category", "ms (measured)", path)
 }
 
+/// A legend drawn as its own panel (swatch and text per entry), beside a chart rather than over it.
+fn legend_panel<DB: plotters::prelude::DrawingBackend>(
+    area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+    entries: &[(String, plotters::style::RGBColor)],
+    path: &Path,
+) -> Result<()> {
+    use plotters::prelude::*;
+    for (i, (label, c)) in entries.iter().enumerate() {
+        let y = 50 + 20 * i as i32;
+        area.draw(&Rectangle::new([(6, y), (18, y + 12)], c.filled())).map_err(|e| plot_err(path, e))?;
+        area.draw(&Text::new(label.clone(), (24, y), ("sans-serif", 13))).map_err(|e| plot_err(path, e))?;
+    }
+    Ok(())
+}
+
+/// Stacked bars, one per entry of `bars`, filling the x axis (no empty slots), names under the
+/// bars, the legend in a panel on the right.
 fn stacked_svg(bars: &[Bar], caption: &str, y_desc: &str, path: &Path) -> Result<bool> {
     use plotters::prelude::*;
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
     if bars.is_empty() {
         return Ok(false);
     }
     let total = |b: &Bar| b.segments.iter().map(|s| s.1).sum::<f64>();
-    let ymax = bars.iter().map(|b| total(b) + b.rest.map_or(0.0, |r| r.0)).fold(0.0, f64::max) * 1.1;
+    let ymax = bars.iter().map(|b| total(b) + b.rest.map_or(0.0, |r| r.0)).fold(0.0, f64::max) * 1.05;
     let n = bars.len();
-    let root = SVGBackend::new(path, (820, 520)).into_drawing_area();
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
-    // one segment per bar plus an empty one on the right for the legend
-    let mut chart = ChartBuilder::on(&root)
-        .caption(caption, ("sans-serif", 18))
+    let root = root.titled(caption, ("sans-serif", 18)).map_err(|e| plot_err(path, e))?;
+    let (left, right) = root.split_horizontally(640);
+    let mut chart = ChartBuilder::on(&left)
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((0..n + 1).into_segmented(), 0f64..ymax.max(1e-9))
+        .build_cartesian_2d(0f64..n as f64, 0f64..ymax.max(1e-9))
         .map_err(|e| plot_err(path, e))?;
-    let names: Vec<String> = bars.iter().map(|b| b.name.clone()).collect();
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n + 1)
-        .x_label_formatter(&|x| match x {
-            SegmentValue::CenterOf(i) if *i < names.len() => names[*i].clone(),
-            _ => String::new(),
-        })
-        .y_desc(y_desc)
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
+    chart.configure_mesh().disable_x_mesh().x_labels(0).y_desc(y_desc).draw().map_err(|e| plot_err(path, e))?;
+    // Bar i spans [i + 0.1, i + 0.9]; its name is centred under it.
+    let bar = |i: usize, y0: f64, y1: f64| [(i as f64 + 0.1, y0), (i as f64 + 0.9, y1)];
+    for (i, b) in bars.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(i as f64 + 0.5, 0.0));
+        let style = TextStyle::from(("sans-serif", 13).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+        left.draw(&Text::new(b.name.clone(), (x, y + 6), style)).map_err(|e| plot_err(path, e))?;
+    }
+    let mut legend: Vec<(String, RGBColor)> = Vec::new();
     for cat in Category::ALL {
         let mut rects = Vec::new();
         for (i, b) in bars.iter().enumerate() {
             let mut y0 = 0.0;
             for &(c, t) in &b.segments {
                 if c == cat {
-                    let bar = [(SegmentValue::Exact(i), y0), (SegmentValue::Exact(i + 1), y0 + t)];
-                    rects.push(Rectangle::new(bar, color(cat).filled()).into_dyn());
+                    rects.push(Rectangle::new(bar(i, y0, y0 + t), color(cat).filled()));
                 }
                 y0 += t;
             }
         }
-        if rects.is_empty() {
-            continue;
+        if !rects.is_empty() {
+            chart.draw_series(rects).map_err(|e| plot_err(path, e))?;
+            legend.push((cat.label().to_string(), color(cat)));
         }
-        chart
-            .draw_series(rects)
-            .map_err(|e| plot_err(path, e))?
-            .label(cat.label())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color(cat).filled()));
     }
     for (measured_idle, label, c) in [
         (true, "GPU idle (gaps + outside kernels)", RGBColor(220, 220, 220)),
@@ -1257,37 +1267,59 @@ fn stacked_svg(bars: &[Bar], caption: &str, y_desc: &str, path: &Path) -> Result
             .enumerate()
             .filter_map(|(i, b)| {
                 let (ms, is_idle) = b.rest?;
-                (is_idle == measured_idle && ms > 0.0).then(|| {
-                    let y0 = total(b);
-                    let bar = [(SegmentValue::Exact(i), y0), (SegmentValue::Exact(i + 1), y0 + ms)];
-                    Rectangle::new(bar, c.filled())
-                })
+                (is_idle == measured_idle && ms > 0.0)
+                    .then(|| Rectangle::new(bar(i, total(b), total(b) + ms), c.filled()))
             })
             .collect();
-        if rects.is_empty() {
-            continue;
+        if !rects.is_empty() {
+            chart.draw_series(rects).map_err(|e| plot_err(path, e))?;
+            legend.push((label.to_string(), c));
         }
-        chart
-            .draw_series(rects)
-            .map_err(|e| plot_err(path, e))?
-            .label(label)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
+    legend_panel(&right, &legend, path)?;
     root.present().map_err(|e| plot_err(path, e))?;
     Ok(true)
 }
 
+/// One compute roof of a roofline: what it is for, and its peak (FLOP/s).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Roof {
+    pub label: String,
+    pub flops: f64,
+}
+
+/// The compute roofs of `g`: FP32 (all non-matrix work), then the convolution/GEMM roof of each
+/// math in `maths` (tensor cores: TF32, BF16, …), in order, each listed once; a math without
+/// tensor cores on this GPU falls back to a roof already listed and adds none.
+pub fn roofs(g: &Gpu, maths: &[Math]) -> Vec<Roof> {
+    let mut out = vec![Roof { label: "FP32".into(), flops: g.fp32_tflops * 1e12 }];
+    for &m in maths {
+        let flops = g.peak_tflops(Category::ConvForward, m) * 1e12;
+        if out.iter().all(|r| r.flops != flops) {
+            out.push(Roof { label: format!("{} conv/GEMM", m.label().to_uppercase()), flops });
+        }
+    }
+    out
+}
+
+/// Line colour and dash of the i-th roof: solid black, then dashed blue, dotted orange, ….
+fn roof_style(i: usize) -> (plotters::style::RGBColor, Option<(u32, u32)>) {
+    use plotters::style::RGBColor;
+    const STYLES: [(RGBColor, Option<(u32, u32)>); 4] = [
+        (RGBColor(0, 0, 0), None),
+        (RGBColor(31, 90, 200), Some((10, 5))),
+        (RGBColor(220, 100, 0), Some((3, 4))),
+        (RGBColor(120, 40, 160), Some((14, 4))),
+    ];
+    STYLES[i % STYLES.len()]
+}
+
 /// Records with counted FLOPs and bytes placed on a roofline (log-log): arithmetic intensity vs
-/// achieved FLOP/s. Roofs are drawn for the device when it is a GPU of the table.
+/// achieved FLOP/s. When the device is a GPU of the table its roofs ([`roofs`]) are drawn, each
+/// in its own line style with its ridge point labelled; the axes span the points and the ridges.
 pub fn roofline_svg(r: &Report, input: &Input, path: &Path) -> Result<bool> {
     use plotters::prelude::*;
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
     let mut pts: BTreeMap<Category, Vec<(f64, f64)>> = BTreeMap::new();
     for p in input.passes.iter().filter(|p| p.measured) {
         for k in &p.records {
@@ -1301,26 +1333,25 @@ pub fn roofline_svg(r: &Report, input: &Input, path: &Path) -> Result<bool> {
     if pts.is_empty() {
         return Ok(false);
     }
-    let all: Vec<(f64, f64)> = pts.values().flatten().copied().collect();
-    let (mut xmin, mut xmax) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (mut ymin, mut ymax) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
     let g = &input.device_gpu;
-    if let Some(g) = g {
-        ymax = ymax.max(g.peak_tflops(Category::ConvForward, r.math) * 1e12);
-        xmax = xmax.max(g.ridge(Category::ConvForward, r.math) * 4.0);
-    }
-    xmin /= 2.0;
-    xmax *= 2.0;
-    ymin /= 3.0;
-    ymax *= 3.0;
-    let root = SVGBackend::new(path, (820, 560)).into_drawing_area();
+    let roof_list = g.as_ref().map(|g| roofs(g, &[r.math])).unwrap_or_default();
+    let bw = g.as_ref().map_or(1.0, |g| g.mem_gbps * 1e9);
+    let xs: Vec<f64> = pts.values().flatten().map(|p| p.0).chain(roof_list.iter().map(|rf| rf.flops / bw)).collect();
+    let ys: Vec<f64> = pts.values().flatten().map(|p| p.1).chain(roof_list.iter().map(|rf| rf.flops)).collect();
+    let span = |v: &[f64]| v.iter().fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    let ((xmin, xmax), (ymin, ymax)) = (span(&xs), span(&ys));
+    // Room right of the highest ridge for its label, above the highest roof.
+    let ridge_max = roof_list.iter().map(|rf| rf.flops / bw).fold(0.0, f64::max);
+    let (xmin, xmax, ymin, ymax) = (xmin / 2.0, (xmax * 2.0).max(ridge_max * 8.0), ymin / 2.0, ymax * 3.0);
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let caption = match g {
         Some(g) => format!("Roofline — {} ({} datasheet roofs)", r.title, g.name),
         None => format!("Achieved FLOP/s vs intensity — {} (no roof: device not in the GPU table)", r.title),
     };
-    let mut chart = ChartBuilder::on(&root)
-        .caption(caption, ("sans-serif", 16))
+    let root = root.titled(&caption, ("sans-serif", 16)).map_err(|e| plot_err(path, e))?;
+    let (left, right) = root.split_horizontally(660);
+    let mut chart = ChartBuilder::on(&left)
         .margin(12)
         .x_label_area_size(44)
         .y_label_area_size(70)
@@ -1333,36 +1364,31 @@ pub fn roofline_svg(r: &Report, input: &Input, path: &Path) -> Result<bool> {
         .y_label_formatter(&|y| short_si(*y))
         .draw()
         .map_err(|e| plot_err(path, e))?;
-    if let Some(g) = g {
-        let bw = g.mem_gbps * 1e9;
-        for (peak, label) in [
-            (g.fp32_tflops * 1e12, "FP32 roof".to_string()),
-            (g.peak_tflops(Category::ConvForward, r.math) * 1e12, format!("{} roof (conv/GEMM)", r.math.label())),
-        ] {
-            let ridge = peak / bw;
-            let line = vec![(xmin, xmin * bw), (ridge, peak), (xmax, peak)];
-            chart
-                .draw_series(LineSeries::new(line, BLACK.stroke_width(1)))
-                .map_err(|e| plot_err(path, e))?
-                .label(label)
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], BLACK));
+    let mut legend: Vec<(String, RGBColor)> = Vec::new();
+    for (i, roof) in roof_list.iter().enumerate() {
+        let ridge = roof.flops / bw;
+        let line = vec![(xmin, xmin * bw), (ridge, roof.flops), (xmax, roof.flops)];
+        let (c, dash) = roof_style(i);
+        let style = c.stroke_width(2);
+        match dash {
+            None => chart.draw_series(LineSeries::new(line, style)).map(|_| ()),
+            Some((on, off)) => chart.draw_series(DashedLineSeries::new(line, on, off, style)).map(|_| ()),
         }
+        .map_err(|e| plot_err(path, e))?;
+        // The ridge point: where this roof meets the memory-bandwidth slope.
+        chart.draw_series([Circle::new((ridge, roof.flops), 4, c.filled())]).map_err(|e| plot_err(path, e))?;
+        let text = format!("{} ridge {:.1} FLOP/B", roof.label.split(' ').next().unwrap_or(""), ridge);
+        let (px, py) = chart.backend_coord(&(ridge, roof.flops));
+        let ts = TextStyle::from(("sans-serif", 12).into_font()).color(&c).pos(Pos::new(HPos::Left, VPos::Bottom));
+        left.draw(&Text::new(text, (px + 6, py - 4), ts)).map_err(|e| plot_err(path, e))?;
+        legend.push((format!("{} roof {}", roof.label, short_si(roof.flops)), c));
     }
     for (cat, v) in &pts {
         let c = color(*cat);
-        chart
-            .draw_series(v.iter().map(|&(x, y)| Circle::new((x, y), 3, c.filled())))
-            .map_err(|e| plot_err(path, e))?
-            .label(cat.label())
-            .legend(move |(x, y)| Circle::new((x + 5, y), 4, c.filled()));
+        chart.draw_series(v.iter().map(|&(x, y)| Circle::new((x, y), 3, c.filled()))).map_err(|e| plot_err(path, e))?;
+        legend.push((cat.label().to_string(), c));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
+    legend_panel(&right, &legend, path)?;
     root.present().map_err(|e| plot_err(path, e))?;
     Ok(true)
 }

@@ -15,7 +15,7 @@
 //! buffer it writes is written once, and an accumulating write (`+=`) is also a read.
 
 use super::kernels::{Category, KernelRecord};
-use crate::backend::{Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision};
+use crate::backend::{Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision, Prediction, SamplerCoefs};
 use crate::rng::Philox;
 use crate::shape::{ConvShape, Dims};
 use crate::Result;
@@ -218,7 +218,6 @@ impl<B: Backend> Backend for Timed<B> {
     }
     fn groupnorm_silu_forward(
         &self,
-        gn_out: &mut Self::Buf,
         out: &mut Self::Buf,
         mean: &mut Self::Buf,
         rstd: &mut Self::Buf,
@@ -228,9 +227,9 @@ impl<B: Backend> Backend for Timed<B> {
         x: Dims,
         groups: usize,
     ) {
-        let e = self.l(gn_out) + self.l(out) + self.l(mean) + self.l(rstd) + self.l(inp) + self.l(gamma) + self.l(beta);
+        let e = self.l(out) + self.l(mean) + self.l(rstd) + self.l(inp) + self.l(gamma) + self.l(beta);
         self.rec("groupnorm_silu_forward", Category::Normalization, None, e, || {
-            self.inner.groupnorm_silu_forward(gn_out, out, mean, rstd, inp, gamma, beta, x, groups)
+            self.inner.groupnorm_silu_forward(out, mean, rstd, inp, gamma, beta, x, groups)
         })
     }
     fn groupnorm_silu_backward(
@@ -238,28 +237,25 @@ impl<B: Backend> Backend for Timed<B> {
         dinp: (&mut Self::Buf, Accum),
         dgamma: &mut Self::Buf,
         dbeta: &mut Self::Buf,
-        tmp: &mut Self::Buf,
         dout: &Self::Buf,
-        gn_out: &Self::Buf,
         inp: &Self::Buf,
         mean: &Self::Buf,
         rstd: &Self::Buf,
         gamma: &Self::Buf,
+        beta: &Self::Buf,
         x: Dims,
         groups: usize,
     ) {
-        // tmp is scratch: a fused kernel need not touch it, so it is not counted
         let e = self.acc(dinp.0, dinp.1)
             + 2.0 * (self.l(dgamma) + self.l(dbeta))
             + self.l(dout)
-            + self.l(gn_out)
             + self.l(inp)
             + self.l(mean)
             + self.l(rstd)
-            + self.l(gamma);
+            + self.l(gamma)
+            + self.l(beta);
         self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
-            self.inner
-                .groupnorm_silu_backward(dinp, dgamma, dbeta, tmp, dout, gn_out, inp, mean, rstd, gamma, x, groups)
+            self.inner.groupnorm_silu_backward(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, beta, x, groups)
         })
     }
     fn linear_forward(
@@ -385,6 +381,21 @@ impl<B: Backend> Backend for Timed<B> {
         let e = 2.0 * self.l(x) + self.l(eps) + self.l(z);
         self.rec("ddpm_step", Category::Elementwise, None, e, || self.inner.ddpm_step(x, eps, z, coefs, xd))
     }
+    fn sampler_step(
+        &self,
+        x: &mut Self::Buf,
+        eps: &Self::Buf,
+        hist: &mut [Self::Buf],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+        let e = 2.0 * self.l(x) + self.l(eps) + 2.0 * hist.iter().map(|h| self.l(h)).sum::<f64>();
+        self.rec("sampler_step", Category::Elementwise, None, e, || {
+            self.inner.sampler_step(x, eps, hist, pred, clip, coefs, xd)
+        })
+    }
     fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep) {
         let e = 2.0 * (self.l(p) + self.l(m) + self.l(v)) + self.l(g);
         self.rec("adam_step", Category::Optimizer, None, e, || self.inner.adam_step(p, g, m, v, h))
@@ -475,6 +486,33 @@ impl Backend for NullBackend {
         groups: usize,
     ) {
     }
+    fn groupnorm_silu_forward(
+        &self,
+        out: &mut usize,
+        mean: &mut usize,
+        rstd: &mut usize,
+        inp: &usize,
+        gamma: &usize,
+        beta: &usize,
+        x: Dims,
+        groups: usize,
+    ) {
+    }
+    fn groupnorm_silu_backward(
+        &self,
+        dinp: (&mut usize, Accum),
+        dgamma: &mut usize,
+        dbeta: &mut usize,
+        dout: &usize,
+        inp: &usize,
+        mean: &usize,
+        rstd: &usize,
+        gamma: &usize,
+        beta: &usize,
+        x: Dims,
+        groups: usize,
+    ) {
+    }
     fn silu_forward(&self, out: &mut usize, inp: &usize) {}
     fn silu_backward(&self, dinp: (&mut usize, Accum), dout: &usize, inp: &usize) {}
     fn linear_forward(&self, out: &mut usize, inp: &usize, w: &usize, b: &usize, n: usize, i: usize, o: usize) {}
@@ -525,6 +563,17 @@ impl Backend for NullBackend {
     fn randn(&self, out: &mut usize, rng: Philox, offset: u64, x: Dims) {}
     fn q_sample(&self, xt: &mut usize, x0: &usize, eps: &usize, a: &[f32], b: &[f32], x: Dims) {}
     fn ddpm_step(&self, x: &mut usize, eps: &usize, z: &usize, coefs: &[DdpmCoefs], xd: Dims) {}
+    fn sampler_step(
+        &self,
+        x: &mut usize,
+        eps: &usize,
+        hist: &mut [usize],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+    }
     fn adam_step(&self, p: &mut usize, g: &usize, m: &mut usize, v: &mut usize, h: AdamStep) {}
     fn ema_update(&self, ema: &mut usize, p: &usize, decay: f32) {}
 }

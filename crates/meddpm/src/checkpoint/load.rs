@@ -116,8 +116,28 @@ fn load_torch(path: &Path, group: WeightGroup, hints: &LoadHints) -> Result<Load
     Ok(LoadedWeights { cfg, params: mapped.params, warnings: mapped.warnings, source, step })
 }
 
+/// [`load_weights_with`] for safetensors bytes held in memory (a bundled model, see
+/// [`crate::checkpoint::bundled`]); `name` stands for the file in messages and in `source`.
+pub fn load_weights_from_bytes(
+    bytes: &[u8],
+    name: &Path,
+    group: WeightGroup,
+    hints: &LoadHints,
+) -> Result<LoadedWeights> {
+    load_safetensors_from(Checkpoint::from_bytes(bytes, name), name, group, hints)
+}
+
 fn load_safetensors(path: &Path, group: WeightGroup, hints: &LoadHints) -> Result<LoadedWeights> {
-    let ck = Checkpoint::read(path).map_err(|e| match e {
+    load_safetensors_from(Checkpoint::read(path), path, group, hints)
+}
+
+fn load_safetensors_from(
+    ck: Result<Checkpoint>,
+    path: &Path,
+    group: WeightGroup,
+    hints: &LoadHints,
+) -> Result<LoadedWeights> {
+    let ck = ck.map_err(|e| match e {
         Error::Format { path, msg } => Error::Format {
             path,
             msg: format!("{msg} (expected a meddpm checkpoint, a safetensors state dict or a PyTorch .pt file)"),

@@ -1,10 +1,12 @@
 //! meddpm's own checkpoints: one safetensors file holding the online weights, the EMA weights,
 //! the Adam moments, and as metadata the step, the RNG position and both configs — everything
-//! needed to resume exactly. Tensors are stored in PyTorch layouts under `model.<key>`,
+//! needed to resume exactly; checkpoints of a run folder also carry its run record (metadata
+//! `run`, see `crate::run::record`). Non-finite weights are never written ([`trainer_bytes`]). Tensors are stored in PyTorch layouts under `model.<key>`,
 //! `ema.<key>`, `adam_m.<key>`, `adam_v.<key>` (keys = the reference state-dict names).
 //!
 //! Writes are atomic: the bytes go to `<path>.tmp` (fsync'd), then a rename replaces the target,
-//! so an interrupted save never destroys the previous checkpoint.
+//! so an interrupted save never destroys the previous checkpoint; a failed one (full disk)
+//! removes the temp file.
 //! A plain state dict (keys without a group prefix, e.g. from `meddpm convert` or
 //! [`export_state_dict`]) is read too; it has no optimiser state and may lack a config.
 
@@ -25,6 +27,14 @@ pub const GROUPS: [&str; 4] = ["model", "ema", "adam_m", "adam_v"];
 
 /// Write `bytes` to `path` atomically (temp file in the same folder, fsync, rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// [`write_atomic`] with the writing done by `fill` (which gets the temp file): the temp file is
+/// fsync'd and renamed over `path` only when `fill` succeeds. On any failure (a full disk, a
+/// quota, an I/O error) the temp file is removed and `path` is left exactly as it was; the error
+/// names `path` and the OS reason once.
+pub fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
@@ -32,8 +42,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    let written = fill(&mut f).and_then(|_| f.sync_all());
+    drop(f);
+    match written.and_then(|_| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(Error::io(path, e))
+        }
+    }
 }
 
 fn to_bytes(v: &[f32]) -> Vec<u8> {
@@ -55,12 +72,26 @@ pub fn serialize(tensors: &[(String, Vec<usize>, Vec<f32>)], meta: HashMap<Strin
 
 /// Save a trainer's full state to `path` (atomic).
 pub fn save_trainer<B: Backend>(path: &Path, be: &B, tr: &Trainer<B>) -> Result<()> {
+    write_atomic(path, &trainer_bytes(be, tr, &[])?)
+}
+
+/// A trainer's full state as checkpoint bytes, with `extra` metadata entries (e.g. the run
+/// record, `crate::run`) besides the standard ones. Refuses (`Error::NonFinite`) when any
+/// weight, EMA weight or Adam moment is NaN or ±Inf: a diverged run must never replace its last
+/// good checkpoint.
+pub fn trainer_bytes<B: Backend>(be: &B, tr: &Trainer<B>, extra: &[(&str, String)]) -> Result<Vec<u8>> {
     let specs = &tr.net.specs;
     let mut tensors = Vec::with_capacity(4 * specs.len());
     for (group, bufs) in GROUPS.iter().zip([&tr.net.params, &tr.ema, &tr.adam_m, &tr.adam_v]) {
         for (spec, b) in specs.iter().zip(bufs) {
             let mut h = vec![0f32; spec.numel()];
             be.download_param(b, &spec.shape, &mut h);
+            if let Some(i) = h.iter().position(|x| !x.is_finite()) {
+                return Err(Error::NonFinite(format!(
+                    "{group}.{} holds {} (element {i}) after step {}",
+                    spec.key, h[i], tr.step
+                )));
+            }
             tensors.push((format!("{group}.{}", spec.key), spec.shape.clone(), h));
         }
     }
@@ -74,7 +105,10 @@ pub fn save_trainer<B: Backend>(path: &Path, be: &B, tr: &Trainer<B>) -> Result<
     // the global sample position (all ranks), and the world size that wrote it (information)
     meta.insert("samples".into(), tr.samples.to_string());
     meta.insert("world".into(), tr.world.to_string());
-    write_atomic(path, &serialize(&tensors, meta)?)
+    for (k, v) in extra {
+        meta.insert(k.to_string(), v.clone());
+    }
+    serialize(&tensors, meta)
 }
 
 /// Export weights as a plain state dict (reference keys, no prefix) that PyTorch's
@@ -99,15 +133,22 @@ pub struct Checkpoint {
     /// Data-parallel ranks of the run that wrote the file (1 when absent).
     pub world: u64,
     pub tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// Every metadata entry of the file (the parsed ones above included), e.g. `run`.
+    pub meta: HashMap<String, String>,
 }
 
 impl Checkpoint {
     /// Read a meddpm checkpoint or a plain safetensors state dict.
     pub fn read(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Checkpoint::from_bytes(&bytes, path)
+    }
+
+    /// Parse checkpoint bytes held in memory; `path` names them in messages.
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
         let bad = |m: String| Error::format(path, m);
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-        let (_, md) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+        let st = SafeTensors::deserialize(bytes).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let (_, md) = SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("bad safetensors header: {e}")))?;
         let meta = md.metadata().clone().unwrap_or_default();
         fn json<T: serde::de::DeserializeOwned>(
             meta: &HashMap<String, String>,
@@ -154,6 +195,7 @@ impl Checkpoint {
             samples: meta.contains_key("samples").then(|| num("samples")).transpose()?,
             world: num("world")?.max(1),
             tensors,
+            meta,
         })
     }
 

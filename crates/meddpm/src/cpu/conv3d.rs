@@ -1,5 +1,7 @@
 //! 3-D convolution (PyTorch `nn.Conv3d` semantics): forward, backward-data, backward-filter and
-//! bias gradient, by im2col + GEMM.
+//! bias gradient, by im2col + GEMM, or by the direct kernels of [`direct`] for 3×3×3 stride-1
+//! convolutions of moderate size (the demo model's; see [`uses_direct`]). Both paths compute the
+//! same sums in different orders; `tests/conv_direct.rs` checks one against the other.
 //!
 //! Geometry comes from [`ConvShape`]: cubic kernel k ∈ {1, 3}, stride 1 or 2, zero padding
 //! (k−1)/2. Layouts are PyTorch's: activations (N, C, D, H, W), weights (Cout, Cin, k, k, k).
@@ -11,11 +13,14 @@
 //! products: `dW += dout[n]·colᵀ`, `dcol = Wᵀ·dout[n]` scattered back by col2im (the exact adjoint
 //! of im2col). A 1×1×1 stride-1 conv needs no im2col: `col` is the input itself.
 //!
-//! Scratch: `col` (and `dcol`) live in a [`ConvScratch`] and cover a slab of whole output depth
+//! Scratch: `col` (and `dcol`) — or, on the direct path, the padded input (and padded dout) —
+//! live in a [`ConvScratch`] and cover a slab of whole output depth
 //! planes, sized so a slab holds at most `budget` elements ([`COL_BUDGET`] by default); large
 //! volumes are done slab by slab. [`conv3d_forward`] / [`conv3d_backward`] allocate a fresh
 //! scratch per call; `CpuBackend` keeps one per thread, because first-touching a fresh 64 MiB
 //! buffer costs about as much as the convolution itself.
+
+pub mod direct;
 
 use rayon::prelude::*;
 
@@ -52,6 +57,25 @@ fn slab_planes(cs: &ConvShape, budget: usize) -> usize {
     let o = cs.out();
     let rows = cs.x.c * cs.k * cs.k * cs.k;
     (budget / (rows * o.h * o.w).max(1)).clamp(1, o.d.max(1))
+}
+
+/// Whether `conv3d_*_with` takes the direct kernels ([`direct`]) for `cs` with a scratch of
+/// `budget` elements: 3×3×3 stride-1 convolutions whose padded input and padded dout fit in the
+/// budget (so the large volumes of the full-size models stay on im2col + GEMM), on CPUs with
+/// FMA (everywhere but x86-64 machines older than 2013, where `mul_add` would be a library call).
+pub fn uses_direct(cs: &ConvShape, budget: usize) -> bool {
+    let chans = cs.x.c + cs.cout.div_ceil(direct::CB) * direct::CB;
+    let fma = cfg!(not(target_arch = "x86_64")) || has_fma();
+    cs.k == 3 && cs.stride == 1 && chans * direct::Padded::new(cs.x, 1).len() <= budget && fma
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_fma() -> bool {
+    std::is_x86_feature_detected!("fma")
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn has_fma() -> bool {
+    true
 }
 
 fn is_pointwise(cs: &ConvShape) -> bool {
@@ -148,6 +172,17 @@ pub fn conv3d_forward_with<T: Float>(
     assert_eq!(b.len(), cs.cout, "conv3d: bias length vs Cout");
     let o = cs.out();
     let (cin, so, rows) = (cs.x.c, o.s(), cs.x.c * cs.k * cs.k * cs.k);
+    if uses_direct(&cs, scratch.budget) {
+        let px = direct::Padded::new(cs.x, cin);
+        let xp = grow(&mut scratch.col, px.len());
+        let wt = direct::arrange_weights(w, cs.cout, cin, false);
+        for n in 0..cs.x.n {
+            direct::pad(xp, &inp[n * cin * cs.x.s()..(n + 1) * cin * cs.x.s()], &px);
+            let on = &mut out[n * cs.cout * so..(n + 1) * cs.cout * so];
+            direct::correlate(on, cs.cout, xp, &px, cin, &wt, direct::Init::Bias(b));
+        }
+        return;
+    }
     let wm = Mat::dense(w, cs.cout, rows);
     let planes = slab_planes(&cs, scratch.budget);
     let col = if is_pointwise(&cs) { &mut [][..] } else { grow(&mut scratch.col, rows * planes * o.h * o.w) };
@@ -186,6 +221,19 @@ pub fn conv3d_backward<T: Float>(
     conv3d_backward_with(dinp, dw, db, dout, inp, w, cs, &mut ConvScratch::new(COL_BUDGET));
 }
 
+/// db += the bias gradient: dout summed over batch and voxels (f64 accumulation).
+pub fn bias_grad<T: Float>(db: &mut [T], dout: &[T], cs: ConvShape) {
+    let so = cs.out().s();
+    for (co, g) in db.iter_mut().enumerate() {
+        let mut acc = 0f64;
+        for n in 0..cs.x.n {
+            let base = (n * cs.cout + co) * so;
+            acc += dout[base..base + so].iter().map(|v| v.to_f64()).sum::<f64>();
+        }
+        *g += T::from_f64(acc);
+    }
+}
+
 /// [`conv3d_backward`] with caller-provided scratch (and its slab budget).
 #[allow(clippy::too_many_arguments)]
 pub fn conv3d_backward_with<T: Float>(
@@ -204,15 +252,7 @@ pub fn conv3d_backward_with<T: Float>(
     let o = cs.out();
     let (cin, si, so, rows) = (cs.x.c, cs.x.s(), o.s(), cs.x.c * cs.k * cs.k * cs.k);
 
-    // Bias gradient: sum of dout over batch and voxels (f64 accumulation).
-    for (co, g) in db.iter_mut().enumerate() {
-        let mut acc = 0f64;
-        for n in 0..cs.x.n {
-            let base = (n * cs.cout + co) * so;
-            acc += dout[base..base + so].iter().map(|v| v.to_f64()).sum::<f64>();
-        }
-        *g += T::from_f64(acc);
-    }
+    bias_grad(db, dout, cs);
 
     let wm = Mat::dense(w, cs.cout, rows);
     let (mut dinp, acc) = match dinp {
@@ -222,6 +262,23 @@ pub fn conv3d_backward_with<T: Float>(
         }
         None => (None, Accum::Add),
     };
+    if uses_direct(&cs, scratch.budget) {
+        let px = direct::Padded::new(cs.x, cin);
+        let pg = direct::Padded::new(o, cs.cout.div_ceil(direct::CB) * direct::CB);
+        let xp = grow(&mut scratch.col, px.len());
+        let gp = grow(&mut scratch.dcol, pg.len());
+        let wt = if dinp.is_some() { direct::arrange_weights(w, cs.cout, cin, true) } else { Vec::new() };
+        let init = if acc == Accum::Add { direct::Init::Add } else { direct::Init::Zero };
+        for n in 0..cs.x.n {
+            direct::pad(xp, &inp[n * cin * si..(n + 1) * cin * si], &px);
+            direct::pad(gp, &dout[n * cs.cout * so..(n + 1) * cs.cout * so], &pg);
+            direct::filter_grad(dw, cs.cout, gp, &pg, xp, &px, cin);
+            if let Some(d) = dinp.as_deref_mut() {
+                direct::correlate(&mut d[n * cin * si..(n + 1) * cin * si], cin, gp, &pg, cs.cout, &wt, init);
+            }
+        }
+        return;
+    }
     if is_pointwise(&cs) {
         for n in 0..cs.x.n {
             let xn = &inp[n * cin * si..(n + 1) * cin * si];

@@ -4,7 +4,9 @@
 //! [`super::CpuBackend`] and with `f64` by the finite-difference gradient checks
 //! (`tests/gradcheck.rs`), so the checks measure the math, not fp32 rounding.
 //! [`gemm`] wraps `gemm::gemm` (the only `unsafe` in the CPU backend) behind bounds-checked
-//! strided matrix views; its semantics are plain `C (+)= A·B`.
+//! strided matrix views; its semantics are plain `C (+)= A·B`. [`vectorized`] runs a kernel body
+//! under `pulp`'s runtime CPU dispatch (AVX2 + FMA where present), and [`sum_f64`] is the
+//! f64 accumulation of the reductions, in a fixed order the compiler can vectorise.
 
 use std::fmt::Debug;
 use std::iter::Sum;
@@ -37,6 +39,8 @@ pub trait Float:
     fn exp(self) -> Self;
     fn sqrt(self) -> Self;
     fn abs(self) -> Self;
+    /// self·a + b with one rounding (a single FMA instruction where the CPU has one).
+    fn mul_add(self, a: Self, b: Self) -> Self;
     fn zero() -> Self {
         Self::from_f64(0.0)
     }
@@ -75,6 +79,10 @@ impl Float for f32 {
     fn abs(self) -> Self {
         f32::abs(self)
     }
+    #[inline(always)]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        f32::mul_add(self, a, b)
+    }
 }
 
 impl Float for f64 {
@@ -93,6 +101,57 @@ impl Float for f64 {
     fn abs(self) -> Self {
         f64::abs(self)
     }
+    #[inline(always)]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        f64::mul_add(self, a, b)
+    }
+}
+
+/// Run `f` compiled for the best instruction set of this CPU (pulp's runtime dispatch: AVX2 + FMA
+/// on x86-64 where present). `f` and everything it calls must be `#[inline(always)]`.
+#[inline(always)]
+pub fn vectorized<R>(f: impl FnOnce() -> R) -> R {
+    struct Op<F>(F);
+    impl<R, F: FnOnce() -> R> pulp::WithSimd for Op<F> {
+        type Output = R;
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) -> R {
+            (self.0)()
+        }
+    }
+    pulp::Arch::new().dispatch(Op(f))
+}
+
+/// Σ f(x) in f64 over `xs`, as 8 interleaved partial sums added at the end: a fixed order
+/// (deterministic), and independent chains that vectorise, unlike one sequential sum.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub fn sum_f64<T: Float>(xs: &[T], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v.to_f64())).sum();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] += f(c[l].to_f64());
+        }
+    }
+    acc.iter().sum::<f64>() + tail
+}
+
+/// Σ f(x, y) over pairs of `xs` and `ys` (equal lengths), in the order of [`sum_f64`].
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub fn sum2_f64<T: Float>(xs: &[T], ys: &[T], f: impl Fn(f64, f64) -> f64) -> f64 {
+    assert_eq!(xs.len(), ys.len(), "sum2_f64: lengths");
+    let mut acc = [0f64; 8];
+    let (xc, yc) = (xs.chunks_exact(8), ys.chunks_exact(8));
+    let tail: f64 = xc.remainder().iter().zip(yc.remainder()).map(|(&x, &y)| f(x.to_f64(), y.to_f64())).sum();
+    for (x, y) in xc.zip(yc) {
+        for l in 0..8 {
+            acc[l] += f(x[l].to_f64(), y[l].to_f64());
+        }
+    }
+    acc.iter().sum::<f64>() + tail
 }
 
 /// Write (`Overwrite`) or accumulate (`Add`) one input-gradient element.

@@ -5,12 +5,13 @@
 //! variance: x̂ = (x − μ)·rstd, rstd = 1/√(σ² + eps), out = γ[c]·x̂ + β[c].
 //! Backward, with m = elements per group and ĝ = dout·γ:
 //! dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), dγ[c] += Σ dout·x̂, dβ[c] += Σ dout.
-//! Statistics and reductions accumulate in f64. In NCDHW one (n, g) is a contiguous block, which
+//! Statistics and reductions accumulate in f64 (as interleaved partial sums, see
+//! [`sum_f64`]); each (n, g) runs under [`vectorized`]. In NCDHW one (n, g) is a contiguous block, which
 //! is the unit of parallel work.
 
 use rayon::prelude::*;
 
-use super::float::{put, Float};
+use super::float::{put, sum2_f64, sum_f64, vectorized, Float};
 use crate::backend::Accum;
 use crate::shape::Dims;
 
@@ -44,17 +45,23 @@ pub fn groupnorm_forward<T: Float>(
         .zip(inp.par_chunks(cg * s))
         .enumerate()
         .map(|(ng, (o, xi))| {
-            let mu = xi.iter().map(|v| v.to_f64()).sum::<f64>() / m;
-            let var = xi.iter().map(|v| (v.to_f64() - mu).powi(2)).sum::<f64>() / m;
-            let rs = 1.0 / (var + EPS).sqrt();
-            let g0 = (ng % groups) * cg;
-            for (j, (oc, xc)) in o.chunks_mut(s).zip(xi.chunks(s)).enumerate() {
-                let (ga, be) = (gamma[g0 + j].to_f64(), beta[g0 + j].to_f64());
-                for (ov, xv) in oc.iter_mut().zip(xc) {
-                    *ov = T::from_f64((xv.to_f64() - mu) * rs * ga + be);
-                }
-            }
-            (mu, rs)
+            vectorized(
+                #[inline(always)]
+                || {
+                    let mu = sum_f64(xi, |v| v) / m;
+                    let var = sum_f64(xi, |v| (v - mu) * (v - mu)) / m;
+                    let rs = 1.0 / (var + EPS).sqrt();
+                    let g0 = (ng % groups) * cg;
+                    for (j, (oc, xc)) in o.chunks_mut(s).zip(xi.chunks(s)).enumerate() {
+                        // γ·x̂ + β = (x − μ)·(rstd·γ) + β
+                        let (a, be) = (rs * gamma[g0 + j].to_f64(), beta[g0 + j].to_f64());
+                        for (ov, xv) in oc.iter_mut().zip(xc) {
+                            *ov = T::from_f64((xv.to_f64() - mu) * a + be);
+                        }
+                    }
+                    (mu, rs)
+                },
+            )
         })
         .collect();
     for (i, (mu, rs)) in stats.into_iter().enumerate() {
@@ -90,30 +97,33 @@ pub fn groupnorm_backward<T: Float>(
         .zip(dout.par_chunks(cg * s).zip(inp.par_chunks(cg * s)))
         .enumerate()
         .map(|(ng, (dxi, (gi, xi)))| {
-            let (mu, rs) = (mean[ng].to_f64(), rstd[ng].to_f64());
-            let g0 = (ng % groups) * cg;
-            let mut part = vec![(0f64, 0f64); cg];
-            let (mut sum_g, mut sum_gx) = (0f64, 0f64);
-            for j in 0..cg {
-                let ga = gamma[g0 + j].to_f64();
-                for i in j * s..(j + 1) * s {
-                    let (g, xh) = (gi[i].to_f64(), (xi[i].to_f64() - mu) * rs);
-                    part[j].0 += g * xh;
-                    part[j].1 += g;
-                    sum_g += g * ga;
-                    sum_gx += g * ga * xh;
-                }
-            }
-            let (mean_g, mean_gx) = (sum_g / m, sum_gx / m);
-            for j in 0..cg {
-                let ga = gamma[g0 + j].to_f64();
-                for i in j * s..(j + 1) * s {
-                    let xh = (xi[i].to_f64() - mu) * rs;
-                    let v = rs * (gi[i].to_f64() * ga - mean_g - xh * mean_gx);
-                    put(&mut dxi[i], T::from_f64(v), acc);
-                }
-            }
-            part
+            vectorized(
+                #[inline(always)]
+                || {
+                    let (mu, rs) = (mean[ng].to_f64(), rstd[ng].to_f64());
+                    let g0 = (ng % groups) * cg;
+                    // Per channel j: (Σ g·x̂, Σ g); then Σ ĝ = Σ_j γ_j·Σ g, Σ ĝ·x̂ = Σ_j γ_j·Σ g·x̂.
+                    let part: Vec<(f64, f64)> = (0..cg)
+                        .map(|j| {
+                            let (gc, xc) = (&gi[j * s..(j + 1) * s], &xi[j * s..(j + 1) * s]);
+                            (sum2_f64(gc, xc, |g, x| g * (x - mu) * rs), sum_f64(gc, |g| g))
+                        })
+                        .collect();
+                    let sum_g: f64 = part.iter().enumerate().map(|(j, p)| gamma[g0 + j].to_f64() * p.1).sum();
+                    let sum_gx: f64 = part.iter().enumerate().map(|(j, p)| gamma[g0 + j].to_f64() * p.0).sum();
+                    let (mean_g, mean_gx) = (sum_g / m, sum_gx / m);
+                    for j in 0..cg {
+                        let ga = gamma[g0 + j].to_f64();
+                        let (dc, gc, xc) =
+                            (&mut dxi[j * s..(j + 1) * s], &gi[j * s..(j + 1) * s], &xi[j * s..(j + 1) * s]);
+                        for (dv, (gv, xv)) in dc.iter_mut().zip(gc.iter().zip(xc)) {
+                            let xh = (xv.to_f64() - mu) * rs;
+                            put(dv, T::from_f64(rs * (gv.to_f64() * ga - mean_g - xh * mean_gx)), acc);
+                        }
+                    }
+                    part
+                },
+            )
         })
         .collect();
     for (ng, part) in partials.into_iter().enumerate() {

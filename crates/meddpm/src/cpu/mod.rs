@@ -1,5 +1,15 @@
 //! CpuBackend: the executable specification of every [`Backend`] primitive (fp32, NCDHW).
 //!
+//! With [`CpuBackend::bf16`] it also emulates `Precision::Bf16` exactly where the GPU stores bf16:
+//! every primitive still computes in f32, then rounds (to nearest even, [`round_bf16`]) the
+//! outputs that the GPU writes into activation buffers — conv outputs and input gradients,
+//! GroupNorm(+SiLU) outputs and input gradients, attention outputs and qkv gradients, upsampling,
+//! residual adds, bias broadcasts, concat/split — and convolutions first round their inputs,
+//! weights and output gradients (the GPU converts them to bf16 before cuDNN) and round each
+//! weight-gradient contribution before adding it to the f32 gradient (cuDNN writes it in bf16).
+//! Statistics, the time embedding (linear, SiLU), the loss, diffusion and optimizer ops stay f32.
+//! GPU bf16 parity tests compare against this mode with tolerances of a few bf16 ulps.
+//!
 //! This file is dispatch only: each trait method forwards to a free function in the sibling file
 //! of the same name as the CUDA crate's (`conv3d.rs`, `groupnorm.rs`, …). Those functions are
 //! generic over [`float::Float`] so the gradient checks run the very same code in f64.
@@ -17,10 +27,13 @@ pub mod groupnorm;
 pub mod linear;
 pub mod loss;
 pub mod optim;
+pub mod sampler;
 pub mod silu;
 pub mod upsample;
 
-use crate::backend::{Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision};
+use crate::backend::{
+    round_bf16, Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision, Prediction, SamplerCoefs,
+};
 use crate::rng::Philox;
 use crate::shape::{ConvShape, Dims};
 use crate::Result;
@@ -29,16 +42,54 @@ thread_local! {
     /// im2col scratch of the convolutions run from this thread.
     static CONV_SCRATCH: std::cell::RefCell<conv3d::ConvScratch<f32>> =
         std::cell::RefCell::new(conv3d::ConvScratch::new(conv3d::COL_BUDGET));
+    /// GroupNorm+SiLU: the GroupNorm output, the gradient before GroupNorm, recomputed statistics
+    /// (grown on the first call of a size, then reused).
+    static GN_SCRATCH: std::cell::RefCell<[Vec<f32>; 4]> =
+        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()]) };
+    /// bf16 emulation: rounded copies of conv operands and a weight-gradient temporary (grown on
+    /// the first call of a size, then reused).
+    static EMU: std::cell::RefCell<[Vec<f32>; 5]> =
+        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()]) };
 }
 
-/// The CPU reference backend (fp32, NCDHW, rayon).
+/// The CPU reference backend (fp32, NCDHW, rayon); optionally emulating bf16 storage.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    bf16: bool,
+}
 
 impl CpuBackend {
+    /// The fp32 reference.
     pub fn new() -> Self {
-        CpuBackend
+        CpuBackend { bf16: false }
     }
+    /// The bf16-emulating reference (see the module docs).
+    pub fn bf16() -> Self {
+        CpuBackend { bf16: true }
+    }
+    /// `Fp32` or `Bf16` (TF32 has no CPU emulation).
+    pub fn with_precision(p: Precision) -> Result<Self> {
+        match p {
+            Precision::Fp32 => Ok(Self::new()),
+            Precision::Bf16 => Ok(Self::bf16()),
+            Precision::Tf32 => Err(crate::Error::Config(
+                "the CPU backend has no TF32 mode: use --precision fp32 or bf16 on the CPU".into(),
+            )),
+        }
+    }
+    /// Round a buffer the GPU stores as bf16 (no-op in fp32 mode).
+    fn r(&self, b: &mut [f32]) {
+        if self.bf16 {
+            b.iter_mut().for_each(|v| *v = round_bf16(*v));
+        }
+    }
+}
+
+/// `src` rounded to bf16 in the reusable vector `dst`.
+fn rounded_into<'a>(dst: &'a mut Vec<f32>, src: &[f32]) -> &'a [f32] {
+    dst.clear();
+    dst.extend(src.iter().map(|&v| round_bf16(v)));
+    dst
 }
 
 fn same_len(what: &str, a: usize, b: usize) {
@@ -49,13 +100,23 @@ impl Backend for CpuBackend {
     type Buf = Vec<f32>;
 
     fn describe(&self) -> String {
-        format!("CPU reference (fp32, NCDHW, {} rayon threads, im2col + gemm)", rayon::current_num_threads())
+        let p = if self.bf16 { "bf16-emulating" } else { "fp32" };
+        format!("CPU reference ({p}, NCDHW, {} rayon threads, im2col + gemm)", rayon::current_num_threads())
     }
     fn layout(&self) -> Layout {
         Layout::Ncdhw
     }
     fn precision(&self) -> Precision {
-        Precision::Fp32
+        if self.bf16 {
+            Precision::Bf16
+        } else {
+            Precision::Fp32
+        }
+    }
+    fn cast(&self, dst: &mut Vec<f32>, src: &Vec<f32>) {
+        same_len("cast", dst.len(), src.len());
+        dst.copy_from_slice(src);
+        self.r(dst);
     }
 
     fn alloc(&self, len: usize) -> Result<Vec<f32>> {
@@ -98,7 +159,15 @@ impl Backend for CpuBackend {
     fn sync(&self) {}
 
     fn conv3d_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, w: &Vec<f32>, b: &Vec<f32>, cs: ConvShape) {
-        CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_with(out, inp, w, b, cs, s));
+        if !self.bf16 {
+            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_with(out, inp, w, b, cs, s));
+            return;
+        }
+        EMU.with_borrow_mut(|[ex, ew, ..]| {
+            let (x, w) = (rounded_into(ex, inp), rounded_into(ew, w));
+            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_with(out, x, w, b, cs, s));
+        });
+        self.r(out);
     }
     fn conv3d_backward(
         &self,
@@ -110,8 +179,31 @@ impl Backend for CpuBackend {
         w: &Vec<f32>,
         cs: ConvShape,
     ) {
-        let dinp = dinp.map(|(d, a)| (d.as_mut_slice(), a));
-        CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_backward_with(dinp, dw, db, dout, inp, w, cs, s));
+        if !self.bf16 {
+            let dinp = dinp.map(|(d, a)| (d.as_mut_slice(), a));
+            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_backward_with(dinp, dw, db, dout, inp, w, cs, s));
+            return;
+        }
+        // db from the output gradient as given (the GPU sums it before converting); dw's
+        // contribution rounded to bf16 (cuDNN writes it in bf16) before it is added to the f32
+        // gradient; the input gradient rounded as it is stored.
+        conv3d::bias_grad(db, dout, cs);
+        EMU.with_borrow_mut(|[ex, ew, edy, edw, edb]| {
+            let (x, w, dy) = (rounded_into(ex, inp), rounded_into(ew, w), rounded_into(edy, dout));
+            edw.clear();
+            edw.resize(dw.len(), 0.0);
+            edb.clear();
+            edb.resize(db.len(), 0.0);
+            let mut dinp = dinp;
+            let di = dinp.as_mut().map(|(d, a)| (d.as_mut_slice(), *a));
+            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_backward_with(di, edw, edb, dy, x, w, cs, s));
+            for (g, &c) in dw.iter_mut().zip(edw.iter()) {
+                *g += round_bf16(c);
+            }
+            if let Some((d, _)) = dinp {
+                self.r(d);
+            }
+        });
     }
 
     fn groupnorm_forward(
@@ -126,6 +218,7 @@ impl Backend for CpuBackend {
         groups: usize,
     ) {
         groupnorm::groupnorm_forward(out, mean, rstd, inp, gamma, beta, x, groups);
+        self.r(out);
     }
     fn groupnorm_backward(
         &self,
@@ -140,14 +233,73 @@ impl Backend for CpuBackend {
         x: Dims,
         groups: usize,
     ) {
-        let dinp = (dinp.0.as_mut_slice(), dinp.1);
-        groupnorm::groupnorm_backward(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, x, groups);
+        groupnorm::groupnorm_backward(
+            (dinp.0.as_mut_slice(), dinp.1),
+            dgamma,
+            dbeta,
+            dout,
+            inp,
+            mean,
+            rstd,
+            gamma,
+            x,
+            groups,
+        );
+        self.r(dinp.0);
     }
     fn silu_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>) {
         silu::silu_forward(out, inp);
     }
     fn silu_backward(&self, dinp: (&mut Vec<f32>, Accum), dout: &Vec<f32>, inp: &Vec<f32>) {
         silu::silu_backward((dinp.0.as_mut_slice(), dinp.1), dout, inp);
+    }
+    /// GroupNorm into a scratch, SiLU of the unrounded value into `out` (rounded in bf16 mode,
+    /// as the GPU stores only the SiLU output).
+    fn groupnorm_silu_forward(
+        &self,
+        out: &mut Vec<f32>,
+        mean: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        x: Dims,
+        groups: usize,
+    ) {
+        GN_SCRATCH.with_borrow_mut(|[y, ..]| {
+            y.resize(inp.len(), 0.0);
+            groupnorm::groupnorm_forward(y, mean, rstd, inp, gamma, beta, x, groups);
+            silu::silu_forward(out, y);
+        });
+        self.r(out);
+    }
+    /// Recomputes y = GN(inp) (the same f64 statistics as the forward, so the same values), then
+    /// SiLU's backward and GroupNorm's backward.
+    fn groupnorm_silu_backward(
+        &self,
+        dinp: (&mut Vec<f32>, Accum),
+        dgamma: &mut Vec<f32>,
+        dbeta: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        x: Dims,
+        groups: usize,
+    ) {
+        GN_SCRATCH.with_borrow_mut(|[y, g, m, r]| {
+            y.resize(inp.len(), 0.0);
+            g.resize(inp.len(), 0.0);
+            m.resize(mean.len(), 0.0);
+            r.resize(rstd.len(), 0.0);
+            groupnorm::groupnorm_forward(y, m, r, inp, gamma, beta, x, groups);
+            silu::silu_backward((g.as_mut_slice(), Accum::Overwrite), dout, y);
+            let d = (dinp.0.as_mut_slice(), dinp.1);
+            groupnorm::groupnorm_backward(d, dgamma, dbeta, g, inp, mean, rstd, gamma, x, groups);
+        });
+        self.r(dinp.0);
     }
 
     fn linear_forward(
@@ -180,6 +332,7 @@ impl Backend for CpuBackend {
 
     fn attention_forward(&self, out: &mut Vec<f32>, att: &mut Vec<f32>, qkv: &Vec<f32>, x: Dims, heads: usize) {
         attention::attention_forward(out, att, qkv, x, heads);
+        self.r(out);
     }
     fn attention_backward(
         &self,
@@ -192,29 +345,35 @@ impl Backend for CpuBackend {
         heads: usize,
     ) {
         attention::attention_backward(dqkv, datt, dout, qkv, att, x, heads);
+        self.r(dqkv);
     }
 
     fn upsample_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, x: Dims) {
         upsample::upsample_forward(out, inp, x);
+        self.r(out);
     }
     fn upsample_backward(&self, dinp: (&mut Vec<f32>, Accum), dout: &Vec<f32>, x: Dims) {
         upsample::upsample_backward((dinp.0.as_mut_slice(), dinp.1), dout, x);
+        self.r(dinp.0);
     }
 
     fn add_assign(&self, dst: &mut Vec<f32>, src: &Vec<f32>) {
         elementwise::add_assign(dst, src);
+        self.r(dst);
     }
     fn scale(&self, buf: &mut Vec<f32>, s: f32) {
         elementwise::scale(buf, s);
     }
     fn add_channel_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, xd: Dims) {
         elementwise::add_channel_bias(x, bias, xd);
+        self.r(x);
     }
     fn channel_sum(&self, dbias: &mut Vec<f32>, dx: &Vec<f32>, xd: Dims) {
         elementwise::channel_sum(dbias, dx, xd);
     }
     fn concat_channels(&self, out: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, x: Dims, ca: usize, cb: usize) {
         elementwise::concat_channels(out, a, b, x, ca, cb);
+        self.r(out);
     }
     fn split_channels(
         &self,
@@ -226,6 +385,8 @@ impl Backend for CpuBackend {
         cb: usize,
     ) {
         elementwise::split_channels((da.0.as_mut_slice(), da.1), (db.0.as_mut_slice(), db.1), dout, x, ca, cb);
+        self.r(da.0);
+        self.r(db.0);
     }
 
     fn loss_forward(&self, loss: &mut Vec<f32>, pred: &Vec<f32>, target: &Vec<f32>, kind: LossKind) {
@@ -244,6 +405,18 @@ impl Backend for CpuBackend {
     }
     fn ddpm_step(&self, x: &mut Vec<f32>, eps: &Vec<f32>, z: &Vec<f32>, coefs: &[DdpmCoefs], xd: Dims) {
         diffusion::ddpm_step(x, eps, z, coefs, xd);
+    }
+    fn sampler_step(
+        &self,
+        x: &mut Vec<f32>,
+        eps: &Vec<f32>,
+        hist: &mut [Vec<f32>],
+        pred: Prediction,
+        clip: bool,
+        coefs: &[SamplerCoefs],
+        xd: Dims,
+    ) {
+        sampler::sampler_step(x, eps, hist, pred, clip, coefs, xd);
     }
 
     fn adam_step(&self, p: &mut Vec<f32>, g: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, h: AdamStep) {

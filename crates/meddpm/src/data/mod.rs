@@ -10,6 +10,7 @@
 //! - `masks`       tumour scaling and shifting (new conditioning masks)
 //! - `preview`     PNG mid-slice previews
 //! - `output`      generated tensors → the NIfTI files of a sample (whole-head or BraTS)
+//! - `view`        the self-contained HTML volume viewer (slices, window/level, mask overlay)
 //! - `demo`        the embedded MNI152-derived demo pairs
 //!
 //! Tensor layout everywhere: (C, D, H, W) with (D, H, W) = NIfTI (Z, Y, X), C-order, which is
@@ -24,6 +25,7 @@ pub mod nifti;
 pub mod output;
 pub mod preview;
 pub mod resize;
+pub mod view;
 
 pub use convention::{Convention, ImageScaling, MaskResize, Preset};
 pub use dataset::{Dataset, Pair, Source};

@@ -95,6 +95,21 @@ impl Schedule {
         (a.sqrt() as f32, (1.0 - a).sqrt() as f32)
     }
 
+    /// ᾱ at a continuous timestep τ ∈ [0, T−1]: log √ᾱ interpolated linearly between the integer
+    /// timesteps (the discrete-time wrapper of DPM-Solver, `NoiseScheduleVP('discrete')`); exactly
+    /// `alphas_cumprod[t]` at integer τ = t. τ outside [0, T−1] is clamped.
+    pub fn alpha_bar_at(&self, tau: f64) -> f64 {
+        let last = self.timesteps - 1;
+        let tau = tau.clamp(0.0, last as f64);
+        let i = (tau.floor() as usize).min(last);
+        let f = tau - i as f64;
+        if f == 0.0 {
+            return self.alphas_cumprod[i];
+        }
+        let (a, b) = (self.alphas_cumprod[i].ln(), self.alphas_cumprod[i + 1].ln());
+        (a + (b - a) * f).exp()
+    }
+
     /// Coefficients of the ancestral step at t ("fixed small" variance β̃_t, no noise at t = 0).
     pub fn ddpm_coefs(&self, t: usize) -> crate::backend::DdpmCoefs {
         let a = self.alphas_cumprod[t];

@@ -155,6 +155,15 @@ impl<B: Backend> Trainer<B> {
         Ok(())
     }
 
+    /// Bytes of everything the trainer planned: the U-Net's buffers ([`crate::model::MemPlan`]),
+    /// the EMA weights and Adam moments, and the batch buffers (x0, cond, ε, x_t, loss; f32).
+    pub fn plan_bytes(&self) -> usize {
+        let p = self.net.param_count() * 4;
+        let img = self.net.output_dims().numel();
+        let cond = self.net.input_dims().with_c(self.net.cfg.cond_channels()).numel();
+        self.net.mem.total() + 3 * p + 4 * (3 * img + cond + 1)
+    }
+
     /// The timesteps of the batch whose first element is global sample `first`.
     pub fn timesteps_at(&self, first: u64) -> Vec<usize> {
         let r = Philox::new(self.tc.seed, STREAM_T);
@@ -220,6 +229,7 @@ impl<B: Backend> Trainer<B> {
         for (((p, g), m), v) in net.params.iter_mut().zip(&net.grads).zip(&mut self.adam_m).zip(&mut self.adam_v) {
             be.adam_step(p, g, m, v, h);
         }
+        net.params_changed();
         net.zero_grads(be);
         if self.step.is_multiple_of(self.tc.ema_every) {
             for (e, p) in self.ema.iter_mut().zip(&net.params) {
@@ -281,8 +291,10 @@ impl<B: Backend> Trainer<B> {
     /// Run `f` with the EMA weights swapped into the network (how the reference samples).
     pub fn with_ema<R>(&mut self, f: impl FnOnce(&mut UNet<B>) -> R) -> R {
         std::mem::swap(&mut self.net.params, &mut self.ema);
+        self.net.params_changed();
         let r = f(&mut self.net);
         std::mem::swap(&mut self.net.params, &mut self.ema);
+        self.net.params_changed();
         r
     }
 }

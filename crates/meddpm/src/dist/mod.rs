@@ -8,6 +8,9 @@
 //! - `sync`       the [`GradSync`] trait the Trainer calls, [`Solo`], the in-process [`ThreadSync`],
 //!   hashes for config and weight checks
 //!
+//! The training loop of a rank is `run::Session::run_ranked` (stops and divergence agreed by
+//! all ranks).
+//!
 //! The collective implementation over NCCL lives in the CUDA crate (`meddpm_cuda::collective`).
 //! How ranks draw their data, timesteps and noise so that W ranks × batch b equal one rank ×
 //! batch W·b is in `diffusion::train` and `data::loader::Shard`; docs/multigpu.md has the whole story.
@@ -34,9 +37,12 @@ pub fn check_weights<B: Backend>(sync: &mut dyn GradSync<B>, be: &B, tr: &Traine
     check_same(sync, be, &format!("weights at step {}", tr.step), h)
 }
 
-/// Make every rank start from rank 0's weights, EMA and Adam moments.
+/// Make every rank start from rank 0's weights, EMA and Adam moments. The parameters are
+/// overwritten in place, so the network's low-precision weight copies are refreshed after
+/// (`UNet::params_changed`; bf16 runs would otherwise compute with the old weights).
 pub fn broadcast_state<B: Backend>(sync: &mut dyn GradSync<B>, be: &B, tr: &mut Trainer<B>) -> Result<()> {
     sync.broadcast(be, &mut tr.net.params)?;
+    tr.net.params_changed();
     sync.broadcast(be, &mut tr.ema)?;
     sync.broadcast(be, &mut tr.adam_m)?;
     sync.broadcast(be, &mut tr.adam_v)

@@ -5,11 +5,19 @@
 //! and keeps NVLink multicast off in every child ([`NO_MULTICAST_ENV`]). It then waits: when a
 //! child fails, the others normally stop on their own within the liveness timeout (see
 //! `rendezvous::Watch`); whatever is still running after a grace period is killed.
+//!
+//! Signals: each child runs in its own process group, so a Ctrl-C at the terminal reaches the
+//! parent alone; the parent passes every SIGINT/SIGTERM it gets on to each rank as one SIGINT
+//! ([`run_local`]'s `forward` count). The ranks then see exactly one signal per signal the user
+//! sent — the first finishes the step and saves (every rank stops at the same step, see
+//! `run::session`), a second aborts — instead of one from the terminal plus one from the parent.
 
 use crate::error::{Error, Result};
 use std::path::Path;
 use std::process::{Child, Command};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Set in every rank's environment. NVLink SHARP / multicast (NVLS) can take the shared GPUs of
@@ -142,13 +150,51 @@ pub fn free_port() -> Result<u16> {
     l.local_addr().map(|a| a.port()).map_err(|e| Error::Dist(format!("finding a free port: {e}")))
 }
 
+/// Count this process's SIGINT/SIGTERM/SIGHUP (for [`run_local`] to pass on) instead of dying
+/// of them; the first prints a note. For the launcher process only: it takes over the process's
+/// signals, once.
+pub fn count_signals() -> Result<Arc<AtomicUsize>> {
+    let signals = Arc::new(AtomicUsize::new(0));
+    let counter = signals.clone();
+    ctrlc::set_handler(move || {
+        if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+            eprintln!("\nmeddpm: passing the stop on to every rank (interrupt again to abort them at once)");
+        }
+    })
+    .map_err(|e| Error::Dist(format!("--gpus: cannot install the SIGINT/SIGTERM handler: {e}")))?;
+    Ok(signals)
+}
+
+/// Send SIGINT to a child (Unix; elsewhere the ranks get the console's Ctrl-C themselves).
+fn interrupt(ch: &Child) {
+    #[cfg(unix)]
+    {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let _ = kill(Pid::from_raw(ch.id() as i32), Signal::SIGINT);
+    }
+    #[cfg(not(unix))]
+    let _ = ch;
+}
+
 /// Run `program args` once per entry of `envs` and wait for all. The first child to fail makes
 /// the others' remaining time `grace`; then they are killed. Errors name the failed rank(s).
-pub fn run_local(program: &Path, args: &[String], envs: &[Vec<(String, String)>], grace: Duration) -> Result<()> {
+/// Each time `forward` grows (the caller's signal handler counts the signals it received), every
+/// child still running gets one SIGINT (see the module doc).
+pub fn run_local(
+    program: &Path,
+    args: &[String],
+    envs: &[Vec<(String, String)>],
+    grace: Duration,
+    forward: &AtomicUsize,
+) -> Result<()> {
     let mut children: Vec<(usize, Child)> = Vec::new();
+    let mut forwarded = forward.load(Ordering::SeqCst);
     for (rank, env) in envs.iter().enumerate() {
         let mut c = Command::new(program);
         c.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut c, 0);
         match c.spawn() {
             Ok(ch) => children.push((rank, ch)),
             Err(e) => {
@@ -165,6 +211,13 @@ pub fn run_local(program: &Path, args: &[String], envs: &[Vec<(String, String)>]
     let mut running = children.len();
     let mut done = vec![false; children.len()];
     while running > 0 {
+        let signals = forward.load(Ordering::SeqCst);
+        while forwarded < signals {
+            forwarded += 1;
+            for (_, ch) in children.iter().enumerate().filter(|(i, _)| !done[*i]).map(|(_, c)| c) {
+                interrupt(ch);
+            }
+        }
         for (i, (rank, ch)) in children.iter_mut().enumerate() {
             if done[i] {
                 continue;

@@ -16,8 +16,10 @@
 //! - [`ssim`]    Gaussian-window SSIM / contrast-structure and multi-scale SSIM
 //! - [`stats`]   PSNR, MAE, MMD, Wasserstein-1, masked means
 //! - [`report`]  the evaluation of a set of generated volumes against real ones → JSON + Markdown
+//! - [`samplers`] the sampler study: `meddpm sample` timings + eval reports → table, CSV, SVG
 
 pub mod report;
+pub mod samplers;
 pub mod ssim;
 pub mod stats;
 

@@ -8,4 +8,4 @@ pub mod unet;
 
 pub use config::UNetConfig;
 pub use params::{param_count, param_specs, ParamSpec};
-pub use unet::UNet;
+pub use unet::{MemPlan, UNet};

@@ -12,6 +12,13 @@
 //! Attention out = x + proj(attn(qkv(gn(x))))           (legacy head order, 1 head by default)
 //! Down      conv k3 stride 2;   Up  trilinear ×2 then conv k3
 //! Decoder   each output block starts with cat([h, skip]) on channels.
+//!
+//! Precision: activations, their gradients and the scratch are [`Backend::alloc_act`] buffers
+//! (bf16 under `Precision::Bf16`); the network input and output ε̂ (and ∂loss/∂ε̂), GroupNorm
+//! statistics and the time embedding are f32. When activations are bf16 the convolutions read
+//! bf16 copies of their weights (`lowp`), refreshed from the f32 parameters before the first
+//! forward after [`UNet::params_changed`] (which `set_params`, `init_params` and the trainer's
+//! optimizer step call). [`MemPlan`] counts the bytes of every buffer class.
 
 use super::config::UNetConfig;
 use super::params::{init_param, node_params, topology, Node, ParamSpec};
@@ -44,6 +51,8 @@ pub struct ResBlock<B: Backend> {
     rstd1: B::Buf,
     h: B::Buf,
     e: B::Buf,
+    /// ∂loss/∂e in backward (f32, N × cout).
+    de: B::Buf,
     mean2: B::Buf,
     rstd2: B::Buf,
 }
@@ -129,19 +138,66 @@ struct TimeEmbed<B: Backend> {
     d2: B::Buf,
 }
 
-/// Scratch: up to four buffers for every distinct tensor size (backends check exact lengths, so
+/// Bytes of the planned buffers, by class (what `meddpm info` prints).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemPlan {
+    /// Layer outputs kept from forward to backward (activation type).
+    pub outputs: usize,
+    /// Gradients of the layer outputs (activation type).
+    pub grads: usize,
+    /// Block internals kept for backward: ResBlock h, attention GroupNorm/qkv/output,
+    /// upsampled tensors (activation type), attention probabilities (f32).
+    pub saved: usize,
+    /// Scratch shared by all blocks (activation type).
+    pub scratch: usize,
+    /// The network input and output ε̂ with its gradient (f32).
+    pub io: usize,
+    /// GroupNorm statistics, time embedding, per-block embedding biases (f32).
+    pub small: usize,
+    /// Parameters and their gradients (f32).
+    pub params: usize,
+    /// bf16 copies of the conv weights (only when activations are bf16).
+    pub lowp: usize,
+}
+
+impl MemPlan {
+    /// Everything the U-Net allocates.
+    pub fn total(&self) -> usize {
+        self.outputs + self.grads + self.saved + self.scratch + self.io + self.small + self.params + self.lowp
+    }
+    /// Activation-side bytes (everything but parameters, gradients and weight copies).
+    pub fn activations(&self) -> usize {
+        self.outputs + self.grads + self.saved + self.scratch + self.io + self.small
+    }
+    /// (class, bytes) rows in a fixed order, for reports.
+    pub fn rows(&self) -> [(&'static str, usize); 8] {
+        [
+            ("layer outputs (kept for backward)", self.outputs),
+            ("layer output gradients", self.grads),
+            ("block internals kept for backward", self.saved),
+            ("shared scratch (recomputed GN+SiLU, temporaries)", self.scratch),
+            ("network input, output and its gradient (f32)", self.io),
+            ("statistics and embeddings (f32)", self.small),
+            ("parameters and gradients (f32)", self.params),
+            ("bf16 copies of the conv weights", self.lowp),
+        ]
+    }
+}
+
+/// Scratch: up to three buffers for every distinct tensor size (backends check exact lengths, so
 /// scratch comes in exact sizes; there are few sizes). Slot roles around a GroupNorm+SiLU+conv:
-/// 0 the GroupNorm output, 1 the SiLU output (then the SiLU-backward temporary), 2 the gradient
-/// of the conv input, 3 the gradient inside a ResBlock (dh). GroupNorm+SiLU outputs are not kept
-/// from forward to backward: backward recomputes them into slots 0 and 1 from the saved input and
-/// statistics, which halves what a ResBlock keeps (the largest tensors at 128³).
+/// 0 the SiLU output (the conv's input), 1 the gradient of the conv input, 2 the gradient inside a
+/// ResBlock (dh). GroupNorm+SiLU outputs are not kept from forward to backward: backward recomputes
+/// them into slot 0 from the saved input and statistics, which halves what a ResBlock keeps (the
+/// largest tensors at 128³); the GroupNorm output itself is never stored (the fused backward
+/// recomputes it).
 struct Scratch<B: Backend> {
     bufs: Vec<B::Buf>,
     base: std::collections::HashMap<usize, usize>,
 }
 
 impl<B: Backend> Scratch<B> {
-    /// Distinct scratch buffers, each named by (element count, slot 0..3). Data stays in a
+    /// Distinct scratch buffers, each named by (element count, slot 0..2). Data stays in a
     /// slot between calls, so a phase of backward can hand a result to the next by slot.
     fn get<const K: usize>(&mut self, req: [(usize, usize); K]) -> [&mut B::Buf; K] {
         let idx = req.map(|(len, slot)| self.base[&len] + slot);
@@ -153,11 +209,21 @@ pub struct UNet<B: Backend> {
     pub cfg: UNetConfig,
     pub batch: usize,
     pub specs: Vec<ParamSpec>,
+    /// f32 parameters in `specs` order. After writing them directly, call
+    /// [`UNet::params_changed`].
     pub params: Vec<B::Buf>,
     pub grads: Vec<B::Buf>,
     pub layers: Vec<Layer<B>>,
     temb: TimeEmbed<B>,
     scr: Scratch<B>,
+    /// f32 scratch (attention-probability gradients).
+    scr32: Scratch<B>,
+    /// Activation-type copies of the conv weights (Some for every conv weight when activations
+    /// are bf16, else all None): what the convolutions read.
+    lowp: Vec<Option<B::Buf>>,
+    lowp_fresh: bool,
+    /// Bytes of every planned buffer, by class.
+    pub mem: MemPlan,
     /// Bytes of all activation, gradient and scratch buffers (excluding parameters).
     pub act_bytes: usize,
 }
@@ -173,11 +239,18 @@ impl<B: Backend> UNet<B> {
         let n = batch;
         let emb = cfg.emb_dim();
         let g = cfg.groups;
-        let mut bytes = 0usize;
-        let mut alloc = |len: usize| -> Result<B::Buf> {
-            bytes += len * 4;
+        let ab = be.precision().act_dtype().bytes();
+        let mut mem = MemPlan::default();
+        // f32 buffers (counted into `class`) and activation-type buffers
+        let alloc = |class: &mut usize, len: usize| -> Result<B::Buf> {
+            *class += len * 4;
             be.alloc(len)
         };
+        let act = |class: &mut usize, len: usize| -> Result<B::Buf> {
+            *class += len * ab;
+            be.alloc_act(len)
+        };
+        let mut conv_w: Vec<usize> = Vec::new();
         let mut specs = Vec::new();
         let mut layers: Vec<Layer<B>> = Vec::new();
         let sp_dims = |c: usize, sp: [usize; 3]| Dims::new(n, c, sp[0], sp[1], sp[2]);
@@ -188,12 +261,14 @@ impl<B: Backend> UNet<B> {
             input: 0,
             mode: Accum::Overwrite,
             y: input_dims,
-            out: alloc(input_dims.numel())?,
-            dout: alloc(0)?,
+            out: alloc(&mut mem.io, input_dims.numel())?,
+            dout: alloc(&mut mem.io, 0)?,
         });
         let mut skips: Vec<usize> = Vec::new();
         // scratch slots needed per tensor size (see `Scratch` for the slot roles)
         let mut sizes = std::collections::BTreeMap::<usize, usize>::new();
+        // f32 scratch: the attention-probability gradients (one per attention size)
+        let mut sizes32 = std::collections::BTreeSet::<usize>::new();
         let mut need = |len: usize, slots: usize| {
             let e = sizes.entry(len).or_insert(0);
             *e = (*e).max(slots);
@@ -225,28 +300,34 @@ impl<B: Backend> UNet<B> {
                 }
                 Node::ConvIn { cin, cout, sp, .. } => {
                     let cs = ConvShape::new(sp_dims(cin, sp), cout, 3, 1);
+                    conv_w.push(p);
                     (Op::Conv { p, cs }, cs.out(), prev)
                 }
                 Node::Down { c, sp, .. } => {
                     let cs = ConvShape::new(sp_dims(c, sp), c, 3, 2);
+                    conv_w.push(p);
                     (Op::Conv { p, cs }, cs.out(), prev)
                 }
                 Node::Res { cin, cout, sp, .. } => {
                     let x = sp_dims(cin, sp);
                     let y = x.with_c(cout);
-                    need(n * cout, 1);
-                    need(x.numel(), 4);
-                    need(y.numel(), 4);
+                    need(x.numel(), 2);
+                    need(y.numel(), 3);
+                    conv_w.extend([p + 2, p + 8]);
+                    if cin != cout {
+                        conv_w.push(p + 10);
+                    }
                     let r = ResBlock {
                         p,
                         x,
                         cout,
-                        mean1: alloc(n * g)?,
-                        rstd1: alloc(n * g)?,
-                        h: alloc(y.numel())?,
-                        e: alloc(n * cout)?,
-                        mean2: alloc(n * g)?,
-                        rstd2: alloc(n * g)?,
+                        mean1: alloc(&mut mem.small, n * g)?,
+                        rstd1: alloc(&mut mem.small, n * g)?,
+                        h: act(&mut mem.saved, y.numel())?,
+                        e: alloc(&mut mem.small, n * cout)?,
+                        de: alloc(&mut mem.small, n * cout)?,
+                        mean2: alloc(&mut mem.small, n * g)?,
+                        rstd2: alloc(&mut mem.small, n * g)?,
                     };
                     (Op::Res(r), y, prev)
                 }
@@ -254,26 +335,28 @@ impl<B: Backend> UNet<B> {
                     let x = sp_dims(c, sp);
                     let t = x.s();
                     let att_len = n * cfg.num_heads * t * t;
-                    need(x.numel(), 3);
-                    need(3 * x.numel(), 2);
-                    need(att_len, 3);
+                    need(x.numel(), 2);
+                    need(3 * x.numel(), 1);
+                    sizes32.insert(att_len);
+                    conv_w.extend([p + 2, p + 4]);
                     let a = AttnBlock {
                         p,
                         x,
                         heads: cfg.num_heads,
-                        gn: alloc(x.numel())?,
-                        mean: alloc(n * g)?,
-                        rstd: alloc(n * g)?,
-                        qkv: alloc(3 * x.numel())?,
-                        att: alloc(att_len)?,
-                        a: alloc(x.numel())?,
+                        gn: act(&mut mem.saved, x.numel())?,
+                        mean: alloc(&mut mem.small, n * g)?,
+                        rstd: alloc(&mut mem.small, n * g)?,
+                        qkv: act(&mut mem.saved, 3 * x.numel())?,
+                        att: alloc(&mut mem.saved, att_len)?,
+                        a: act(&mut mem.saved, x.numel())?,
                     };
                     (Op::Attn(a), x, prev)
                 }
                 Node::Up { c, sp, .. } => {
                     let x = sp_dims(c, sp);
                     need(x.up2().numel(), 1);
-                    (Op::Up { p, x, u: alloc(x.up2().numel())? }, x.up2(), prev)
+                    conv_w.push(p);
+                    (Op::Up { p, x, u: act(&mut mem.saved, x.up2().numel())? }, x.up2(), prev)
                 }
                 Node::PopConcat { h_c, skip_c, sp } => {
                     let skip = skips.pop().expect("topology pops no more than it pushes");
@@ -283,20 +366,25 @@ impl<B: Backend> UNet<B> {
                 }
                 Node::Out { c, cout, sp } => {
                     let x = sp_dims(c, sp);
-                    need(x.numel(), 4);
-                    let o = OutHead { p, x, cout, mean: alloc(n * g)?, rstd: alloc(n * g)? };
+                    need(x.numel(), 2);
+                    conv_w.push(p + 2);
+                    let o = OutHead {
+                        p,
+                        x,
+                        cout,
+                        mean: alloc(&mut mem.small, n * g)?,
+                        rstd: alloc(&mut mem.small, n * g)?,
+                    };
                     (Op::Out(o), x.with_c(cout), prev)
                 }
             };
-            layers.push(Layer {
-                name,
-                op,
-                input,
-                mode: Accum::Overwrite,
-                y,
-                out: alloc(y.numel())?,
-                dout: alloc(y.numel())?,
-            });
+            // ε̂ and ∂loss/∂ε̂ are f32 (the loss and the samplers read them).
+            let (out, dout) = if matches!(op, Op::Out(_)) {
+                (alloc(&mut mem.io, y.numel())?, alloc(&mut mem.io, y.numel())?)
+            } else {
+                (act(&mut mem.outputs, y.numel())?, act(&mut mem.grads, y.numel())?)
+            };
+            layers.push(Layer { name, op, input, mode: Accum::Overwrite, y, out, dout });
         }
         // Gradient modes: in backward (reverse order) the first writer of a tensor's gradient is
         // its last consumer in forward order; it overwrites, every other consumer adds.
@@ -308,26 +396,72 @@ impl<B: Backend> UNet<B> {
                 *skip_mode = if std::mem::replace(&mut written[*skip], true) { Accum::Add } else { Accum::Overwrite };
             }
         }
+        let small = &mut mem.small;
         let temb = TimeEmbed {
-            sin: alloc(n * cfg.model_channels)?,
-            t1: alloc(n * emb)?,
-            t1s: alloc(n * emb)?,
-            t2: alloc(n * emb)?,
-            emb_silu: alloc(n * emb)?,
-            d_emb_silu: alloc(n * emb)?,
-            d1: alloc(n * emb)?,
-            d2: alloc(n * emb)?,
+            sin: alloc(small, n * cfg.model_channels)?,
+            t1: alloc(small, n * emb)?,
+            t1s: alloc(small, n * emb)?,
+            t2: alloc(small, n * emb)?,
+            emb_silu: alloc(small, n * emb)?,
+            d_emb_silu: alloc(small, n * emb)?,
+            d1: alloc(small, n * emb)?,
+            d2: alloc(small, n * emb)?,
         };
         let mut scr = Scratch { bufs: Vec::new(), base: Default::default() };
         for (len, slots) in sizes {
             scr.base.insert(len, scr.bufs.len());
             for _ in 0..slots {
-                scr.bufs.push(alloc(len)?);
+                scr.bufs.push(act(&mut mem.scratch, len)?);
             }
         }
-        let params = specs.iter().map(|s| be.alloc(s.numel())).collect::<Result<Vec<_>>>()?;
-        let grads = specs.iter().map(|s| be.alloc(s.numel())).collect::<Result<Vec<_>>>()?;
-        Ok(UNet { cfg: cfg.clone(), batch, specs, params, grads, layers, temb, scr, act_bytes: bytes })
+        let mut scr32 = Scratch { bufs: Vec::new(), base: Default::default() };
+        for len in sizes32 {
+            scr32.base.insert(len, scr32.bufs.len());
+            scr32.bufs.push(alloc(&mut mem.scratch, len)?);
+        }
+        let params = specs.iter().map(|s| alloc(&mut mem.params, s.numel())).collect::<Result<Vec<_>>>()?;
+        let grads = specs.iter().map(|s| alloc(&mut mem.params, s.numel())).collect::<Result<Vec<_>>>()?;
+        let mut lowp: Vec<Option<B::Buf>> = specs.iter().map(|_| None).collect();
+        if be.precision().act_dtype() != crate::backend::DType::F32 {
+            for &i in &conv_w {
+                lowp[i] = Some(act(&mut mem.lowp, specs[i].numel())?);
+            }
+        }
+        let act_bytes = mem.activations();
+        Ok(UNet {
+            cfg: cfg.clone(),
+            batch,
+            specs,
+            params,
+            grads,
+            layers,
+            temb,
+            scr,
+            scr32,
+            lowp,
+            lowp_fresh: false,
+            mem,
+            act_bytes,
+        })
+    }
+
+    /// Mark the f32 parameters as changed: the weight copies the convolutions read are refreshed
+    /// before the next forward.
+    pub fn params_changed(&mut self) {
+        self.lowp_fresh = false;
+    }
+
+    /// Refresh the activation-type weight copies from the parameters if they changed.
+    fn refresh_lowp(&mut self, be: &B) {
+        if self.lowp_fresh {
+            return;
+        }
+        for (l, p) in self.lowp.iter_mut().zip(&self.params) {
+            if let Some(l) = l {
+                be.cast(l, p);
+            }
+        }
+        self.lowp_fresh = true;
     }
 
     /// Logical shape of the network input (N, in_channels, D, H, W).
@@ -360,6 +494,7 @@ impl<B: Backend> UNet<B> {
         for (i, (spec, buf)) in self.specs.iter().zip(self.params.iter_mut()).enumerate() {
             be.upload_param(&init_param(spec, seed, i), &spec.shape, buf);
         }
+        self.params_changed();
     }
     /// Load host parameters given in `specs` order and PyTorch layouts.
     pub fn set_params(&mut self, be: &B, host: &[Vec<f32>]) -> Result<()> {
@@ -378,6 +513,7 @@ impl<B: Backend> UNet<B> {
             }
             be.upload_param(h, &spec.shape, buf);
         }
+        self.params_changed();
         Ok(())
     }
     /// Parameters (or with `grads`, their gradients) as host tensors in PyTorch layouts.
@@ -403,7 +539,10 @@ impl<B: Backend> UNet<B> {
     pub fn forward(&mut self, be: &B, t: &[f32]) {
         assert_eq!(t.len(), self.batch, "one timestep per batch element");
         be.push_range("forward");
-        let UNet { cfg, params: w, layers, temb: te, scr, .. } = self;
+        self.refresh_lowp(be);
+        let UNet { cfg, params: w, layers, temb: te, scr, lowp, .. } = self;
+        // conv weights: the activation-type copy where there is one
+        let cw = |i: usize| lowp[i].as_ref().unwrap_or(&w[i]);
         let (n, mc, emb) = (t.len(), cfg.model_channels, cfg.emb_dim());
         let g = cfg.groups;
         // time_embed: Linear, SiLU, Linear; each ResBlock's emb_layers starts with SiLU (shared).
@@ -421,48 +560,48 @@ impl<B: Backend> UNet<B> {
             be.push_range(&l.name);
             match &mut l.op {
                 Op::Input => unreachable!("the input is layer 0 only"),
-                Op::Conv { p, cs } => be.conv3d_forward(&mut l.out, x, &w[*p], &w[*p + 1], *cs),
+                Op::Conv { p, cs } => be.conv3d_forward(&mut l.out, x, cw(*p), &w[*p + 1], *cs),
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     let skip_conv = xd.c != r.cout;
-                    let [gn, a] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
-                    be.groupnorm_silu_forward(gn, a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
-                    be.conv3d_forward(&mut r.h, a, &w[p + 2], &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
+                    let [a] = scr.get([(xd.numel(), 0)]);
+                    be.groupnorm_silu_forward(a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
+                    be.conv3d_forward(&mut r.h, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
                     be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &w[p + 5], n, emb, r.cout);
                     be.add_channel_bias(&mut r.h, &r.e, yd);
-                    let [gn, a] = scr.get([(yd.numel(), 0), (yd.numel(), 1)]);
-                    be.groupnorm_silu_forward(gn, a, &mut r.mean2, &mut r.rstd2, &r.h, &w[p + 6], &w[p + 7], yd, g);
+                    let [a] = scr.get([(yd.numel(), 0)]);
+                    be.groupnorm_silu_forward(a, &mut r.mean2, &mut r.rstd2, &r.h, &w[p + 6], &w[p + 7], yd, g);
                     if skip_conv {
                         // out = skip_connection(x) + out_layers(h). The main branch goes through
                         // `dout` as scratch: backward overwrites it before reading it.
-                        be.conv3d_forward(&mut l.out, x, &w[p + 10], &w[p + 11], ConvShape::new(xd, r.cout, 1, 1));
-                        be.conv3d_forward(&mut l.dout, a, &w[p + 8], &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
+                        be.conv3d_forward(&mut l.out, x, cw(p + 10), &w[p + 11], ConvShape::new(xd, r.cout, 1, 1));
+                        be.conv3d_forward(&mut l.dout, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
                         be.add_assign(&mut l.out, &l.dout);
                     } else {
-                        be.conv3d_forward(&mut l.out, a, &w[p + 8], &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
+                        be.conv3d_forward(&mut l.out, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
                         be.add_assign(&mut l.out, x);
                     }
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
                     be.groupnorm_forward(&mut a.gn, &mut a.mean, &mut a.rstd, x, &w[p], &w[p + 1], xd, g);
-                    be.conv3d_forward(&mut a.qkv, &a.gn, &w[p + 2], &w[p + 3], ConvShape::new(xd, 3 * xd.c, 1, 1));
+                    be.conv3d_forward(&mut a.qkv, &a.gn, cw(p + 2), &w[p + 3], ConvShape::new(xd, 3 * xd.c, 1, 1));
                     be.attention_forward(&mut a.a, &mut a.att, &a.qkv, xd, a.heads);
-                    be.conv3d_forward(&mut l.out, &a.a, &w[p + 4], &w[p + 5], ConvShape::new(xd, xd.c, 1, 1));
+                    be.conv3d_forward(&mut l.out, &a.a, cw(p + 4), &w[p + 5], ConvShape::new(xd, xd.c, 1, 1));
                     be.add_assign(&mut l.out, x);
                 }
                 Op::Up { p, x: xd, u } => {
                     be.upsample_forward(u, x, *xd);
-                    be.conv3d_forward(&mut l.out, u, &w[*p], &w[*p + 1], ConvShape::new(xd.up2(), xd.c, 3, 1));
+                    be.conv3d_forward(&mut l.out, u, cw(*p), &w[*p + 1], ConvShape::new(xd.up2(), xd.c, 3, 1));
                 }
                 Op::Concat { skip, x: xd, ca, cb, .. } => {
                     be.concat_channels(&mut l.out, x, &prev[*skip].out, *xd, *ca, *cb);
                 }
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
-                    let [gn, a] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
-                    be.groupnorm_silu_forward(gn, a, &mut o.mean, &mut o.rstd, x, &w[p], &w[p + 1], xd, g);
-                    be.conv3d_forward(&mut l.out, a, &w[p + 2], &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
+                    let [a] = scr.get([(xd.numel(), 0)]);
+                    be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, x, &w[p], &w[p + 1], xd, g);
+                    be.conv3d_forward(&mut l.out, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
                 }
             }
             be.pop_range();
@@ -479,9 +618,11 @@ impl<B: Backend> UNet<B> {
     /// [`UNet::backward`], calling `done(i, grads)` once layer `i`'s backward is queued (its
     /// parameter gradients are final from then on) and `done(0, grads)` at the very end, when the
     /// time embedding's are too. Data-parallel training starts gradient all-reduces from here
-    /// (`dist::buckets`).
+    /// (`dist::buckets`). A hook that launches collectives mid-backward must never be captured
+    /// into a replayed graph: callers with such a hook run this plain path, not a graph replay.
     pub fn backward_with(&mut self, be: &B, done: &mut dyn FnMut(usize, &mut [B::Buf])) {
-        let UNet { cfg, params: w, grads: dw, layers, temb: te, scr, .. } = self;
+        let UNet { cfg, params: w, grads: dw, layers, temb: te, scr, scr32, lowp, .. } = self;
+        let cw = |i: usize| lowp[i].as_ref().unwrap_or(&w[i]);
         let (n, mc, emb, g) = (self.batch, cfg.model_channels, cfg.emb_dim(), cfg.groups);
         be.push_range("backward");
         be.zero(&mut te.d_emb_silu);
@@ -496,64 +637,52 @@ impl<B: Backend> UNet<B> {
                     let [gw, gb] = dw.get_disjoint_mut([*p, *p + 1]).expect("distinct");
                     let src = &mut prev[l.input];
                     let dinp = if l.input == 0 { None } else { Some((&mut src.dout, mode)) };
-                    be.conv3d_backward(dinp, gw, gb, &l.dout, &src.out, &w[*p], *cs);
+                    be.conv3d_backward(dinp, gw, gb, &l.dout, &src.out, cw(*p), *cs);
                 }
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
-                    let (xn, yn, en) = (xd.numel(), yd.numel(), n * r.cout);
+                    let (xn, yn) = (xd.numel(), yd.numel());
                     let src = &mut prev[l.input];
                     let (x, dx) = (&src.out, &mut src.dout);
                     // skip branch first: it sets dx per `mode`, the main branch then adds.
                     if xd.c != r.cout {
                         let [gw, gb] = dw.get_disjoint_mut([p + 10, p + 11]).expect("distinct");
                         let cs = ConvShape::new(xd, r.cout, 1, 1);
-                        be.conv3d_backward(Some((dx, mode)), gw, gb, &l.dout, x, &w[p + 10], cs);
+                        be.conv3d_backward(Some((dx, mode)), gw, gb, &l.dout, x, cw(p + 10), cs);
                     } else if mode == Accum::Add {
                         be.add_assign(dx, &l.dout);
                     } else {
                         be.copy(dx, &l.dout);
                     }
-                    // out_layers: recompute GroupNorm+SiLU of h into slots 0, 1; Conv3 backward
-                    // → slot 2; GroupNorm+SiLU backward → dh in slot 3.
-                    let [gn, a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2), (yn, 3)]);
+                    // out_layers: recompute SiLU(GroupNorm(h)) into slot 0; Conv3 backward → slot
+                    // 1; GroupNorm+SiLU backward → dh in slot 2.
+                    let [a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2)]);
                     let (m, rs) = (&mut r.mean2, &mut r.rstd2);
-                    be.groupnorm_silu_forward(gn, a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
+                    be.groupnorm_silu_forward(a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 8, p + 9]).expect("distinct");
                     let cs = ConvShape::new(yd, r.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, &w[p + 8], cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, cw(p + 8), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
                     let (m, rs) = (&r.mean2, &r.rstd2);
-                    be.groupnorm_silu_backward(
-                        (dh, Accum::Overwrite),
-                        gg,
-                        gb,
-                        a,
-                        da,
-                        gn,
-                        &r.h,
-                        m,
-                        rs,
-                        &w[p + 6],
-                        yd,
-                        g,
-                    );
+                    let (gm, bt) = (&w[p + 6], &w[p + 7]);
+                    be.groupnorm_silu_backward((dh, Accum::Overwrite), gg, gb, da, &r.h, m, rs, gm, bt, yd, g);
                     // emb_layers: h += Linear(SiLU(emb)), broadcast over voxels
-                    let [dh, de] = scr.get([(yn, 3), (en, 0)]);
-                    be.channel_sum(de, dh, yd);
+                    let [dh] = scr.get([(yn, 2)]);
+                    be.channel_sum(&mut r.de, dh, yd);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let de_silu = Some((&mut te.d_emb_silu, Accum::Add));
-                    be.linear_backward(de_silu, gw, gb, de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
+                    be.linear_backward(de_silu, gw, gb, &r.de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
                     // in_layers: recompute GroupNorm+SiLU of x; Conv3 backward; GroupNorm+SiLU
                     // backward added into dx.
-                    let [dh, gn, a, da] = scr.get([(yn, 3), (xn, 0), (xn, 1), (xn, 2)]);
+                    let [dh, a, da] = scr.get([(yn, 2), (xn, 0), (xn, 1)]);
                     let (m, rs) = (&mut r.mean1, &mut r.rstd1);
-                    be.groupnorm_silu_forward(gn, a, m, rs, x, &w[p], &w[p + 1], xd, g);
+                    be.groupnorm_silu_forward(a, m, rs, x, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, r.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dh, a, &w[p + 2], cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dh, a, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     let (m, rs) = (&r.mean1, &r.rstd1);
-                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, a, da, gn, x, m, rs, &w[p], xd, g);
+                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, da, x, m, rs, &w[p], &w[p + 1], xd, g);
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
@@ -565,15 +694,16 @@ impl<B: Backend> UNet<B> {
                     } else {
                         be.copy(dx, &l.dout);
                     }
-                    let [da, dqkv, datt] = scr.get([(xn, 0), (qn, 1), (an, 2)]);
+                    let [da, dqkv] = scr.get([(xn, 0), (qn, 0)]);
+                    let [datt] = scr32.get([(an, 0)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let cs = ConvShape::new(xd, xd.c, 1, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, &a.a, &w[p + 4], cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, &a.a, cw(p + 4), cs);
                     be.attention_backward(dqkv, datt, da, &a.qkv, &a.att, xd, a.heads);
-                    let [dqkv, dgn] = scr.get([(qn, 1), (xn, 2)]);
+                    let [dqkv, dgn] = scr.get([(qn, 0), (xn, 1)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, 3 * xd.c, 1, 1);
-                    be.conv3d_backward(Some((dgn, Accum::Overwrite)), gw, gb, dqkv, &a.gn, &w[p + 2], cs);
+                    be.conv3d_backward(Some((dgn, Accum::Overwrite)), gw, gb, dqkv, &a.gn, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     be.groupnorm_backward((dx, Accum::Add), gg, gb, dgn, x, &a.mean, &a.rstd, &w[p], xd, g);
                 }
@@ -581,7 +711,7 @@ impl<B: Backend> UNet<B> {
                     let [du] = scr.get([(xd.up2().numel(), 0)]);
                     let [gw, gb] = dw.get_disjoint_mut([*p, *p + 1]).expect("distinct");
                     let cs = ConvShape::new(xd.up2(), xd.c, 3, 1);
-                    be.conv3d_backward(Some((du, Accum::Overwrite)), gw, gb, &l.dout, u, &w[*p], cs);
+                    be.conv3d_backward(Some((du, Accum::Overwrite)), gw, gb, &l.dout, u, cw(*p), cs);
                     be.upsample_backward((&mut prev[l.input].dout, mode), du, *xd);
                 }
                 Op::Concat { skip, skip_mode, x: xd, ca, cb } => {
@@ -592,13 +722,14 @@ impl<B: Backend> UNet<B> {
                     let (p, xd) = (o.p, o.x);
                     let src = &mut prev[l.input];
                     let (dx, xo) = (&mut src.dout, &src.out);
-                    let [gn, a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1), (xd.numel(), 2)]);
-                    be.groupnorm_silu_forward(gn, a, &mut o.mean, &mut o.rstd, xo, &w[p], &w[p + 1], xd, g);
+                    let [a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
+                    be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, xo, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, o.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, &w[p + 2], cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    be.groupnorm_silu_backward((dx, mode), gg, gb, a, da, gn, xo, &o.mean, &o.rstd, &w[p], xd, g);
+                    let (gm, bt) = (&w[p], &w[p + 1]);
+                    be.groupnorm_silu_backward((dx, mode), gg, gb, da, xo, &o.mean, &o.rstd, gm, bt, xd, g);
                 }
             }
             be.pop_range();

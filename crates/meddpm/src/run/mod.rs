@@ -1,0 +1,25 @@
+//! A training run is a folder: `checkpoint.safetensors` (weights, EMA, Adam state, step, RNG
+//! position, configs and the run record), `loss.csv` and `loss.svg`, and what the run samples.
+//!
+//! - `record`: [`RunRecord`] — data source and convention, folder, step target, checkpoint
+//!   interval, precision, layout and the data's fingerprint, stored in each checkpoint; flags
+//!   override it on resume with one note each
+//! - `fingerprint`: per-file size, mtime and content hash of every pair; [`DataChanges`] says what
+//!   was added, went missing or changed since the checkpoint
+//! - `losslog`: `loss.csv` (appended across resumes) and its plot `loss.svg` with the EMA
+//! - `stop`: [`StopFlag`] — SIGINT/SIGTERM finish the step and save; a second one aborts
+//! - `session`: [`Session::run`] — the loop with checkpoints, stop, divergence and write failures
+//!   handled, and the test-only fault injection ([`Faults`]); [`Session::run_ranked`] is the same
+//!   loop as one data-parallel rank ([`Ranks`]: stop and divergence agreed by all ranks)
+
+pub mod fingerprint;
+pub mod losslog;
+pub mod record;
+pub mod session;
+pub mod stop;
+
+pub use fingerprint::{fingerprint, DataChanges, FilePrint, PairPrint};
+pub use losslog::LossLog;
+pub use record::{override_train, DataSource, Overrides, RunRecord};
+pub use session::{run_dir, Faults, Outcome, Ranks, Session, Summary, CHECKPOINT};
+pub use stop::StopFlag;

@@ -1,0 +1,351 @@
+//! The training loop of a run folder: optimizer steps until the step target, a checkpoint (with
+//! the run record) every `checkpoint_every` steps and at the end, the loss log and its plot
+//! rewritten at each checkpoint — and the ways a run must stop without losing work:
+//!
+//! - **stop requested** ([`StopFlag`], SIGINT/SIGTERM): the step in progress finishes, the
+//!   checkpoint is written, [`Outcome::Stopped`];
+//! - **divergence**: a NaN/±Inf loss, or non-finite weights when a checkpoint is due, ends the run
+//!   at that step with [`Outcome::Diverged`]; nothing is written over the last good checkpoint
+//!   (the loss log is, with the bad row, for diagnosis; a resume drops rows past its checkpoint);
+//! - **a write that fails** (full disk, quota, I/O error): `Err(Error::NotWritten)` naming the
+//!   file and the OS reason; the temp file is removed and the previous checkpoint is intact.
+//!
+//! **Data-parallel ranks** ([`Session::run_ranked`] with [`Ranks`]): every rank runs this loop
+//! in lockstep; rank 0's weights, EMA and Adam moments are broadcast first, gradients are averaged
+//! each step (`Trainer::train_step_synced`), and each step ends with one tiny all-gather of every
+//! rank's loss *and its stop flag*: the logged loss is the mean over the global batch, and a stop
+//! requested on any rank (a signal to rank 0 alone is enough) stops all of them after the same
+//! optimizer step — the decision is taken from the gathered values, identical on every rank. The
+//! weights of all ranks are compared by hash every `check_every` steps and at the end. Rank 0
+//! alone writes the checkpoint and the loss log; how its write went (written, weights not finite,
+//! failed) is sent to the others, so that they stop at the same step too.
+//!
+//! Fault injection for tests ([`Faults`]): from the environment in the `meddpm` binary
+//! (`MEDDPM_FAULT_NAN_AT_STEP=N`: the image batch of step N is all NaN, so the loss and then the
+//! weights really become NaN; `MEDDPM_FAULT_DISK_FULL_AT_STEP=N`: the checkpoint write at step N
+//! stops half-way with "no space left on device"), or set directly by library tests. Nothing
+//! reads these variables unless they are set.
+
+use super::losslog::LossLog;
+use super::record::{RunRecord, META_KEY};
+use super::stop::StopFlag;
+use crate::backend::Backend;
+use crate::checkpoint::{trainer_bytes, write_atomic_with};
+use crate::diffusion::Trainer;
+use crate::dist::{broadcast_state, check_weights, GradSync};
+use crate::error::{Error, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Checkpoint file name in a run folder.
+pub const CHECKPOINT: &str = "checkpoint.safetensors";
+
+/// Injected faults (see the module doc). The default injects nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Optimizer step whose image batch is replaced by NaN.
+    pub nan_at_step: Option<u64>,
+    /// Optimizer step whose checkpoint write fails half-way with a full disk.
+    pub disk_full_at_step: Option<u64>,
+}
+
+impl Faults {
+    pub const NAN_VAR: &'static str = "MEDDPM_FAULT_NAN_AT_STEP";
+    pub const DISK_FULL_VAR: &'static str = "MEDDPM_FAULT_DISK_FULL_AT_STEP";
+
+    /// The faults named by the environment (unset variables inject nothing).
+    pub fn from_env() -> Result<Faults> {
+        let var = |k: &str| -> Result<Option<u64>> {
+            match std::env::var(k) {
+                Err(_) => Ok(None),
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| Error::Config(format!("{k}={v:?}: expected an optimizer step number"))),
+            }
+        };
+        Ok(Faults { nan_at_step: var(Self::NAN_VAR)?, disk_full_at_step: var(Self::DISK_FULL_VAR)? })
+    }
+
+    pub fn any(&self) -> bool {
+        *self != Faults::default()
+    }
+}
+
+/// How a [`Session::run`] ended (errors aside).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// The step target was reached; the final checkpoint is written.
+    Finished,
+    /// A stop was requested; the checkpoint of the step reached is written.
+    Stopped,
+    /// The loss or the weights became non-finite at `step`; the last good checkpoint is kept.
+    Diverged { step: u64, reason: String },
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub outcome: Outcome,
+    /// Optimizer steps before and after.
+    pub start: u64,
+    pub end: u64,
+    /// The losses of this session's steps.
+    pub losses: Vec<f32>,
+    /// Step of the checkpoint now on disk (None: none was ever written).
+    pub saved_step: Option<u64>,
+}
+
+/// A run folder being trained.
+pub struct Session<'a> {
+    /// The run folder (checkpoint, loss log).
+    pub dir: PathBuf,
+    /// Written into every checkpoint; its `steps` and `checkpoint_every` drive the loop.
+    pub record: RunRecord,
+    pub log: LossLog,
+    pub stop: &'a StopFlag,
+    pub faults: Faults,
+    /// Step of the checkpoint already in `dir` for this run (a resume), if any.
+    pub saved_step: Option<u64>,
+}
+
+/// A data-parallel rank's part in [`Session::run_ranked`] (see the module doc).
+pub struct Ranks<'s, B: Backend> {
+    /// The collective the ranks average gradients and agree through.
+    pub sync: &'s mut dyn GradSync<B>,
+    /// Compare the weights of all ranks by hash every N optimizer steps (0: only at the end).
+    pub check_every: u64,
+}
+
+impl<B: Backend> Ranks<'_, B> {
+    fn lead(&self) -> bool {
+        self.sync.rank() == 0
+    }
+
+    /// Rank 0's `v` on every rank.
+    fn lead_value(&mut self, be: &B, v: u64) -> Result<u64> {
+        Ok(self.sync.all_gather_u64(be, v)?[0])
+    }
+
+    /// The step's loss over the global batch (the mean of the ranks' losses, summed in rank
+    /// order: the same bits on every rank) and whether any rank asked to stop.
+    fn agree_step(&mut self, be: &B, loss: f32, stop: bool) -> Result<(f32, bool)> {
+        let all = self.sync.all_gather_u64(be, loss.to_bits() as u64 | (stop as u64) << 32)?;
+        let sum = all.iter().map(|&v| f32::from_bits(v as u32)).sum::<f32>();
+        Ok((sum / all.len() as f32, all.iter().any(|&v| v >> 32 != 0)))
+    }
+}
+
+/// A writer that fails with "no space left on device" after `left` bytes.
+struct FullDisk<'f> {
+    f: &'f mut std::fs::File,
+    left: usize,
+}
+
+impl Write for FullDisk<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device (injected)"));
+        }
+        let n = buf.len().min(self.left);
+        self.left -= n;
+        self.f.write(&buf[..n])
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.f.flush()
+    }
+}
+
+impl Session<'_> {
+    pub fn checkpoint_path(&self) -> PathBuf {
+        self.dir.join(CHECKPOINT)
+    }
+
+    fn kept(&self) -> String {
+        match self.saved_step {
+            Some(s) => format!("the previous checkpoint (step {s}) is intact"),
+            None => "no checkpoint had been written yet".into(),
+        }
+    }
+
+    /// Write the checkpoint then the loss log. `Ok(Some(reason))`: the weights are not finite,
+    /// nothing was written.
+    fn save<B: Backend>(&mut self, be: &B, tr: &Trainer<B>) -> Result<Option<String>> {
+        let path = self.checkpoint_path();
+        let bytes = match trainer_bytes(be, tr, &[(META_KEY, self.record.to_json())]) {
+            Ok(b) => b,
+            Err(Error::NonFinite(m)) => return Ok(Some(format!("the weights are not finite ({m})"))),
+            Err(e) => return Err(e),
+        };
+        let written = if self.faults.disk_full_at_step == Some(tr.step) {
+            write_atomic_with(&path, |f| FullDisk { f, left: bytes.len() / 2 }.write_all(&bytes))
+        } else {
+            write_atomic_with(&path, |f| f.write_all(&bytes))
+        };
+        written.map_err(|e| self.not_written(e, &format!("checkpoint of step {}", tr.step)))?;
+        self.saved_step = Some(tr.step);
+        self.flush_log()?;
+        Ok(None)
+    }
+
+    fn not_written(&self, e: Error, what: &str) -> Error {
+        match e {
+            Error::Io { path, err } => Error::NotWritten { path, err, kept: format!("{what} lost; {}", self.kept()) },
+            e => e,
+        }
+    }
+
+    fn flush_log(&self) -> Result<()> {
+        self.log.flush().map_err(|e| match e {
+            Error::Io { path, err } => Error::NotWritten {
+                path,
+                err,
+                kept: format!(
+                    "the checkpoint (step {}) was written",
+                    self.saved_step.map(|s| s.to_string()).unwrap_or("none".into())
+                ),
+            },
+            e => e,
+        })
+    }
+
+    /// Write the checkpoint on rank 0 (every process when alone), and tell every rank how it
+    /// went so that all of them take the same next step. `Ok(Some(reason))`: the weights are not
+    /// finite, nothing was written.
+    fn save_agreed<B: Backend>(
+        &mut self,
+        be: &B,
+        tr: &Trainer<B>,
+        ranks: &mut Option<Ranks<'_, B>>,
+    ) -> Result<Option<String>> {
+        let Some(r) = ranks else { return self.save(be, tr) };
+        let mine = if r.lead() { self.save(be, tr) } else { Ok(None) };
+        let code = match &mine {
+            Ok(None) => 0,
+            Ok(Some(_)) => 1,
+            Err(_) => 2,
+        };
+        match (mine, r.lead_value(be, code)?) {
+            (Err(e), _) => Err(e),
+            (Ok(x), 0) => {
+                self.saved_step = Some(tr.step);
+                Ok(x)
+            }
+            (Ok(Some(reason)), _) => Ok(Some(reason)),
+            (Ok(None), 1) => Ok(Some("the weights are not finite (rank 0 found them so)".into())),
+            (Ok(None), _) => Err(Error::Dist(format!(
+                "rank 0 could not write the checkpoint of step {} (its error says why); stopping with it",
+                tr.step
+            ))),
+        }
+    }
+
+    /// Train `tr` until the record's step target, a stop request or a divergence; `next`
+    /// supplies (image, cond) batches, `on_step(step, loss)` is called after each step.
+    pub fn run<B: Backend>(
+        &mut self,
+        be: &B,
+        tr: &mut Trainer<B>,
+        next: impl FnMut() -> Result<(Vec<f32>, Vec<f32>)>,
+        on_step: impl FnMut(u64, f32),
+    ) -> Result<Summary> {
+        self.run_ranked(be, tr, None, next, on_step)
+    }
+
+    /// [`Session::run`] as one data-parallel rank of `ranks` (see the module doc), or alone with
+    /// `None`. Every rank must call it with the same record, trainer state and step target; only
+    /// rank 0 writes into `dir`. `next` supplies this rank's batches (its shard of the global
+    /// sample stream); the losses of the summary and of `on_step` are the global-batch means.
+    pub fn run_ranked<B: Backend>(
+        &mut self,
+        be: &B,
+        tr: &mut Trainer<B>,
+        mut ranks: Option<Ranks<'_, B>>,
+        mut next: impl FnMut() -> Result<(Vec<f32>, Vec<f32>)>,
+        mut on_step: impl FnMut(u64, f32),
+    ) -> Result<Summary> {
+        let start = tr.step;
+        let lead = ranks.as_ref().is_none_or(Ranks::lead);
+        if let Some(r) = &mut ranks {
+            tr.set_rank(r.sync.rank(), r.sync.world())?;
+            broadcast_state(r.sync, be, tr)?;
+        }
+        // A temp file left by an aborted write is garbage (the checkpoint beside it is whole).
+        if lead {
+            let _ = std::fs::remove_file(self.dir.join(format!("{CHECKPOINT}.tmp")));
+        }
+        let mut losses = Vec::new();
+        let every = self.record.checkpoint_every;
+        // with ranks: the stop all of them agreed on after the last step
+        let mut agreed_stop = false;
+        let mut outcome = loop {
+            if tr.step >= self.record.steps {
+                break Outcome::Finished;
+            }
+            if agreed_stop || (ranks.is_none() && self.stop.requested()) {
+                break Outcome::Stopped;
+            }
+            let poison = self.faults.nan_at_step == Some(tr.step + 1);
+            let batches = || {
+                let (mut img, cond) = next()?;
+                if poison {
+                    img.fill(f32::NAN);
+                }
+                Ok((img, cond))
+            };
+            let loss = match &mut ranks {
+                None => tr.train_step(be, batches)?,
+                Some(r) => {
+                    let own = tr.train_step_synced(be, batches, r.sync)?;
+                    let (global, stop) = r.agree_step(be, own, self.stop.requested())?;
+                    agreed_stop = stop;
+                    if r.check_every > 0 && tr.step.is_multiple_of(r.check_every) {
+                        check_weights(r.sync, be, tr)?;
+                    }
+                    global
+                }
+            };
+            losses.push(loss);
+            self.log.push(tr.step, loss);
+            on_step(tr.step, loss);
+            if !loss.is_finite() {
+                break Outcome::Diverged { step: tr.step, reason: format!("the loss is {loss}") };
+            }
+            if every > 0 && tr.step.is_multiple_of(every) {
+                if let Some(reason) = self.save_agreed(be, tr, &mut ranks)? {
+                    break Outcome::Diverged { step: tr.step, reason };
+                }
+            }
+        };
+        if !matches!(outcome, Outcome::Diverged { .. }) {
+            if let Some(r) = &mut ranks {
+                check_weights(r.sync, be, tr)?;
+            }
+        }
+        // whether the end needs a checkpoint: rank 0's view (only it sees the file for sure)
+        let mut missing = self.saved_step != Some(tr.step) || !(lead && self.checkpoint_path().is_file());
+        if let Some(r) = &mut ranks {
+            missing = r.lead_value(be, missing as u64)? != 0;
+        }
+        match outcome {
+            Outcome::Diverged { .. } if lead => self.flush_log()?,
+            Outcome::Diverged { .. } => {}
+            _ if missing => {
+                if let Some(reason) = self.save_agreed(be, tr, &mut ranks)? {
+                    if lead {
+                        self.flush_log()?;
+                    }
+                    outcome = Outcome::Diverged { step: tr.step, reason };
+                }
+            }
+            _ => {}
+        }
+        Ok(Summary { outcome, start, end: tr.step, losses, saved_step: self.saved_step })
+    }
+}
+
+/// The run folder of a checkpoint path (its parent; `.` for a bare file name).
+pub fn run_dir(checkpoint: &Path) -> PathBuf {
+    checkpoint.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf()
+}

@@ -1,0 +1,87 @@
+//! The direct 3×3×3 convolution kernels (`cpu/conv3d/direct.rs`) against the im2col + GEMM path,
+//! in f32 (the backend's precision, where the kernels run vectorised) and f64, on odd shapes:
+//! W not a multiple of the 16-voxel tile (and wider than one tile), channel counts not multiples
+//! of the 4-channel block, batch 2, single-voxel axes. Forward, data gradient (overwrite and
+//! add), filter gradient (with and without a data gradient) and bias gradient.
+//!
+//! The path is chosen by the scratch budget (`conv3d::uses_direct`): the default budget takes
+//! the direct kernels for these shapes, a budget of one element forces im2col with one-plane slabs.
+
+use meddpm::cpu::conv3d::{self, ConvScratch, COL_BUDGET};
+use meddpm::cpu::float::Float;
+use meddpm::testing::{compare, randn_f64, Tolerance};
+use meddpm::{Accum, ConvShape, Dims};
+
+struct Grads<T> {
+    out: Vec<T>,
+    dx: Vec<T>,
+    dx_add: Vec<T>,
+    dw: Vec<T>,
+    db: Vec<T>,
+    dw_no_dx: Vec<T>,
+}
+
+fn run<T: Float>(cs: ConvShape, budget: usize, seed: u64) -> Grads<T> {
+    let conv =
+        |stream, len, scale| -> Vec<T> { randn_f64(seed, stream, len, scale).into_iter().map(T::from_f64).collect() };
+    let o = cs.out();
+    let (x, w, b, g) =
+        (conv(0, cs.x.numel(), 1.0), conv(1, cs.w_len(), 0.3), conv(2, cs.cout, 1.0), conv(3, o.numel(), 1.0));
+    let prior = conv(4, cs.x.numel(), 1.0);
+    let prior_w = conv(5, cs.w_len(), 1.0);
+    let mut s = ConvScratch::new(budget);
+
+    let mut out = vec![T::zero(); o.numel()];
+    conv3d::conv3d_forward_with(&mut out, &x, &w, &b, cs, &mut s);
+    let (mut dx, mut dw, mut db) = (prior.clone(), prior_w.clone(), vec![T::zero(); cs.cout]);
+    conv3d::conv3d_backward_with(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &g, &x, &w, cs, &mut s);
+    let (mut dx_add, mut dw2, mut db2) = (prior.clone(), vec![T::zero(); cs.w_len()], vec![T::zero(); cs.cout]);
+    conv3d::conv3d_backward_with(Some((&mut dx_add, Accum::Add)), &mut dw2, &mut db2, &g, &x, &w, cs, &mut s);
+    let mut dw_no_dx = vec![T::zero(); cs.w_len()];
+    conv3d::conv3d_backward_with(None, &mut dw_no_dx, &mut db2, &g, &x, &w, cs, &mut s);
+    Grads { out, dx, dx_add, dw, db, dw_no_dx }
+}
+
+fn check<T: Float + Into<f64>>(name: &str, cs: ConvShape, tol: Tolerance) {
+    assert!(conv3d::uses_direct(&cs, COL_BUDGET), "{name}: the default budget should take the direct kernels");
+    assert!(!conv3d::uses_direct(&cs, 1), "{name}: a one-element budget should force im2col");
+    let direct = run::<T>(cs, COL_BUDGET, 11);
+    let im2col = run::<T>(cs, 1, 11);
+    compare(&format!("{name} forward"), &direct.out, &im2col.out, tol).unwrap();
+    compare(&format!("{name} dinp (overwrite)"), &direct.dx, &im2col.dx, tol).unwrap();
+    compare(&format!("{name} dinp (add)"), &direct.dx_add, &im2col.dx_add, tol).unwrap();
+    compare(&format!("{name} dw (+= onto a prior)"), &direct.dw, &im2col.dw, tol).unwrap();
+    compare(&format!("{name} db"), &direct.db, &im2col.db, tol).unwrap();
+    compare(&format!("{name} dw (no dinp)"), &direct.dw_no_dx, &im2col.dw_no_dx, tol).unwrap();
+}
+
+const SHAPES: [(&str, Dims, usize); 4] = [
+    ("W 19 (one tile + 3), Cin 3, Cout 5", Dims::new(2, 3, 5, 6, 19), 5),
+    ("W 33 (two tiles + 1), Cout 1", Dims::new(1, 2, 3, 4, 33), 1),
+    ("W 16 (exact tile), Cin 6, Cout 9", Dims::new(2, 6, 4, 7, 16), 9),
+    ("single-voxel D and H, W 5", Dims::new(1, 4, 1, 1, 5), 4),
+];
+
+#[test]
+fn direct_equals_im2col_f32() {
+    for (name, x, cout) in SHAPES {
+        check::<f32>(name, ConvShape::new(x, cout, 3, 1), Tolerance::new(2e-5, 2e-5));
+    }
+}
+
+#[test]
+fn direct_equals_im2col_f64() {
+    for (name, x, cout) in SHAPES {
+        check::<f64>(name, ConvShape::new(x, cout, 3, 1), Tolerance::new(1e-12, 1e-12));
+    }
+}
+
+#[test]
+fn other_geometries_stay_on_im2col() {
+    let x = Dims::new(1, 8, 8, 8, 8);
+    assert!(!conv3d::uses_direct(&ConvShape::new(x, 8, 3, 2), COL_BUDGET), "stride 2");
+    assert!(!conv3d::uses_direct(&ConvShape::new(x, 8, 1, 1), COL_BUDGET), "1×1×1");
+    // The whole-head model's first level (64 channels at 128³) is far over the budget.
+    let wh = Dims::new(1, 64, 128, 128, 128);
+    assert!(!conv3d::uses_direct(&ConvShape::new(wh, 64, 3, 1), COL_BUDGET), "whole-head level 0");
+}
