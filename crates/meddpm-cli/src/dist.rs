@@ -3,7 +3,8 @@
 //! `--gpus`, torchrun or Slurm: its GPU (`cuda:LOCAL_RANK`), the rendezvous that hands out rank
 //! 0's NCCL unique id after checking world size and configuration, the liveness watch (a lost rank
 //! stops this one), the NCCL gradient sync; then the usual training loop (`run::train_on`, which
-//! runs `meddpm::run::Session::run_ranked`). For `sample`, the merge of the ranks' timing files.
+//! runs `meddpm::run::Session::run_ranked`). For `sample`, the merge of the ranks' timing files;
+//! for `bench --gpus`, a rank's measurement (`meddpm::dist::scaling`) per precision × layout.
 //! Glue only: the logic lives in `meddpm::dist`, `meddpm::run` and `meddpm_cuda::{nccl, collective}`.
 
 use crate::run::{open_dataset, start_trainer, train_on, BackendArgs, Device, Plan, RankCtx, RunConfig, TrainArgs};
@@ -14,7 +15,7 @@ use meddpm::dist::spawn::{count_signals, free_port, local_rank_envs, run_local, 
 use meddpm::dist::{config_hash, BucketPlan, DistEnv, DEFAULT_BUCKET_BYTES};
 use meddpm::eval::samplers::SampleTiming;
 use meddpm::model::UNetConfig;
-use meddpm::{Layout, Precision};
+use meddpm::{Backend, Layout, Precision};
 use meddpm_cuda::collective::{exit_on_lost, CommSlot, NcclSync};
 use meddpm_cuda::nccl::UniqueId;
 use meddpm_cuda::CudaBackend;
@@ -196,5 +197,91 @@ pub fn merge_timing(out: &Path, world: usize) -> Result<()> {
         merged.seconds_per_volume(),
         path.display()
     );
+    Ok(())
+}
+
+/// One rank of `bench --gpus`: for each precision × layout, a fresh backend, trainer (batch 1,
+/// no accumulation) and NCCL communicator; one-GPU steps, then synced steps
+/// (`meddpm::dist::scaling::measure`). Rank 0 prints the table and writes `--json`.
+pub fn bench_rank(a: &crate::bench::BenchArgs, env: DistEnv) -> Result<()> {
+    use crate::bench::{host_data, BenchDevice, Lay};
+    use meddpm::dist::scaling::{measure, Scaling};
+    if a.device == BenchDevice::Cpu {
+        bail!("bench: --device cpu has no data-parallel mode; --gpus and RANK/WORLD_SIZE need CUDA devices");
+    }
+    let cfg = crate::bench::model(a)?;
+    let configs: Vec<(Precision, Layout, String)> = a
+        .precision
+        .iter()
+        .flat_map(|&p| {
+            a.layout.iter().map(move |&l| {
+                let layout = match l {
+                    Lay::Ncdhw => Layout::Ncdhw,
+                    Lay::Ndhwc => Layout::Ndhwc,
+                };
+                (p.precision(), layout, format!("{} {}", p.precision().name(), crate::bench::lay_name(l)))
+            })
+        })
+        .collect();
+    let hash = config_hash(&(&cfg, configs.iter().map(|c| &c.2).collect::<Vec<_>>(), a.iters, a.warmup));
+    let timeout = Duration::from_secs(a.dist_timeout.max(1));
+    let (ids, watch, slot) = join(&env, hash, timeout, configs.len())?;
+    let lead = env.rank == 0;
+    let tc = TrainConfig { batch: 1, grad_accum: 1, ..TrainConfig::default() };
+    let mut rows: Vec<(String, Scaling)> = Vec::new();
+    for ((p, l, name), id) in configs.iter().zip(&ids) {
+        let be = CudaBackend::new(env.local_rank, *p, *l)
+            .with_context(|| format!("rank {}: opening cuda:{} (LOCAL_RANK)", env.rank, env.local_rank))?;
+        if lead {
+            eprintln!("bench: {name} on {} rank(s): {}", env.world, be.describe());
+        }
+        let mut tr = meddpm::diffusion::Trainer::new(&be, &cfg, &tc)?;
+        let plan = BucketPlan::for_unet(&cfg, DEFAULT_BUCKET_BYTES);
+        let mut sync = NcclSync::new(&be, id, env.rank, env.world, plan, timeout, Some(&slot))?;
+        let img = tr.net.output_dims();
+        let cd = tr.net.input_dims().with_c(cfg.cond_channels());
+        let seed = 10 * env.rank as u64;
+        let (image, cond) = (host_data(img.numel(), seed + 1), host_data(cd.numel(), seed + 2));
+        let (s, _, _) = measure(&be, &mut tr, &mut sync, a.warmup, a.iters, || Ok((image.clone(), cond.clone())))
+            .with_context(|| format!("rank {}: {name}", env.rank))?;
+        if lead {
+            eprintln!(
+                "bench: {name}: one GPU {:.2} ms, {} GPUs {:.2} ms per step: {:.2}× the throughput, {:.1} % efficiency",
+                s.one_gpu_ms, s.world, s.dp_ms, s.speedup, s.efficiency_pct
+            );
+        }
+        rows.push((name.clone(), s));
+    }
+    watch.close();
+    if !lead {
+        return Ok(());
+    }
+    println!(
+        "\n{:<12} {:>6} {:>12} {:>12} {:>9} {:>11}",
+        "config", "GPUs", "1 GPU ms", "N GPUs ms", "speedup", "efficiency"
+    );
+    for (name, s) in &rows {
+        println!(
+            "{name:<12} {:>6} {:>12.2} {:>12.2} {:>8.2}× {:>10.1}%",
+            s.world, s.one_gpu_ms, s.dp_ms, s.speedup, s.efficiency_pct
+        );
+    }
+    println!(
+        "step = one optimizer step, batch 1 per GPU, median of {} after {} warm-up (CUDA-synchronised); 1 GPU: the \
+         same ranks training alone first (mean of their medians); speedup = N · (1 GPU ms) / (N GPUs ms).",
+        a.iters, a.warmup
+    );
+    if let Some(path) = &a.json {
+        #[derive(serde::Serialize)]
+        struct Row<'a> {
+            config: &'a str,
+            #[serde(flatten)]
+            scaling: &'a Scaling,
+        }
+        let rows: Vec<Row> = rows.iter().map(|(c, s)| Row { config: c, scaling: s }).collect();
+        let rep = serde_json::json!({ "model": cfg, "iters": a.iters, "warmup": a.warmup, "rows": rows });
+        meddpm::checkpoint::write_atomic(path, serde_json::to_string_pretty(&rep)?.as_bytes())?;
+        eprintln!("bench: wrote {}", path.display());
+    }
     Ok(())
 }

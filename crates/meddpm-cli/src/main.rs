@@ -67,7 +67,8 @@ enum Cmd {
     /// volumes side by side.
     View(view::ViewArgs),
     /// Measure the whole-head train step, sampling forward and 250-step volume per precision ×
-    /// layout (PyTorch side by side with --torch).
+    /// layout (PyTorch side by side with --torch); with --gpus N, the data-parallel step on N
+    /// GPUs against one and the scaling efficiency.
     Bench(bench::BenchArgs),
     /// Convert a reference PyTorch checkpoint (.pt) to a safetensors state dict.
     Convert(convert::ConvertArgs),

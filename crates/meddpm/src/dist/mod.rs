@@ -7,6 +7,7 @@
 //! - `buckets`    gradient buckets in the order backward finishes them (overlap with backward)
 //! - `sync`       the [`GradSync`] trait the Trainer calls, [`Solo`], the in-process [`ThreadSync`],
 //!   hashes for config and weight checks
+//! - `scaling`    `bench --gpus`: one GPU's step against the synced step on the same ranks
 //!
 //! The training loop of a rank is `run::Session::run_ranked` (stops and divergence agreed by
 //! all ranks).
@@ -18,6 +19,7 @@
 pub mod buckets;
 pub mod env;
 pub mod rendezvous;
+pub mod scaling;
 pub mod spawn;
 pub mod sync;
 
