@@ -2,15 +2,19 @@
 # multigpu.sh: data-parallel checks for the two-GPU machine (nvidia-h200-x2), from the repository
 # root, with the binaries of scripts/gpu/prepare.sh in .devbin/all (it copies the `multigpu` test
 # executable too). Build here: `bash scripts/gpu/prepare.sh`; then on the machine (carry .devbin):
-#   bash scripts/gpu/multigpu.sh [PART...]      (default: doctor tests gpus scaling; ≈ 5 min in all,
-#                                                 each part bounded by `timeout`s)
+#   bash scripts/gpu/multigpu.sh [PART...]      (default: doctor tests gpus stop sample bench scaling;
+#                                                 ≈ 10 min in all, each part bounded by `timeout`s)
 # Parts, each logged to $OUT/multigpu/ (packed into $OUT/multigpu.tar.gz), one line each in
 # $OUT/summary.txt:
 #   doctor     NCCL version and file, devices
 #   tests      crates/meddpm-cuda/tests/multigpu.rs: 2×1 == 1×2 over 10 steps, identical weights
-#              after 100 steps, a killed rank stops the other
+#              after 100 steps, bf16 ranks identical and near 1×2, a killed rank stops the other
 #   gpus       `meddpm train --gpus 2` (tiny, fp32) and the same run launched torchrun-style by hand;
-#              both checkpoints must hold the same weights; then a resume of it on 1 GPU
+#              both checkpoints must hold the same weights; then a resume of it on 1 GPU; a bf16 run
+#   stop       `train --gpus 2` interrupted (SIGINT to the launcher): both ranks stop after the same
+#              step, rank 0's checkpoint holds it; then SIGTERM to rank 1 alone, same check
+#   sample     `sample --gpus 2` vs one GPU: the same volume files (bytes), one timing file
+#   bench      `meddpm bench --gpus 2` (whole-head, bf16 and tf32, NDHWC): step on 1 GPU vs 2, efficiency
 #   scaling    whole-head 128³, batch 1 per GPU, TF32: steps/s on 1 GPU (--gpus 1) and on 2
 #              (the global batch doubles: efficiency = steps/s(2) / steps/s(1))
 # Library path as scripts/gpu/run.sh, plus a private `libnccl.so` link: cudarc looks for that name
@@ -76,6 +80,50 @@ EOF
 timeout 120 "$M" train --resume "$RES/gpus2/checkpoint.safetensors" --steps 25 --no-sample --checkpoint-every 0 \
   --device cuda --precision fp32 --layout ncdhw --out "$RES/resume1" >"$RES/resume1.log" 2>&1
 sum "resume on 1 GPU: exit $? — $(grep -E '^done' "$RES/resume1.log")"
+timeout 120 "$M" train --preset tiny --steps 20 --checkpoint-every 10 --no-sample --device cuda --precision bf16 \
+  --layout ndhwc --check-every 5 --gpus 2 --out "$RES/bf16" >"$RES/bf16.log" 2>&1
+sum "train --gpus 2 bf16: exit $? — $(grep -E '^done' "$RES/bf16.log")"
+}
+
+# the step each rank stopped at, from its log ("stopped at step N" / "rank 1: stopped at step N")
+stopped_at() { grep -oE 'stopped at step [0-9]+' "$1" | head -1 | grep -oE '[0-9]+$'; }
+ck_step() { python3 -c "import json,struct,sys; b=open(sys.argv[1],'rb').read(); n=struct.unpack('<Q',b[:8])[0]; print(json.loads(b[8:8+n])['__metadata__']['step'])" "$1" 2>/dev/null; }
+
+# the process `timeout` runs (a signal to `timeout` itself reaches its child twice: directly and
+# through the process group, and a second signal aborts)
+child() { pgrep -P "$1" | head -1; }
+
+# safe stop: SIGINT to the --gpus launcher, then SIGTERM to one rank of a torchrun-style run
+stop() {
+LONG=(train --preset demo --steps 100000 --checkpoint-every 0 --no-sample --device cuda --check-every 20)
+timeout 180 "$M" "${LONG[@]}" --gpus 2 --out "$RES/stop" >"$RES/stop.log" 2>&1 &
+P=$!
+sleep 45; kill -INT "$(child $P)"; wait $P
+sum "stop --gpus 2 (SIGINT): exit $? — $(grep -E 'stopped at step|rank 1: stopped' "$RES/stop.log" | tr '\n' ' ') checkpoint step $(ck_step "$RES/stop/checkpoint.safetensors")"
+PORT=$((20000 + RANDOM % 20000))
+for r in 0 1; do
+  RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
+    timeout 180 "$M" "${LONG[@]}" --out "$RES/stop1" >"$RES/stop1_$r.log" 2>&1 &
+  eval "R$r=\$!"
+done
+sleep 45; kill -TERM "$(child "$R1")"; wait "$R0"; E0=$?; wait "$R1"; E1=$?
+sum "stop torchrun-style (SIGTERM to rank 1): exits $E0/$E1 — rank 0 at $(stopped_at "$RES/stop1_0.log"), rank 1 at $(stopped_at "$RES/stop1_1.log"), checkpoint step $(ck_step "$RES/stop1/checkpoint.safetensors")"
+}
+
+# sample --gpus 2 writes the files one GPU writes
+sample() {
+CK="$RES/gpus2/checkpoint.safetensors"
+S=(sample --checkpoint "$CK" --sampler ddim --steps 10 --num-samples 3 --device cuda --precision fp32 --layout ncdhw)
+timeout 120 "$M" "${S[@]}" --out "$RES/s1/v" >"$RES/sample1.log" 2>&1
+timeout 120 "$M" "${S[@]}" --gpus 2 --out "$RES/s2/v" >"$RES/sample2.log" 2>&1
+sum "sample --gpus 2: exit $? — files $(ls "$RES/s2" | tr '\n' ' ') — differing volumes vs 1 GPU: $(for f in "$RES"/s1/*.nii.gz; do cmp -s "$f" "$RES/s2/$(basename "$f")" || echo -n "$(basename "$f") "; done)"
+}
+
+# bench --gpus 2: the step on one GPU against two, whole-head
+bench() {
+timeout 500 "$M" bench --preset whole-head --precision bf16,tf32 --layout ndhwc --iters 10 --warmup 3 --gpus 2 \
+  --json "$OUT/bench-gpus2.json" >"$RES/bench.log" 2>&1
+sum "bench --gpus 2: exit $? — $(grep -E '^(bf16|tf32) ' "$RES/bench.log" | tr '\n' ';')"
 }
 
 # whole-head 128³ on the built-in demo pairs; the first steps include cudnnFind
@@ -87,10 +135,10 @@ for g in 1 2; do
 done
 }
 
-for part in ${@:-doctor tests gpus scaling}; do
+for part in ${@:-doctor tests gpus stop sample bench scaling}; do
   case $part in
-    doctor|tests|gpus|scaling) $part ;;
-    *) echo "unknown part $part (doctor tests gpus scaling)" ;;
+    doctor|tests|gpus|stop|sample|bench|scaling) $part ;;
+    *) echo "unknown part $part (doctor tests gpus stop sample bench scaling)" ;;
   esac
 done
 
