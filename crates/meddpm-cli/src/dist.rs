@@ -141,16 +141,31 @@ pub fn train_rank(a: &TrainArgs, env: DistEnv, plan: Plan) -> Result<()> {
     let (ids, watch, slot) = join(&env, hash, timeout, 1)?;
     let plan = BucketPlan::for_unet(&tr.net.cfg, DEFAULT_BUCKET_BYTES);
     let mut sync = NcclSync::new(&be, &ids[0], env.rank, env.world, plan, timeout, Some(&slot))?;
-    let r = train_on(&be, started, tr, Some(RankCtx { sync: &mut sync, check_every: a.check_every }));
-    match r {
-        Ok(()) => {
-            watch.close();
+    // once the session ended alike on every rank, leave the group with a goodbye: what follows
+    // (rank 0's report and sample, an agreed divergence's error) must not look like a lost peer
+    let watch = std::sync::Mutex::new(Some(watch));
+    let close = || {
+        if let Some(w) = watch.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            w.close();
+        }
+    };
+    let ctx = RankCtx { sync: &mut sync, check_every: a.check_every, agreed_end: Box::new(close) };
+    let r = train_on(&be, started, tr, Some(ctx));
+    let open = watch.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match (r, open) {
+        (Ok(()), w) => {
+            if let Some(w) = w {
+                w.close();
+            }
             Ok(())
         }
-        Err(e) => {
-            // a failure caused by a lost peer: let the watch name it (it exits the process)
+        (Err(e), None) => Err(e.context(format!("rank {} of {}", env.rank, env.world))),
+        (Err(e), Some(w)) => {
+            // a failure during the session, maybe caused by a lost peer: let the watch name it
+            // (it exits the process)
             std::thread::sleep(meddpm_cuda::collective::WATCH_GRACE);
             // dropping the watch without a goodbye stops the other ranks too
+            drop(w);
             Err(e.context(format!("rank {} of {}", env.rank, env.world)))
         }
     }

@@ -634,6 +634,9 @@ pub(crate) struct Started {
 pub(crate) struct RankCtx<'a, B: Backend> {
     pub sync: &'a mut dyn GradSync<B>,
     pub check_every: u64,
+    /// Called once the session returned on every rank alike (finished, stopped or diverged:
+    /// no collective is left), before anything else can fail: the rank leaves the group cleanly.
+    pub agreed_end: Box<dyn FnOnce() + 'a>,
 }
 
 /// The training loop of a run folder (`meddpm::run::Session`). With `dist`, this process is one
@@ -762,7 +765,10 @@ pub(crate) fn train_on<B: Backend>(
     let mut session = Session { dir: run.out.clone(), record, log, stop: &stop, faults, saved_step };
     let t0 = Instant::now();
     let pb = if lead { bar(run.steps.saturating_sub(tr.step), "train") } else { ProgressBar::hidden() };
-    let ranks = dist.map(|d| Ranks { sync: d.sync, check_every: d.check_every });
+    let (ranks, agreed_end) = match dist {
+        Some(d) => (Some(Ranks { sync: d.sync, check_every: d.check_every }), Some(d.agreed_end)),
+        None => (None, None),
+    };
     let summary = session.run_ranked(
         be,
         &mut tr,
@@ -773,6 +779,9 @@ pub(crate) fn train_on<B: Backend>(
             pb.inc(1);
         },
     )?;
+    if let Some(f) = agreed_end {
+        f();
+    }
     pb.finish();
     let secs = t0.elapsed().as_secs_f64();
     let steps = summary.end - summary.start;
