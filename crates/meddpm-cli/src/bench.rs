@@ -13,11 +13,17 @@
 //! whole process (CUDA context, cuDNN/cuBLAS, workspace, pool); the backend allocates everything
 //! before the first step and nothing in a step, so this is the step's peak up to cudnnFind's
 //! temporary workspace (during warm-up only). On the CPU backend memory is not measured.
+//!
+//! `--gpus N` (or under torchrun/srun) measures data-parallel scaling instead: per precision ×
+//! layout, the training step on one GPU and on N, and the efficiency (`dist.rs`'s `bench_rank`,
+//! `meddpm::dist::scaling`).
 
 use crate::run::{Preset, RunFile};
 use anyhow::{bail, Context, Result};
 use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
+use meddpm::dist::spawn::GpuSelection;
+use meddpm::dist::DistEnv;
 use meddpm::model::{cost, UNetConfig};
 use meddpm::{Backend, Layout, Precision};
 use serde::Serialize;
@@ -43,7 +49,7 @@ pub enum Prec {
 }
 
 impl Prec {
-    fn precision(self) -> Precision {
+    pub(crate) fn precision(self) -> Precision {
         match self {
             Prec::Fp32 => Precision::Fp32,
             Prec::Tf32 => Precision::Tf32,
@@ -110,6 +116,14 @@ pub struct BenchArgs {
     /// Write all rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Data-parallel scaling on this machine, one process per GPU: a count (2), 'all', or device
+    /// indices (0,1): per precision × layout the training step (batch 1 per GPU) on one GPU and
+    /// on all of them, and the scaling efficiency. Under torchrun or srun, leave it out.
+    #[arg(long)]
+    pub gpus: Option<GpuSelection>,
+    /// With --gpus: seconds to wait for the other ranks before failing.
+    #[arg(long, default_value_t = 300)]
+    pub dist_timeout: u64,
 }
 
 /// One configuration's measurements (times in ms).
@@ -168,12 +182,12 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// Deterministic host data in [-1, 1) (the bench only needs non-trivial values).
-fn host_data(n: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn host_data(n: usize, seed: u64) -> Vec<f32> {
     let r = meddpm::rng::Philox::new(seed, 99);
     (0..n as u64).map(|i| r.below(i, 1 << 20) as f32 / (1 << 19) as f32 - 1.0).collect()
 }
 
-fn model(a: &BenchArgs) -> Result<UNetConfig> {
+pub(crate) fn model(a: &BenchArgs) -> Result<UNetConfig> {
     let file = match &a.config {
         Some(p) => {
             let s = std::fs::read_to_string(p).with_context(|| format!("reading run file {}", p.display()))?;
@@ -328,6 +342,11 @@ mod erased {
 }
 use erased::Name;
 
+/// A layout's command-line name.
+pub(crate) fn lay_name(l: Lay) -> &'static str {
+    l.name()
+}
+
 fn gib(b: usize) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
@@ -394,6 +413,12 @@ fn print_table(rows: &[Row], whole_head: bool) {
 pub fn run(a: &BenchArgs) -> Result<()> {
     if a.iters == 0 {
         bail!("--iters must be at least 1");
+    }
+    if let Some(sel) = &a.gpus {
+        return crate::dist::launch_local(sel).map(|_| ());
+    }
+    if let Some(env) = DistEnv::from_env()?.filter(|e| e.world > 1) {
+        return crate::dist::bench_rank(a, env);
     }
     let cfg = model(a)?;
     let whole_head = cfg == UNetConfig::whole_head();
@@ -502,5 +527,18 @@ mod tests {
         let tflops = v["fwd_flops"].as_f64().unwrap() / (fwd * 1e-3) / 1e12;
         assert!((r["fwd_tflops"].as_f64().unwrap() - tflops).abs() <= 1e-9 * tflops.max(1.0));
         assert!(r["mem_used_bytes"].is_null(), "no memory figure on the CPU");
+    }
+
+    /// `--gpus` goes to the local launcher, which refuses clearly where no GPU is visible.
+    #[test]
+    fn gpus_without_a_device_is_a_clear_error() {
+        if meddpm_cuda::collective::device_count() > 0 {
+            println!("skipped: CUDA devices present (scripts/gpu/multigpu.sh runs bench --gpus)");
+            return;
+        }
+        let cli = Cli::parse_from(["x", "--preset", "tiny", "--gpus", "2"]);
+        let e = run(&cli.a).unwrap_err().to_string();
+        assert!(e.contains("--gpus: no CUDA device is visible"), "{e}");
+        assert!(Cli::try_parse_from(["x", "--gpus", "0"]).is_err(), "--gpus 0 is refused by the parser");
     }
 }

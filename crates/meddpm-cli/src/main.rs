@@ -5,6 +5,7 @@
 
 mod bench;
 mod convert;
+mod dist;
 mod eval;
 mod evalcfg;
 mod masks;
@@ -31,6 +32,7 @@ struct Cli {
 enum Cmd {
     /// Train a model. With no data options it trains the built-in demo (small model, built-in
     /// volumes), then samples one volume: the whole pipeline in a few minutes on 2 CPU cores.
+    /// Several GPUs: `--gpus N`, or one process per GPU under torchrun or `srun`.
     Train(run::TrainArgs),
     /// Sample volumes for conditioning masks: DDPM-250 (reference) or DDIM, DPM-Solver++, iPNDM
     ///
@@ -50,6 +52,9 @@ enum Cmd {
     /// `--batch B` runs B volumes per network forward (masks and seeds mixed); each volume draws
     /// its noise from its own seed's Philox stream, so it is the same volume in any batch. Wall
     /// time per batch and per volume is printed and saved in <out>_timing.json.
+    ///
+    /// `--gpus N` spreads the volumes over N GPUs of this machine (one process each; rank r draws
+    /// volumes r, r+N, …): the same files as one GPU, one merged <out>_timing.json.
     #[command(verbatim_doc_comment)]
     Sample(run::SampleArgs),
     /// Print a model configuration: parameters, FLOPs, planned memory.
@@ -62,7 +67,8 @@ enum Cmd {
     /// volumes side by side.
     View(view::ViewArgs),
     /// Measure the whole-head train step, sampling forward and 250-step volume per precision ×
-    /// layout (PyTorch side by side with --torch).
+    /// layout (PyTorch side by side with --torch); with --gpus N, the data-parallel step on N
+    /// GPUs against one and the scaling efficiency.
     Bench(bench::BenchArgs),
     /// Convert a reference PyTorch checkpoint (.pt) to a safetensors state dict.
     Convert(convert::ConvertArgs),
@@ -82,6 +88,13 @@ enum Cmd {
 }
 
 fn main() {
+    // NVLink multicast stays off unless the user says otherwise (our shared GPU machines need it
+    // off); set before any thread exists, inherited by every process started from here.
+    for (k, v) in meddpm::dist::spawn::NO_MULTICAST_ENV {
+        if std::env::var_os(k).is_none() {
+            std::env::set_var(k, v);
+        }
+    }
     let cli = Cli::parse();
     let r = match &cli.cmd {
         Cmd::Train(a) => run::train(a),

@@ -1,16 +1,19 @@
 //! `train`, `sample`, `info`, `doctor`: argument structs, run-file (TOML) handling, backend
 //! choice, and the loops with progress bars. The engine does the work (`meddpm::run` for the
-//! run folder: record, resume, loss log, safe stop); this file only wires.
+//! run folder: record, resume, loss log, safe stop); this file only wires. Data-parallel runs
+//! (`--gpus`, torchrun, Slurm) are set up in `dist.rs` and train through the same `train_on`.
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::{bundled, init_trainer_with, load_weights, Checkpoint, LoadHints, LoadedWeights, WeightGroup};
 use meddpm::cpu::CpuBackend;
-use meddpm::data::{preview, view, Convention, Dataset, Loader, Volume};
+use meddpm::data::{preview, view, Convention, Dataset, Loader, Shard, Volume};
 use meddpm::diffusion::{Sampler, SamplerKind, SamplerSpec, Schedule, TrainConfig, Trainer};
+use meddpm::dist::spawn::GpuSelection;
+use meddpm::dist::{DistEnv, GradSync};
 use meddpm::eval::samplers::{BatchTiming, SampleTiming, TimedVolume};
 use meddpm::model::{cost, UNet, UNetConfig};
-use meddpm::run::{DataChanges, DataSource, Faults, LossLog, Outcome, Overrides, RunRecord, Session, StopFlag};
+use meddpm::run::{DataChanges, DataSource, Faults, LossLog, Outcome, Overrides, Ranks, RunRecord, Session, StopFlag};
 use meddpm::{Backend, Layout, Precision};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -101,14 +104,14 @@ pub enum LayoutArg {
 }
 
 impl BackendArgs {
-    fn precision(&self) -> Precision {
+    pub(crate) fn precision(&self) -> Precision {
         match self.precision.unwrap_or(PrecisionArg::Tf32) {
             PrecisionArg::Fp32 => Precision::Fp32,
             PrecisionArg::Tf32 => Precision::Tf32,
             PrecisionArg::Bf16 => Precision::Bf16,
         }
     }
-    fn layout(&self) -> Layout {
+    pub(crate) fn layout(&self) -> Layout {
         match self.layout.unwrap_or(LayoutArg::Ndhwc) {
             LayoutArg::Ncdhw => Layout::Ncdhw,
             LayoutArg::Ndhwc => Layout::Ndhwc,
@@ -312,6 +315,19 @@ pub struct TrainArgs {
     pub manifest: Option<PathBuf>,
     #[arg(long, value_enum)]
     pub convention: Option<ConventionName>,
+    /// Data-parallel training on this machine, one process per GPU: a count (2), 'all', or device
+    /// indices (0,1). Batch, lr and steps are per optimizer step as before; the global batch is
+    /// batch × GPUs. Under torchrun or srun, leave it out: the launcher starts the ranks.
+    #[arg(long)]
+    pub gpus: Option<GpuSelection>,
+    /// Data-parallel runs: compare the weights of all ranks by hash every N optimizer steps
+    /// (0: only at the end); a difference stops the run.
+    #[arg(long, default_value_t = 100)]
+    pub check_every: u64,
+    /// Data-parallel runs: seconds to wait for the other ranks (rendezvous, each gradient
+    /// all-reduce) before failing.
+    #[arg(long, default_value_t = 300)]
+    pub dist_timeout: u64,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
@@ -424,17 +440,18 @@ fn layout_of(l: LayoutArg) -> Layout {
 }
 
 /// A settled training run.
-struct Plan {
-    unet: UNetConfig,
-    tc: TrainConfig,
-    run: RunConfig,
-    backend: BackendArgs,
+pub(crate) struct Plan {
+    pub unet: UNetConfig,
+    pub tc: TrainConfig,
+    pub run: RunConfig,
+    pub backend: BackendArgs,
     /// The checkpoint resumed from, and its run record (None: an older checkpoint).
-    resume: Option<(Checkpoint, Option<RunRecord>)>,
+    pub resume: Option<(Checkpoint, Option<RunRecord>)>,
 }
 
-/// `train --resume CK`: the run recorded in CK, with the flags as overrides (one note each).
-fn plan_resume(a: &TrainArgs, path: &Path) -> Result<Plan> {
+/// `train --resume CK`: the run recorded in CK, with the flags as overrides (one note each,
+/// printed when `say` — by rank 0 alone in a data-parallel run).
+fn plan_resume(a: &TrainArgs, path: &Path, say: bool) -> Result<Plan> {
     let ck = Checkpoint::read(path)?;
     let Some(unet) = ck.unet.clone() else {
         bail!("{}: no 'unet' config in the metadata: not a meddpm training checkpoint", path.display())
@@ -477,16 +494,16 @@ fn plan_resume(a: &TrainArgs, path: &Path) -> Result<Plan> {
             (run_config_of(&new)?, a.backend.with_defaults(new.precision, new.layout))
         }
         None => {
-            eprintln!(
-                "note: {} has no run record (written by an older meddpm): the data, output folder and step \
-                 target come from the flags and defaults, as before",
+            notes.push(format!(
+                "{} has no run record (written by an older meddpm): the data, output folder and step target \
+                 come from the flags and defaults, as before",
                 path.display()
-            );
+            ));
             let (_, _, run) = plan_from_flags(a)?;
             (run, a.backend.clone())
         }
     };
-    for n in notes {
+    for n in notes.iter().filter(|_| say) {
         eprintln!("note: {n}");
     }
     Ok(Plan { unet, tc, run, backend, resume: Some((ck, rec)) })
@@ -496,8 +513,12 @@ fn plan_resume(a: &TrainArgs, path: &Path) -> Result<Plan> {
 const GPU_DEMO_STEPS: u64 = 8000;
 
 pub fn train(a: &TrainArgs) -> Result<()> {
+    if let Some(sel) = &a.gpus {
+        return crate::dist::launch_local(sel).map(|_| ());
+    }
+    let env = DistEnv::from_env()?.filter(|e| e.world > 1);
     let plan = match &a.resume {
-        Some(p) => plan_resume(a, p)?,
+        Some(p) => plan_resume(a, p, env.as_ref().is_none_or(|e| e.rank == 0))?,
         None => {
             let (unet, tc, mut run) = plan_from_flags(a)?;
             // The demo on a GPU: enough steps for a recognisable brain (the bundled model had one
@@ -511,12 +532,18 @@ pub fn train(a: &TrainArgs) -> Result<()> {
             Plan { unet, tc, run, backend: a.backend.clone(), resume: None }
         }
     };
+    if let Some(env) = env {
+        return crate::dist::train_rank(a, env, plan);
+    }
     let backend = plan.backend.clone();
-    with_backend!(backend, be => train_on(&be, a, plan))
+    with_backend!(backend, be => {
+        let (tr, plan) = start_trainer(&be, a, plan)?;
+        train_on(&be, plan, tr, None)
+    })
 }
 
 /// The dataset a run trains on: folders, a manifest, or the built-in demo pairs.
-fn open_dataset(run: &RunConfig, unet: &UNetConfig) -> Result<Dataset> {
+pub(crate) fn open_dataset(run: &RunConfig, unet: &UNetConfig) -> Result<Dataset> {
     let size = [unet.depth, unet.size, unet.size];
     let conv = run.convention.for_model(unet)?;
     Ok(match (&run.masks, &run.manifest) {
@@ -560,10 +587,15 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-/// The command that continues the run of `ck` (the device repeated when one was chosen).
+/// The command that continues the run of `ck` (the device repeated when one was chosen; the
+/// GPUs when `--gpus` started this rank, see `dist::GPUS_ENV`).
 fn resume_command(ck: &Path, backend: &BackendArgs) -> String {
     let q = |s: &str| shlex::try_quote(s).map(|c| c.into_owned()).unwrap_or_else(|_| s.to_string());
     let mut cmd = format!("meddpm train --resume {}", q(&ck.display().to_string()));
+    if let Ok(g) = std::env::var(crate::dist::GPUS_ENV) {
+        cmd.push_str(&format!(" --gpus {}", q(&g)));
+        return cmd;
+    }
     match backend.device {
         Device::Auto => {}
         Device::Cpu => cmd.push_str(" --device cpu"),
@@ -572,9 +604,14 @@ fn resume_command(ck: &Path, backend: &BackendArgs) -> String {
     cmd
 }
 
-fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
-    let Plan { unet, tc, mut run, backend, resume } = plan;
-    let (mut tr, old_record) = match resume {
+/// The run a trainer continues: the checkpoint it was resumed from and that checkpoint's run
+/// record (None: a new run).
+pub(crate) type OldRun = Option<(PathBuf, Option<RunRecord>)>;
+
+/// The trainer of a plan: resumed (`--resume`), initialised (`--init-from`) or fresh.
+pub(crate) fn start_trainer<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<(Trainer<B>, Started)> {
+    let Plan { unet, tc, run, backend, resume } = plan;
+    let (tr, old) = match resume {
         Some((ck, rec)) => {
             let mut tr = ck.restore_trainer(be)?;
             tr.tc = tc; // the checkpoint's, with --lr / --grad-accum applied (batch and seed unchanged)
@@ -594,10 +631,55 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
             None => (Trainer::new(be, &unet, &tc)?, None),
         },
     };
+    Ok((tr, Started { run, backend, old }))
+}
+
+/// What the loop needs of a plan once its trainer exists.
+pub(crate) struct Started {
+    pub run: RunConfig,
+    pub backend: BackendArgs,
+    pub old: OldRun,
+}
+
+/// What a data-parallel rank brings to the training loop (`dist.rs` makes it).
+pub(crate) struct RankCtx<'a, B: Backend> {
+    pub sync: &'a mut dyn GradSync<B>,
+    pub check_every: u64,
+    /// Called once the session returned on every rank alike (finished, stopped or diverged:
+    /// no collective is left), before anything else can fail: the rank leaves the group cleanly.
+    pub agreed_end: Box<dyn FnOnce() + 'a>,
+}
+
+/// The training loop of a run folder (`meddpm::run::Session`). With `dist`, this process is one
+/// data-parallel rank: it reads its shard of the data, and the session averages gradients,
+/// agrees on stops and checks the weights; only rank 0 prints, writes the run folder and samples
+/// at the end.
+pub(crate) fn train_on<B: Backend>(
+    be: &B,
+    started: Started,
+    mut tr: Trainer<B>,
+    dist: Option<RankCtx<'_, B>>,
+) -> Result<()> {
+    let Started { mut run, backend, old: old_record } = started;
+    let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.sync.rank(), d.sync.world()));
+    tr.set_rank(rank, world)?;
+    let lead = rank == 0;
+    let say = |m: String| {
+        if lead {
+            println!("{m}");
+        }
+    };
+    if !lead {
+        println!("rank {rank} of {world} on {}", be.describe());
+    }
     let cfg = tr.net.cfg.clone();
     let flops = cost::forward_flops(&cfg);
-    println!("meddpm train on {}", be.describe());
-    println!(
+    say(format!(
+        "meddpm train on {}{}",
+        be.describe(),
+        if world > 1 { format!(" (rank 0 of {world})") } else { String::new() }
+    ));
+    say(format!(
         "model: {}x{}x{} in {} out {} ch {} mult {:?} res {} attn {:?}: {} parameters, {:.2} GFLOP/forward",
         cfg.depth,
         cfg.size,
@@ -610,9 +692,11 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
         cfg.attention_ds,
         tr.net.param_count(),
         flops.total() / 1e9
-    );
-    println!(
-        "training: steps {} → {} (batch {} × accum {}), lr {:e}, loss {:?}, seed {}, activations {:.1} MiB",
+    ));
+    let ranks =
+        if world > 1 { format!(" × {world} ranks = global batch {}", tr.tc.batch * world) } else { String::new() };
+    say(format!(
+        "training: steps {} → {} (batch {}{ranks} × accum {}), lr {:e}, loss {:?}, seed {}, activations {:.1} MiB",
         tr.step,
         run.steps,
         tr.tc.batch,
@@ -621,14 +705,16 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
         tr.tc.loss,
         tr.tc.seed,
         tr.net.act_bytes as f64 / (1 << 20) as f64
-    );
-    std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
+    ));
+    if lead {
+        std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
+    }
     let mut record = record_of(&run, &backend)?;
     // From here on the run's paths are the record's (absolute), so the data prints name the
     // files as a resume from any directory will.
     run = run_config_of(&record)?;
     let ckpt = run.out.join(meddpm::run::CHECKPOINT);
-    if old_record.is_none() && ckpt.is_file() {
+    if lead && old_record.is_none() && ckpt.is_file() {
         let step = Checkpoint::read(&ckpt).map(|c| format!(" (step {})", c.step)).unwrap_or_default();
         eprintln!(
             "note: {} holds another run's checkpoint{step}; this new run replaces it and its loss log",
@@ -636,16 +722,18 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
         );
     }
     let dataset = open_dataset(&run, &cfg)?;
-    println!(
+    say(format!(
         "data: {} pairs from {}, {:?} convention; checking every pair…",
         dataset.len(),
         record.data.describe(),
         run.convention
-    );
+    ));
+    // every rank checks and fingerprints the data (the same work keeps the ranks in step; only
+    // rank 0's record is written)
     dataset.validate()?;
     let known = old_record.as_ref().and_then(|(_, r)| r.as_ref()).map(|r| r.pairs.as_slice()).unwrap_or(&[]);
     record.pairs = meddpm::run::fingerprint(&dataset, known)?;
-    if let Some((_, Some(old))) = &old_record {
+    if let Some((_, Some(old))) = old_record.as_ref().filter(|_| lead) {
         let changes = DataChanges::between(&old.pairs, &record.pairs);
         if !changes.is_empty() {
             eprintln!("warning: the data changed since the checkpoint (step {}):", tr.step);
@@ -655,7 +743,7 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
             eprintln!("  training continues on the data as it is now (the resume is not bit-identical)");
         }
     }
-    let log = match &old_record {
+    let log = match old_record.as_ref().filter(|_| lead) {
         Some((ck_path, _)) => {
             let (mut log, dropped) =
                 LossLog::open(&meddpm::run::run_dir(ck_path).join(meddpm::run::losslog::CSV), tr.step)?;
@@ -669,15 +757,17 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
             log.move_to(&run.out);
             log
         }
+        // a new run, or a rank other than 0 (which never writes its log)
         None => LossLog::fresh(&run.out),
     };
     let stop = StopFlag::install()?;
     let faults = Faults::from_env()?;
-    if faults.any() {
+    if faults.any() && lead {
         eprintln!("note: test fault injection armed: {faults:?}");
     }
-    let consumed = tr.draws * tr.tc.batch as u64;
-    let loader = Loader::with_options(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), consumed);
+    // this rank's part of the global sample stream, from the saved global position
+    let shard = Shard::new(rank, world, tr.tc.batch)?;
+    let loader = Loader::sharded(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), tr.samples, shard);
     let mut data = Batches { loader, batch: tr.tc.batch };
     let saved_step = old_record
         .as_ref()
@@ -685,16 +775,24 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
         .map(|_| tr.step);
     let mut session = Session { dir: run.out.clone(), record, log, stop: &stop, faults, saved_step };
     let t0 = Instant::now();
-    let pb = bar(run.steps.saturating_sub(tr.step), "train");
-    let summary = session.run(
+    let pb = if lead { bar(run.steps.saturating_sub(tr.step), "train") } else { ProgressBar::hidden() };
+    let (ranks, agreed_end) = match dist {
+        Some(d) => (Some(Ranks { sync: d.sync, check_every: d.check_every }), Some(d.agreed_end)),
+        None => (None, None),
+    };
+    let summary = session.run_ranked(
         be,
         &mut tr,
+        ranks,
         || data.next_batch(),
         |_, loss| {
             pb.set_message(format!("loss {loss:.4}"));
             pb.inc(1);
         },
     )?;
+    if let Some(f) = agreed_end {
+        f();
+    }
     pb.finish();
     let secs = t0.elapsed().as_secs_f64();
     let steps = summary.end - summary.start;
@@ -702,6 +800,20 @@ fn train_on<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Result<()> {
     let tail = &recent[recent.len().saturating_sub(10)..];
     let first = &recent[..recent.len().min(10)];
     let mean = |v: &[f32]| if v.is_empty() { f32::NAN } else { v.iter().sum::<f32>() / v.len() as f32 };
+    if !lead {
+        // rank 0 reports the run; the others say where they stopped
+        return match &summary.outcome {
+            Outcome::Diverged { step, reason } => bail!("rank {rank}: training diverged at step {step}: {reason}"),
+            Outcome::Stopped => {
+                println!("rank {rank}: stopped at step {} with the others", summary.end);
+                Ok(())
+            }
+            Outcome::Finished => {
+                println!("rank {rank}: done at step {}", summary.end);
+                Ok(())
+            }
+        };
+    }
     let kept = |s: Option<u64>| match s {
         Some(s) => format!("the last good checkpoint (step {s}) is kept: {}", ckpt.display()),
         None => "no checkpoint had been written".to_string(),
@@ -905,11 +1017,21 @@ pub struct SampleArgs {
     /// <out>_<mask>_<i>.nii.gz), a PNG preview beside each, and <out>_timing.json.
     #[arg(long, default_value = "sample")]
     pub out: PathBuf,
+    /// Spread the volumes over GPUs of this machine, one process per GPU: a count (2), 'all', or
+    /// device indices (0,1). The volume files are those one GPU writes. Under torchrun or srun,
+    /// leave it out: rank r of W draws volumes r, r+W, … (each writes <out>_timing_rank<r>.json).
+    #[arg(long)]
+    pub gpus: Option<GpuSelection>,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
 
 pub fn sample(a: &SampleArgs) -> Result<()> {
+    if let Some(sel) = &a.gpus {
+        let world = crate::dist::launch_local(sel)?;
+        return crate::dist::merge_timing(&a.out, world);
+    }
+    let part = DistEnv::from_env()?.filter(|e| e.world > 1);
     let group = match a.weights {
         crate::convert::Weights::Ema => WeightGroup::Ema,
         crate::convert::Weights::Model => WeightGroup::Model,
@@ -929,7 +1051,13 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
         eprintln!("warning: {}: {m}", name.display());
     }
     println!("weights: {}", w.source);
-    with_backend!(a.backend, be => sample_on(&be, a, &w))
+    match &part {
+        Some(env) => {
+            let be = crate::dist::rank_backend(&a.backend, env)?;
+            sample_on(&be, a, &w, env.rank, env.world)
+        }
+        None => with_backend!(a.backend, be => sample_on(&be, a, &w, 0, 1)),
+    }
 }
 
 /// A mask file's name without .nii / .nii.gz.
@@ -938,7 +1066,10 @@ fn mask_stem(p: &Path) -> String {
     n.strip_suffix(".nii.gz").or_else(|| n.strip_suffix(".nii")).unwrap_or(n).to_string()
 }
 
-fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()> {
+/// Draw the volumes (mask × seed jobs) `rank, rank + world, …` — all of them for one process —
+/// in batches of `--batch`. Each volume's noise comes from its own seed, so which rank draws it
+/// and in which batch changes nothing in its file.
+fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize, world: usize) -> Result<()> {
     let cfg = w.cfg.clone();
     let size = [cfg.depth, cfg.size, cfg.size];
     let conv = a.convention.for_model(&cfg)?;
@@ -974,6 +1105,12 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()
             jobs.push((m, a.seed + k, PathBuf::from(stem)));
         }
     }
+    let total = jobs.len();
+    let jobs: Vec<_> = jobs.into_iter().skip(rank).step_by(world).collect();
+    if jobs.is_empty() {
+        println!("rank {rank} of {world}: no volume left for this rank ({total} for {world} ranks)");
+        return Ok(());
+    }
     if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -981,8 +1118,13 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()
     let mut net = UNet::new(be, &cfg, b)?;
     net.set_params(be, &w.params)?;
     let mut s = Sampler::new(be, &net)?;
+    let part = if world > 1 {
+        format!(" (rank {rank} of {world}: {} of the {total} volumes, jobs {rank}, {}, …)", jobs.len(), rank + world)
+    } else {
+        String::new()
+    };
     println!(
-        "meddpm sample on {}: {spec} (T = {}), {} volume(s) from seed {}, {b} per batch",
+        "meddpm sample on {}: {spec} (T = {}), {} volume(s) from seed {}, {b} per batch{part}",
         be.describe(),
         a.timesteps,
         jobs.len(),
@@ -997,6 +1139,7 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()
         timesteps: a.timesteps,
         batch: b,
         batches: Vec::new(),
+        ranks: 1,
     };
     for chunk in jobs.chunks(b) {
         let inputs: Vec<(&[f32], u64)> = chunk.iter().map(|(m, seed, _)| (masks[*m].1.as_slice(), *seed)).collect();
@@ -1015,7 +1158,7 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights) -> Result<()
         timing.batches.push(BatchTiming { seconds: secs, volumes });
     }
     pb.finish_and_clear();
-    let tpath = PathBuf::from(format!("{}_timing.json", a.out.display()));
+    let tpath = crate::dist::timing_path(&a.out, rank, world);
     meddpm::checkpoint::write_atomic(&tpath, serde_json::to_string_pretty(&timing)?.as_bytes())?;
     println!(
         "{} volume(s): {:.3} s/volume (after the first batch when there are several); timing: {}",

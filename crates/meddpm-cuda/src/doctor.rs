@@ -123,5 +123,12 @@ pub fn doctor() -> String {
         "NCCL on LD_LIBRARY_PATH: {}",
         if nccl.is_empty() { "none (not needed for one GPU)".to_string() } else { nccl.join(", ") }
     );
+    // loads libnccl (as multi-GPU training would) and reports its version and file
+    let _ = writeln!(r, "{}", crate::nccl::doctor_line());
+    let _ = writeln!(
+        r,
+        "CUDA devices visible: {} (`--gpus` spawns one rank per device)",
+        crate::collective::device_count()
+    );
     r
 }

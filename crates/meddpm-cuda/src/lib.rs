@@ -13,13 +13,15 @@
 //!   [`CudaBackend::new`] returns `Error::Backend("no CUDA device: ...")`.
 //!
 //! Modules mirror the CPU twin: conv3d, groupnorm, silu, linear, attention, upsample,
-//! elementwise, loss, diffusion, optim; device (context, stream, handles, kernels), doctor.
+//! elementwise, loss, diffusion, optim; device (context, stream, handles, kernels), doctor; nccl
+//! (NCCL on raw device pointers) and collective (data-parallel gradient averaging over NCCL).
 
 // Kernel launchers mirror the trait's long argument lists.
 #![allow(clippy::too_many_arguments)]
 
 mod attention;
 pub mod buf;
+pub mod collective;
 mod conv3d;
 pub mod cupti;
 pub mod device;
@@ -29,6 +31,7 @@ mod elementwise;
 mod groupnorm;
 mod linear;
 mod loss;
+pub mod nccl;
 mod nvtx;
 mod optim;
 mod sampler;

@@ -34,6 +34,9 @@ pub enum Error {
     /// A backend could not do what was asked (no device, out of memory, library error).
     #[error("{0}")]
     Backend(String),
+    /// A distributed run cannot go on: launch environment, rendezvous, a lost or diverged rank.
+    #[error("distributed run: {0}")]
+    Dist(String),
 }
 
 impl Error {

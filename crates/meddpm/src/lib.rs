@@ -10,6 +10,7 @@
 //! - `model`      UNetConfig, parameter specs (PyTorch state-dict keys), UNet forward/backward
 //! - `diffusion`  cosine schedule and buffers, training step, ancestral DDPM sampler
 //! - `checkpoint` safetensors checkpoints (atomic writes)
+//! - `dist`       data-parallel runs: launch environment, rendezvous, gradient buckets, sync trait
 //! - `data`       NIfTI I/O, Med-DDPM data conventions, demo data
 //! - `run`        a training run as a folder: record, data prints, loss log and plot, safe stop
 //! - `phantom`    a synthetic head phantom pair for tests
@@ -21,6 +22,7 @@ pub mod checkpoint;
 pub mod cpu;
 pub mod data;
 pub mod diffusion;
+pub mod dist;
 pub mod error;
 pub mod eval;
 pub mod model;

@@ -1,8 +1,9 @@
 //! Kernel records: the name → category classifier on real kernel names (PyTorch's H200 profile
 //! tables, the cudarc conv3d probe's CUPTI list, ncu exports) and on our NVRTC kernel names; the
 //! demangler; the breakdown tables against hand-computed sums; the GPU idle time (busy, gaps,
-//! outside, overlap, where the GPU waits) on a hand-drawn timeline; the PyTorch table import
-//! against sums read off `../shared/perf` by hand.
+//! outside, overlap, where the GPU waits) on a hand-drawn timeline; NCCL kernels as collectives
+//! and their time hidden behind other kernels on a hand-drawn two-stream timeline; the PyTorch
+//! table import against sums read off `../shared/perf` by hand.
 
 use meddpm::analysis::breakdown::{breakdown, idle, GapRow, IDLE_GAPS, IDLE_OUTSIDE, IDLE_OVERLAP, IDLE_SPAN_EXCESS};
 use meddpm::analysis::kernels::{classify, demangle, short_name, Category, KernelRecord, OUR_KERNELS};
@@ -404,4 +405,51 @@ fn pytorch_h200_tables_by_category() {
     assert!((ms - 21.224579).abs() < 1e-6 && n == 389, "{ms} {n}");
     let b = breakdown("train", &rs, None, 5);
     assert_eq!(b.top[0].category, Some(Normalization));
+}
+
+#[test]
+fn nccl_kernels_are_collectives() {
+    for n in [
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        "void ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+        "_Z29ncclDevKernel_Broadcast_RING_LL24ncclDevKernelArgsStorageILm4096EE",
+        "ncclDevKernel_AllGather_RING_LL",
+        "NCCLDEVKERNEL_SENDRECV",
+    ] {
+        assert_eq!(classify(n), Collective, "{n}");
+    }
+    // names that merely reduce or copy stay where they were
+    assert_eq!(classify("reduce_kernel_sum"), Reduction);
+    assert_eq!(classify("memcpy DtoD"), Memory);
+}
+
+/// A hand-drawn two-stream timeline: backward kernels on the compute stream, NCCL all-reduces on
+/// the comm stream.
+#[test]
+fn collective_time_hidden_behind_other_kernels() {
+    let at = |name: &str, start: u64, ns: u64| {
+        let mut r = KernelRecord::new(name, ns);
+        r.start_ns = Some(start);
+        r
+    };
+    let rs = vec![
+        at("conv3d_wgrad_small1", 0, 100),                      // compute 0..100
+        at("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 50, 100), // comm 50..150: 50 hidden
+        at("silu_bwd", 120, 60),                                // compute 120..180
+        at("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 140, 10), // comm 140..150 (inside the first)
+        at("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 300, 40), // comm 300..340: exposed
+        at("adam_step", 400, 10),
+    ];
+    let c = breakdown("dp", &rs, Some(500), 10).comm.expect("NCCL records with timestamps");
+    // comm union = 50..150 ∪ 300..340 = 140 ns; covered: 50..100 and 120..150 = 80 ns
+    assert_eq!((c.calls, c.comm_ns, c.hidden_ns), (3, 140, 80));
+    assert!((c.hidden_pct - 100.0 * 80.0 / 140.0).abs() < 1e-9);
+    let coll = breakdown("dp", &rs, Some(500), 10);
+    let row = coll.by_category.iter().find(|r| r.key == "NCCL collective").expect("a category row");
+    assert_eq!((row.calls, row.total_ns), (3, 150));
+    // no collective, or a record without a timestamp: no figure
+    assert_eq!(breakdown("one gpu", &rs[..1], Some(500), 10).comm, None);
+    let mut no_ts = rs.clone();
+    no_ts[2].start_ns = None;
+    assert_eq!(breakdown("cpu", &no_ts, Some(500), 10).comm, None);
 }

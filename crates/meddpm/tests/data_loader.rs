@@ -1,10 +1,12 @@
 //! The loader: every pass is a permutation, the order depends only on (seed, position) —
 //! not on the number of decoding threads — different seeds differ, a resumed loader continues
-//! exactly, and errors surface for their sample. An ignored test measures throughput:
+//! exactly, and errors surface for their sample. Shards: ranks get disjoint parts of every pass
+//! that cover it, together the single-process stream, and a resume with another world size
+//! continues the global stream without repeating or skipping a sample. An ignored test measures throughput:
 //! `cargo test --release -p meddpm --test data_loader -- --ignored --nocapture throughput`.
 
 use meddpm::data::dataset::{Dataset, Pair, Source};
-use meddpm::data::loader::{epoch_order, Loader};
+use meddpm::data::loader::{epoch_order, index_at, Loader, Shard};
 use meddpm::data::nifti::{write_labels, write_volume, Volume};
 use meddpm::data::{demo, Convention};
 use std::path::PathBuf;
@@ -83,6 +85,84 @@ fn loader_is_deterministic_by_seed_whatever_the_threads() {
         assert_eq!(s.cond[s.index % 64], 1.0);
     }
     assert_eq!(l.position(), 10);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+/// Global positions rank `shard` reads in its first `k` samples from `start`.
+fn positions(shard: Shard, start: u64, k: u64) -> Vec<u64> {
+    (0..k).map(|i| shard.global(start, i)).collect()
+}
+
+#[test]
+fn shards_partition_every_pass_and_interleave_to_the_single_stream() {
+    for (world, block, n) in [(2usize, 1usize, 5usize), (3, 2, 7), (4, 1, 8), (2, 3, 4), (1, 2, 6)] {
+        let micro = 11u64; // micro-steps per rank
+        let k = micro * block as u64;
+        let per_rank: Vec<Vec<u64>> =
+            (0..world).map(|r| positions(Shard::new(r, world, block).unwrap(), 0, k)).collect();
+        // together: exactly the global positions 0..W·k, each once
+        let mut all: Vec<u64> = per_rank.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..world as u64 * k).collect::<Vec<_>>(), "W {world} b {block}");
+        // micro-step m of rank r is block r of global micro-step m: the ranks' batches laid side
+        // by side are one process's batch of W·b
+        for m in 0..micro as usize {
+            let joined: Vec<u64> = (0..world).flat_map(|r| per_rank[r][m * block..(m + 1) * block].to_vec()).collect();
+            let single =
+                positions(Shard::new(0, 1, world * block).unwrap(), 0, (m as u64 + 1) * (world * block) as u64);
+            assert_eq!(joined, single[m * world * block..], "micro-step {m}");
+        }
+        // every complete pass: the ranks' dataset indices are disjoint and cover 0..n
+        let passes = (world as u64 * k) / n as u64;
+        for e in 0..passes {
+            let mut seen = vec![usize::MAX; n];
+            for (r, pos) in per_rank.iter().enumerate() {
+                for &g in pos.iter().filter(|&&g| g / n as u64 == e) {
+                    let i = index_at(9, n, g);
+                    assert_eq!(seen[i], usize::MAX, "pass {e}: pair {i} read by ranks {} and {r}", seen[i]);
+                    seen[i] = r;
+                }
+            }
+            assert!(seen.iter().all(|&r| r != usize::MAX), "pass {e} not covered: {seen:?}");
+        }
+    }
+    assert!(Shard::new(2, 2, 1).is_err() && Shard::new(0, 0, 1).is_err() && Shard::new(0, 1, 0).is_err());
+}
+
+#[test]
+fn sharded_loaders_read_their_shard_and_resume_with_another_world_size() {
+    let (root, ds) = tiny_dataset("shard", 5);
+    let single = indices(&mut Loader::new(ds.clone(), 42, 0), 60);
+    // 2 ranks × batch 2, 4 micro-steps: rank r reads global blocks r, r+2, ... of 2 samples
+    let (w, b) = (2usize, 2usize);
+    let mut ranks: Vec<Loader> =
+        (0..w).map(|r| Loader::sharded(ds.clone(), 42, r, 3, 0, Shard::new(r, w, b).unwrap())).collect();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        for l in ranks.iter_mut() {
+            seen.extend(indices(l, b));
+        }
+    }
+    assert_eq!(seen, single[..16], "the ranks' batches side by side = the single-process stream");
+    let saved = ranks[0].position(); // = Trainer::samples at this point: 16
+    assert_eq!(saved, 16);
+    assert!(ranks.iter().all(|l| l.position() == saved));
+    drop(ranks);
+    // resume with 3 ranks × batch 1: the global stream goes on at 16, nothing repeated or skipped
+    let mut ranks: Vec<Loader> =
+        (0..3).map(|r| Loader::sharded(ds.clone(), 42, 1, 2, saved, Shard::new(r, 3, 1).unwrap())).collect();
+    let mut after = Vec::new();
+    for _ in 0..5 {
+        for l in ranks.iter_mut() {
+            after.extend(indices(l, 1));
+        }
+    }
+    assert_eq!(after, single[16..31]);
+    // and a different world size really changes who reads what
+    assert_ne!(
+        indices(&mut Loader::sharded(ds.clone(), 42, 0, 1, 16, Shard::new(1, 3, 1).unwrap()), 3),
+        single[16..19]
+    );
     std::fs::remove_dir_all(&root).ok();
 }
 

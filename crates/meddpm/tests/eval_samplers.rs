@@ -98,6 +98,7 @@ fn study_table_csv_and_chart_from_tiny_model_runs() {
                 BatchTiming { seconds: 10.0, volumes: vols.clone() },
                 BatchTiming { seconds: 3.0 * (r + 1) as f64, volumes: vols },
             ],
+            ranks: 1,
         };
         write(&dir.join("timing.json"), &serde_json::to_string(&timing).unwrap());
         gens.push(gen);
@@ -178,6 +179,7 @@ fn verdict_flags_metrics_outside_the_reference_spread() {
         timesteps: 250,
         batch: 1,
         batches: vec![],
+        ranks: 1,
     };
     let refr =
         StudyRun { dir: dir.clone(), timing: timing(SamplerKind::Ddpm, 250), quality: base.clone(), agreement: None };
@@ -193,4 +195,45 @@ fn verdict_flags_metrics_outside_the_reference_spread() {
     assert_eq!(outside_spread(&other, &refr), ["PSNR dB"]);
     assert!(outside_spread(&refr, &refr).is_empty());
     assert!(timing(SamplerKind::Ddim, 5).seconds_per_volume().is_nan());
+}
+
+/// `sample --gpus`: the ranks' timings merge into one file whose per-volume time leaves out every
+/// rank's first batch (the cold start), and a one-GPU file is written exactly as before.
+#[test]
+fn rank_timings_merge_into_one_and_skip_every_first_batch() {
+    let vol = |seed| TimedVolume { file: format!("s_{seed}.nii.gz"), mask: "m".into(), seed };
+    let part = |device: &str, secs: &[f64], seed0: u64| SampleTiming {
+        tool: "t".into(),
+        device: device.into(),
+        sampler: SamplerSpec { kind: SamplerKind::Ddim, steps: 10, eta: 0.0 },
+        timesteps: 250,
+        batch: 1,
+        batches: secs
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| BatchTiming { seconds: s, volumes: vec![vol(seed0 + 2 * i as u64)] })
+            .collect(),
+        ranks: 1,
+    };
+    let one = part("gpu", &[9.0, 2.0], 0);
+    let json = serde_json::to_string(&one).unwrap();
+    assert!(!json.contains("ranks"), "a one-GPU timing file is unchanged: {json}");
+    let back: SampleTiming = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.ranks, 1);
+    assert_eq!(one.seconds_per_volume(), 2.0);
+
+    // rank 0 drew seeds 0, 2, 4; rank 1 seeds 1, 3 (cold starts 9 s and 8 s)
+    let m = SampleTiming::merge(vec![part("gpu", &[9.0, 2.0, 4.0], 0), part("gpu", &[8.0, 3.0], 1)]).unwrap();
+    assert_eq!(m.ranks, 2);
+    assert_eq!(m.device, "2 × gpu");
+    let seeds: Vec<u64> = m.batches.iter().map(|b| b.volumes[0].seed).collect();
+    assert_eq!(seeds, [0, 1, 2, 3, 4]);
+    assert_eq!(m.volumes(), 5);
+    // (2 + 3 + 4) / 3: both first batches left out
+    assert!((m.seconds_per_volume() - 3.0).abs() < 1e-12, "{}", m.seconds_per_volume());
+    let back: SampleTiming = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+    assert_eq!(back, m);
+    let mixed = SampleTiming::merge(vec![part("a", &[1.0], 0), part("b", &[1.0], 1)]).unwrap();
+    assert_eq!(mixed.device, "a + b");
+    assert!(SampleTiming::merge(Vec::new()).is_none());
 }

@@ -10,6 +10,10 @@
 //! categories + gaps + outside − overlap = the step, exactly. Each gap is charged to the range of
 //! the kernel that follows it (what the GPU was waiting for). Without timestamps only
 //! step − Σ records is known ([`Breakdown::unattributed_ns`]).
+//!
+//! Data-parallel steps: the NCCL kernels ([`Category::Collective`]) run on their own stream next to
+//! backward; [`CommOverlap`] says how much of their time other kernels ran at the same moment
+//! (the gradient all-reduce hidden behind backward; issue 14's target is ≥ 80 %).
 
 use super::kernels::{short_name, Category, KernelRecord};
 use serde::{Deserialize, Serialize};
@@ -117,6 +121,70 @@ pub struct Breakdown {
     /// GPU idle time, when every record has a start timestamp and the step time is known.
     #[serde(default)]
     pub idle: Option<Idle>,
+    /// Collective time hidden behind other kernels, when there are NCCL kernels and every record
+    /// has a start timestamp.
+    #[serde(default)]
+    pub comm: Option<CommOverlap>,
+}
+
+/// How much of the collectives' GPU time ran concurrently with other kernels.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommOverlap {
+    /// Collective kernels.
+    pub calls: usize,
+    /// Length of the union of the collective kernels' intervals, ns.
+    pub comm_ns: u64,
+    /// The part of it during which at least one other kernel ran, ns.
+    pub hidden_ns: u64,
+    /// hidden / comm, %.
+    pub hidden_pct: f64,
+}
+
+/// Sorted, merged union of half-open intervals.
+fn union(mut iv: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    iv.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(iv.len());
+    for (s, e) in iv.into_iter().filter(|(s, e)| e > s) {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// The collective time of `records` and how much of it other kernels covered ([`CommOverlap`]);
+/// `None` without collective records or when any record lacks a start timestamp.
+pub fn comm_overlap(records: &[KernelRecord]) -> Option<CommOverlap> {
+    let (mut comm, mut other) = (Vec::new(), Vec::new());
+    for r in records {
+        let s = r.start_ns?;
+        let iv = (s, s.saturating_add(r.duration_ns));
+        if r.category == Category::Collective {
+            comm.push(iv);
+        } else {
+            other.push(iv);
+        }
+    }
+    let calls = comm.len();
+    if calls == 0 {
+        return None;
+    }
+    let (comm, other) = (union(comm), union(other));
+    let comm_ns: u64 = comm.iter().map(|(s, e)| e - s).sum();
+    // intersection of two sorted disjoint interval lists
+    let (mut i, mut j, mut hidden_ns) = (0, 0, 0u64);
+    while i < comm.len() && j < other.len() {
+        let (s, e) = (comm[i].0.max(other[j].0), comm[i].1.min(other[j].1));
+        hidden_ns += e.saturating_sub(s);
+        if comm[i].1 < other[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    let hidden_pct = if comm_ns > 0 { 100.0 * hidden_ns as f64 / comm_ns as f64 } else { 0.0 };
+    Some(CommOverlap { calls, comm_ns, hidden_ns, hidden_pct })
 }
 
 impl Breakdown {
@@ -228,6 +296,7 @@ pub fn breakdown(name: &str, records: &[KernelRecord], step_ns: Option<u64>, top
         grouped(records, |r| (short_name(&r.name, 100), r.category), |(n, c)| (n.clone(), Some(*c)), total, step_ns);
     top.truncate(top_n);
     let idle = step_ns.and_then(|s| idle(records, s));
+    let comm = comm_overlap(records);
     Breakdown {
         name: name.to_string(),
         records: records.len(),
@@ -238,6 +307,7 @@ pub fn breakdown(name: &str, records: &[KernelRecord], step_ns: Option<u64>, top
         by_block,
         top,
         idle,
+        comm,
     }
 }
 

@@ -43,13 +43,16 @@ pub enum Category {
     Optimizer,
     /// Memory copies and fills (host↔device, device↔device, memset).
     Memory,
+    /// Collectives between GPUs: NCCL's kernels (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`,
+    /// `ncclKernel_…`), the data-parallel gradient all-reduce and broadcasts.
+    Collective,
     /// Anything unrecognised.
     Other,
 }
 
 impl Category {
     /// Every category, in report order.
-    pub const ALL: [Category; 12] = [
+    pub const ALL: [Category; 13] = [
         Category::ConvForward,
         Category::ConvDgrad,
         Category::ConvWgrad,
@@ -61,6 +64,7 @@ impl Category {
         Category::Reduction,
         Category::Optimizer,
         Category::Memory,
+        Category::Collective,
         Category::Other,
     ];
 
@@ -78,6 +82,7 @@ impl Category {
             Category::Reduction => "reduction",
             Category::Optimizer => "optimizer",
             Category::Memory => "memcpy/memset",
+            Category::Collective => "NCCL collective",
             Category::Other => "other",
         }
     }
@@ -240,6 +245,10 @@ pub fn classify(name: &str) -> Category {
     }
     let s = name.to_ascii_lowercase();
     let s = s.trim();
+    // NCCL's kernels first: their names carry reduction and copy words ("allreduce", "sum")
+    if s.contains("nccl") {
+        return Category::Collective;
+    }
     if s.starts_with("memcpy")
         || s.starts_with("memset")
         || has(s, &["cudamemcpy", "cudamemset", "[cuda memcpy", "[cuda memset"])

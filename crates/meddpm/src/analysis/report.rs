@@ -9,7 +9,7 @@
 //! that ran them; roofline times are *predicted*; GPU table values are *datasheet* values. What
 //! could not be collected is listed by name, and the rest of the report is still written.
 
-use super::breakdown::{breakdown, Breakdown, GapRow, Row};
+use super::breakdown::{breakdown, Breakdown, CommOverlap, GapRow, Row};
 use super::csv;
 use super::gpus::{self, check, CategoryPrediction, Check, Gpu, Math, Verdict};
 use super::kernels::{short_name, Category, KernelRecord};
@@ -468,6 +468,9 @@ pub fn markdown(r: &Report) -> String {
                     String::new()
                 }
             );
+        }
+        if let Some(c) = &b.comm {
+            let _ = writeln!(o, "{}\n", comm_line(c));
         }
         let _ = writeln!(o, "### By phase\n");
         md_table(
@@ -1137,6 +1140,7 @@ fn color(c: Category) -> plotters::style::RGBColor {
         Category::Reduction => RGBColor(227, 119, 194),
         Category::Optimizer => RGBColor(188, 189, 34),
         Category::Memory => RGBColor(127, 127, 127),
+        Category::Collective => RGBColor(255, 215, 0),
         Category::Other => RGBColor(23, 190, 207),
     }
 }
@@ -1478,6 +1482,19 @@ pub fn write(input: &Input, dir: &Path) -> Result<(Report, Vec<PathBuf>)> {
     Ok((r, written))
 }
 
+/// The collectives' overlap with other kernels, one sentence.
+fn comm_line(c: &CommOverlap) -> String {
+    format!(
+        "NCCL collectives: {} call(s), {} on the GPU timeline, {} of it ({:.1} %) while other kernels ran \
+         (hidden behind compute); {} exposed.",
+        c.calls,
+        fmt_ns(c.comm_ns as f64),
+        fmt_ns(c.hidden_ns as f64),
+        c.hidden_pct,
+        fmt_ns(c.comm_ns.saturating_sub(c.hidden_ns) as f64)
+    )
+}
+
 /// A few lines for the terminal.
 pub fn summary(r: &Report) -> String {
     let mut o = String::new();
@@ -1504,6 +1521,9 @@ pub fn summary(r: &Report) -> String {
                 gaps(i.gaps),
                 fmt_ns(i.outside_ns as f64)
             );
+        }
+        if let Some(c) = &b.comm {
+            let _ = writeln!(o, "  {:<20} {}", "", comm_line(c));
         }
     }
     for h in r.passes.iter().filter(|h| has_counts(h)) {

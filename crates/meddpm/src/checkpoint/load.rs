@@ -265,7 +265,7 @@ pub fn init_trainer_from<B: Backend>(be: &B, tr: &mut Trainer<B>, path: &Path) -
 
 /// Put `w` into `tr` as `train.py --resume_weight` does: the weights become the **online**
 /// parameters, the EMA becomes a copy of them, the Adam moments and gradients are zeroed, and
-/// `step` and `draws` (the RNG position) restart at 0. The volume size may differ from the
+/// `step`, `draws` and `samples` (the RNG position) restart at 0. The volume size may differ from the
 /// weights' (the trainer's is kept); any other config difference is an error.
 pub fn init_trainer_with<B: Backend>(be: &B, tr: &mut Trainer<B>, w: &LoadedWeights) -> Result<()> {
     if !same_topology(&w.cfg, &tr.net.cfg) {
@@ -284,5 +284,6 @@ pub fn init_trainer_with<B: Backend>(be: &B, tr: &mut Trainer<B>, w: &LoadedWeig
     tr.net.zero_grads(be);
     tr.step = 0;
     tr.draws = 0;
+    tr.samples = 0;
     Ok(())
 }

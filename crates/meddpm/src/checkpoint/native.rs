@@ -102,6 +102,9 @@ pub fn trainer_bytes<B: Backend>(be: &B, tr: &Trainer<B>, extra: &[(&str, String
     meta.insert("train".into(), serde_json::to_string(&tr.tc).expect("config serialises"));
     meta.insert("step".into(), tr.step.to_string());
     meta.insert("draws".into(), tr.draws.to_string());
+    // the global sample position (all ranks), and the world size that wrote it (information)
+    meta.insert("samples".into(), tr.samples.to_string());
+    meta.insert("world".into(), tr.world.to_string());
     for (k, v) in extra {
         meta.insert(k.to_string(), v.clone());
     }
@@ -125,6 +128,10 @@ pub struct Checkpoint {
     pub train: Option<TrainConfig>,
     pub step: u64,
     pub draws: u64,
+    /// Global samples drawn (all ranks); files written before data parallelism lack it.
+    pub samples: Option<u64>,
+    /// Data-parallel ranks of the run that wrote the file (1 when absent).
+    pub world: u64,
     pub tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
     /// Every metadata entry of the file (the parsed ones above included), e.g. `run`.
     pub meta: HashMap<String, String>,
@@ -185,6 +192,8 @@ impl Checkpoint {
             train: json(&meta, "train", path)?,
             step: num("step")?,
             draws: num("draws")?,
+            samples: meta.contains_key("samples").then(|| num("samples")).transpose()?,
+            world: num("world")?.max(1),
             tensors,
             meta,
         })
@@ -260,6 +269,7 @@ impl Checkpoint {
         }
         tr.step = self.step;
         tr.draws = self.draws;
+        tr.samples = self.samples.unwrap_or(self.draws * tc.batch as u64);
         Ok(tr)
     }
 }

@@ -7,6 +7,16 @@
 //! the sequence of samples depends only on (seed, position) — not on the number of threads or
 //! their timing — and a resumed run can start at any position.
 //!
+//! Data parallelism ([`Shard`]): the sample sequence above is the *global* stream of a run. With W
+//! ranks and batch b per rank, each micro-step takes the next W·b global samples and rank r gets
+//! the r-th block of b of them; rank r's loader yields exactly those, in order. So within every
+//! pass the ranks' samples are disjoint and together cover the pass once, everything follows from
+//! (seed, pass, position), and the ranks together see the same sequence one process with batch
+//! W·b sees. Resuming with another world size W' (or batch) continues the global stream at the
+//! saved position (`Trainer::samples`): no sample of the pass in progress is repeated or skipped,
+//! and each sample keeps its timestep and noise draws (they are indexed by global position); what
+//! changes is which rank decodes which sample and how many samples make one optimizer step.
+//!
 //! Threads: `workers` std threads claim sequence numbers from a shared counter, decode, and send
 //! `(seq, result)` over a channel; [`Loader::next`] reorders them. At most `prefetch` samples are
 //! decoded ahead of the consumer. `workers = 0` decodes synchronously inside `next`.
@@ -27,6 +37,40 @@ use std::thread::JoinHandle;
 /// keeping these draws apart from the noise/timestep streams of training.
 pub const LOADER_STREAM: u64 = 0x4C4F_4144 << 32;
 
+/// Which part of the global sample stream one rank reads (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub rank: usize,
+    pub world: usize,
+    /// Consecutive global samples per rank and micro-step (the per-rank batch).
+    pub block: usize,
+}
+
+impl Shard {
+    /// The whole stream (one process).
+    pub const ALL: Shard = Shard { rank: 0, world: 1, block: 1 };
+
+    pub fn new(rank: usize, world: usize, block: usize) -> Result<Shard> {
+        if world == 0 || rank >= world || block == 0 {
+            return Err(Error::Config(format!(
+                "shard rank {rank} of {world}, block {block}: need rank < world, block > 0"
+            )));
+        }
+        Ok(Shard { rank, world, block })
+    }
+
+    /// The global position of this rank's `k`-th sample, reading from global position `start`.
+    pub fn global(&self, start: u64, k: u64) -> u64 {
+        let (w, b) = (self.world as u64, self.block as u64);
+        start + (k / b) * w * b + self.rank as u64 * b + k % b
+    }
+}
+
+/// The dataset index at global position `seq` of the stream of a dataset of `n` pairs.
+pub fn index_at(seed: u64, n: usize, seq: u64) -> usize {
+    epoch_order(seed, seq / n as u64, n)[(seq % n as u64) as usize]
+}
+
 /// The order of dataset indices in pass `epoch` (a permutation of 0..n).
 pub fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
     let rng = Philox::new(seed, LOADER_STREAM | epoch);
@@ -41,10 +85,13 @@ pub fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
 struct Shared {
     dataset: Dataset,
     seed: u64,
+    start: u64,
+    shard: Shard,
     state: Mutex<State>,
     cv: Condvar,
 }
 
+/// Sequence numbers here are local: this loader's k-th sample (k from 0).
 struct State {
     next_seq: u64,
     consumed: u64,
@@ -54,8 +101,9 @@ struct State {
 }
 
 impl Shared {
-    /// Dataset index of sequence number `seq` (caches the permutation of each pass).
-    fn index_of(&self, st: &mut State, seq: u64) -> usize {
+    /// Dataset index of local sequence number `k` (caches the permutation of each pass).
+    fn index_of(&self, st: &mut State, k: u64) -> usize {
+        let seq = self.shard.global(self.start, k);
         let n = self.dataset.len() as u64;
         let epoch = seq / n;
         let order = st.orders.entry(epoch).or_insert_with(|| Arc::new(epoch_order(self.seed, epoch, n as usize)));
@@ -83,13 +131,21 @@ impl Loader {
     /// Full control: prefetch depth and the starting position (samples already consumed, for
     /// resuming a run exactly).
     pub fn with_options(dataset: Dataset, seed: u64, workers: usize, prefetch: usize, start: u64) -> Loader {
+        Loader::sharded(dataset, seed, workers, prefetch, start, Shard::ALL)
+    }
+
+    /// One rank's loader: the samples of `shard` from global position `start` on (the saved
+    /// `Trainer::samples` of a resumed run, whatever world size wrote it).
+    pub fn sharded(dataset: Dataset, seed: u64, workers: usize, prefetch: usize, start: u64, shard: Shard) -> Loader {
         assert!(!dataset.is_empty(), "Loader: empty dataset (Dataset constructors refuse these)");
         let shared = Arc::new(Shared {
             dataset,
             seed,
+            start,
+            shard,
             state: Mutex::new(State {
-                next_seq: start,
-                consumed: start,
+                next_seq: 0,
+                consumed: 0,
                 prefetch: prefetch.max(1) as u64,
                 stop: false,
                 orders: HashMap::new(),
@@ -140,7 +196,7 @@ impl Loader {
                 threads.push(h);
             }
         }
-        Loader { shared, rx, pending: BTreeMap::new(), pos: start, threads }
+        Loader { shared, rx, pending: BTreeMap::new(), pos: 0, threads }
     }
 
     /// The next sample (blocks until decoded). A decoding error is returned for that sample;
@@ -173,9 +229,15 @@ impl Loader {
         result
     }
 
-    /// Samples consumed so far (the `start` of a resumed loader).
+    /// The global position after the samples consumed so far, assuming every rank consumed as
+    /// many (true between micro-steps): `start` + consumed × world. With one rank, the `start` of
+    /// a resumed loader.
     pub fn position(&self) -> u64 {
-        self.pos
+        self.shared.start + self.pos * self.shared.shard.world as u64
+    }
+
+    pub fn shard(&self) -> Shard {
+        self.shared.shard
     }
 
     pub fn dataset(&self) -> &Dataset {

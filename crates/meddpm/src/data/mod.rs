@@ -29,7 +29,7 @@ pub mod view;
 
 pub use convention::{Convention, ImageScaling, MaskResize, Preset};
 pub use dataset::{Dataset, Pair, Source};
-pub use loader::Loader;
+pub use loader::{Loader, Shard};
 pub use nifti::{read_volume, write_labels, write_volume, Volume};
 pub use output::{sample_outputs, write_sample, OutputVolume};
 

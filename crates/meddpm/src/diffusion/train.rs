@@ -1,14 +1,23 @@
 //! The Med-DDPM training step (spec §3.2, §4): draw t and ε, q_sample, ε̂ = UNet(cat(x_t, cond), t),
 //! L1 loss, backward, gradient accumulation, Adam, and the reference EMA schedule.
 //!
-//! Randomness comes from Philox streams indexed by the number of micro-steps done (`draws`), so a
-//! run that is saved and resumed continues with exactly the draws it would have made.
+//! Randomness comes from Philox streams indexed by the global sample position (`samples`: samples
+//! drawn so far by all ranks together), so a run that is saved and resumed continues with exactly
+//! the draws it would have made.
+//!
+//! Data parallelism (`dist`): rank r of W, batch b per rank, takes the global samples
+//! `samples + r·b .. samples + (r+1)·b` of each micro-step (then `samples += W·b`). Sample s gets
+//! timestep draw s of `STREAM_T` and the noise at offsets s·V.. of `STREAM_NOISE` (V = elements per
+//! sample) whatever W is, so W ranks × batch b draw exactly what one rank × batch W·b draws; the loss
+//! is divided by the global batch W·b and the gradients averaged over ranks, which makes the
+//! averaged gradient equal the single-process one (up to summation order).
 //! Reference quirks kept on purpose: the loss is divided by `grad_accum` *and* by the batch size
 //! before backward; the EMA copies the online weights every `ema_every` steps until `ema_start`,
 //! then averages with `ema_decay` every `ema_every` steps; Adam has no weight decay.
 
 use super::schedule::Schedule;
 use crate::backend::{AdamStep, Backend, LossKind};
+use crate::dist::GradSync;
 use crate::error::{Error, Result};
 use crate::model::{UNet, UNetConfig};
 use crate::rng::Philox;
@@ -78,6 +87,9 @@ impl TrainConfig {
     }
 }
 
+/// A hook told as each layer's backward is queued: (layer index, all parameter gradients).
+pub type LayerDone<'a, B> = dyn FnMut(usize, &mut [<B as Backend>::Buf]) + 'a;
+
 /// Model + optimiser state + EMA + the buffers of one micro-step, all planned at construction.
 pub struct Trainer<B: Backend> {
     pub net: UNet<B>,
@@ -88,8 +100,14 @@ pub struct Trainer<B: Backend> {
     pub adam_v: Vec<B::Buf>,
     /// Optimizer steps done.
     pub step: u64,
-    /// Micro-steps done (the RNG position).
+    /// Micro-steps done by this rank.
     pub draws: u64,
+    /// Global samples drawn by all ranks together (the RNG and data position); with one rank,
+    /// `draws · batch`.
+    pub samples: u64,
+    /// This process's rank and the number of data-parallel ranks (0 and 1 for a plain run).
+    pub rank: usize,
+    pub world: usize,
     x0: B::Buf,
     cond: B::Buf,
     eps: B::Buf,
@@ -120,11 +138,24 @@ impl<B: Backend> Trainer<B> {
             tc: tc.clone(),
             step: 0,
             draws: 0,
+            samples: 0,
+            rank: 0,
+            world: 1,
             net,
             ema,
             adam_m,
             adam_v,
         })
+    }
+
+    /// Make this trainer rank `rank` of `world` data-parallel ranks (see the module docs).
+    pub fn set_rank(&mut self, rank: usize, world: usize) -> Result<()> {
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!("rank {rank} of {world}: need 0 <= rank < world")));
+        }
+        self.rank = rank;
+        self.world = world;
+        Ok(())
     }
 
     /// Bytes of everything the trainer planned: the U-Net's buffers ([`crate::model::MemPlan`]),
@@ -136,33 +167,51 @@ impl<B: Backend> Trainer<B> {
         self.net.mem.total() + 3 * p + 4 * (3 * img + cond + 1)
     }
 
-    /// The timesteps micro-step `draw` uses, one per batch element.
-    pub fn timesteps_for(&self, draw: u64) -> Vec<usize> {
+    /// The timesteps of the batch whose first element is global sample `first`.
+    pub fn timesteps_at(&self, first: u64) -> Vec<usize> {
         let r = Philox::new(self.tc.seed, STREAM_T);
-        let n = self.tc.batch as u64;
-        (0..n).map(|i| r.below(draw * n + i, self.tc.timesteps as u32) as usize).collect()
+        (0..self.tc.batch as u64).map(|i| r.below(first + i, self.tc.timesteps as u32) as usize).collect()
+    }
+
+    /// The global sample index of this rank's first batch element in the next micro-step.
+    pub fn first_sample(&self) -> u64 {
+        self.samples + (self.rank * self.tc.batch) as u64
     }
 
     /// One forward/backward on a batch (host NCDHW: image (N, out_ch, D, H, W), cond
     /// (N, cond_ch, D, H, W)); gradients accumulate. Returns the unscaled mean loss.
     pub fn micro_step(&mut self, be: &B, image: &[f32], cond: &[f32]) -> f32 {
+        self.micro_step_with(be, image, cond, None)
+    }
+
+    /// [`Trainer::micro_step`]; with `done`, it is called as each layer's backward is queued
+    /// ([`UNet::backward_with`], launched from the host), without it the backward may be a
+    /// replayed graph ([`UNet::backward`]).
+    fn micro_step_with(&mut self, be: &B, image: &[f32], cond: &[f32], done: Option<&mut LayerDone<'_, B>>) -> f32 {
         let img = self.net.output_dims();
         let cd = self.net.input_dims().with_c(self.net.cfg.cond_channels());
-        let ts = self.timesteps_for(self.draws);
+        let first = self.first_sample();
+        let ts = self.timesteps_at(first);
         let (a, b): (Vec<f32>, Vec<f32>) = ts.iter().map(|&t| self.sched.q_coefs(t)).unzip();
         be.upload_act(image, img, &mut self.x0);
         be.upload_act(cond, cd, &mut self.cond);
-        be.randn(&mut self.eps, Philox::new(self.tc.seed, STREAM_NOISE), self.draws * img.numel() as u64, img);
+        let per_sample = (img.numel() / img.n) as u64;
+        be.randn(&mut self.eps, Philox::new(self.tc.seed, STREAM_NOISE), first * per_sample, img);
         be.q_sample(&mut self.xt, &self.x0, &self.eps, &a, &b, img);
         be.concat_channels(self.net.input_mut(), &self.xt, &self.cond, img, img.c, cd.c);
         let tf: Vec<f32> = ts.iter().map(|&t| t as f32).collect();
         self.net.forward(be, &tf);
         let (out, dout) = self.net.output_and_grad();
         be.loss_forward(&mut self.loss, out, &self.eps, self.tc.loss);
-        let scale = 1.0 / (self.tc.grad_accum * self.tc.batch) as f32;
+        // the reference divides by the batch: the global one when ranks average their gradients
+        let scale = 1.0 / (self.tc.grad_accum * self.tc.batch * self.world) as f32;
         be.loss_backward(dout, out, &self.eps, self.tc.loss, scale);
-        self.net.backward(be);
+        match done {
+            Some(done) => self.net.backward_with(be, done),
+            None => self.net.backward(be),
+        }
         self.draws += 1;
+        self.samples += (self.world * self.tc.batch) as u64;
         let mut l = [0f32];
         be.download(&self.loss, &mut l);
         l[0]
@@ -200,6 +249,36 @@ impl<B: Backend> Trainer<B> {
             let (img, cond) = next()?;
             sum += self.micro_step(be, &img, &cond);
         }
+        self.opt_step(be);
+        Ok(sum / self.tc.grad_accum as f32)
+    }
+
+    /// [`Trainer::train_step`] for data-parallel ranks: on the last micro-step the gradient
+    /// buckets are handed to `sync` as backward finishes their layers, and `sync.finish` makes
+    /// them the average over ranks before Adam. Returns this rank's mean micro-step loss.
+    pub fn train_step_synced<F>(&mut self, be: &B, mut next: F, sync: &mut dyn GradSync<B>) -> Result<f32>
+    where
+        F: FnMut() -> Result<(Vec<f32>, Vec<f32>)>,
+    {
+        if sync.world() != self.world || sync.rank() != self.rank {
+            return Err(Error::Config(format!(
+                "trainer is rank {} of {}, the gradient sync rank {} of {}",
+                self.rank,
+                self.world,
+                sync.rank(),
+                sync.world()
+            )));
+        }
+        let mut sum = 0.0;
+        for k in 0..self.tc.grad_accum {
+            let (img, cond) = next()?;
+            sum += if k + 1 == self.tc.grad_accum {
+                self.micro_step_with(be, &img, &cond, Some(&mut |layer, grads| sync.layer_done(be, layer, grads)))
+            } else {
+                self.micro_step(be, &img, &cond)
+            };
+        }
+        sync.finish(be, &mut self.net.grads)?;
         self.opt_step(be);
         Ok(sum / self.tc.grad_accum as f32)
     }

@@ -52,6 +52,17 @@ pub struct SampleTiming {
     /// Volumes per network batch.
     pub batch: usize,
     pub batches: Vec<BatchTiming>,
+    /// Processes (GPUs) that sampled in parallel (`sample --gpus`, [`SampleTiming::merge`]); their
+    /// batches are interleaved, each rank's first batch among the first `ranks`. Absent: 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub ranks: usize,
+}
+
+fn one() -> usize {
+    1
+}
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 impl SampleTiming {
@@ -59,9 +70,11 @@ impl SampleTiming {
         self.batches.iter().map(|b| b.volumes.len()).sum()
     }
 
-    /// Wall seconds per volume (see the module docs); NaN without volumes.
+    /// Wall seconds per volume (see the module docs; with several ranks: per GPU, the first
+    /// batch of every rank left out); NaN without volumes.
     pub fn seconds_per_volume(&self) -> f64 {
-        let steady = if self.batches.len() > 1 { &self.batches[1..] } else { &self.batches[..] };
+        let first = self.ranks.max(1);
+        let steady = if self.batches.len() > first { &self.batches[first..] } else { &self.batches[..] };
         let per: Vec<f64> =
             steady.iter().filter(|b| !b.volumes.is_empty()).map(|b| b.seconds / b.volumes.len() as f64).collect();
         if per.is_empty() {
@@ -69,6 +82,22 @@ impl SampleTiming {
         } else {
             per.iter().sum::<f64>() / per.len() as f64
         }
+    }
+
+    /// The timings of ranks that sampled disjoint volumes of one command in parallel, as one:
+    /// their batches interleaved (every rank's first, then every rank's second, …), `ranks` set,
+    /// the device line naming them. None without parts.
+    pub fn merge(parts: Vec<SampleTiming>) -> Option<SampleTiming> {
+        let first = parts.first()?.clone();
+        let devices: Vec<&str> = parts.iter().map(|p| p.device.as_str()).collect();
+        let device = if devices.iter().all(|d| *d == devices[0]) {
+            format!("{} × {}", parts.len(), devices[0])
+        } else {
+            devices.join(" + ")
+        };
+        let longest = parts.iter().map(|p| p.batches.len()).max().unwrap_or(0);
+        let batches = (0..longest).flat_map(|i| parts.iter().filter_map(move |p| p.batches.get(i).cloned())).collect();
+        Some(SampleTiming { device, batches, ranks: parts.iter().map(|p| p.ranks.max(1)).sum(), ..first })
     }
 }
 

@@ -731,12 +731,23 @@ impl<B: Backend> UNet<B> {
     pub fn backward(&mut self, be: &B) {
         be.push_range("backward");
         let key = self.graph_key(1);
-        be.replay(key, &mut || self.backward_calls(be));
+        be.replay(key, &mut || self.backward_calls(be, &mut |_, _| {}));
         be.pop_range();
     }
 
-    /// The backward's device calls (see [`UNet::backward`]).
-    fn backward_calls(&mut self, be: &B) {
+    /// [`UNet::backward`], calling `done(i, grads)` once layer `i`'s backward is queued (its
+    /// parameter gradients are final from then on) and `done(0, grads)` at the very end, when the
+    /// time embedding's are too. Data-parallel training starts gradient all-reduces from here
+    /// (`dist::buckets`). A hook that launches collectives mid-backward can not be captured into a
+    /// replayed graph: this path always launches from the host.
+    pub fn backward_with(&mut self, be: &B, done: &mut dyn FnMut(usize, &mut [B::Buf])) {
+        be.push_range("backward");
+        self.backward_calls(be, done);
+        be.pop_range();
+    }
+
+    /// The backward's device calls (see [`UNet::backward`]), reporting finished layers to `done`.
+    fn backward_calls(&mut self, be: &B, done: &mut dyn FnMut(usize, &mut [B::Buf])) {
         let UNet { cfg, params: w, grads: dw, layers, acts, temb: te, scr, scr32, lowp, .. } = self;
         let cw = |i: usize| lowp[i].as_ref().unwrap_or(&w[i]);
         let (n, mc, emb, g) = (self.batch, cfg.model_channels, cfg.emb_dim(), cfg.groups);
@@ -757,6 +768,7 @@ impl<B: Backend> UNet<B> {
                 let [dout, dh, ds] = acts.get_disjoint_mut([di, dxi, si]).expect("distinct buffers");
                 be.split_channels((dh, mode), (ds, *skip_mode), dout, *xd, *ca, *cb);
                 be.pop_range();
+                done(i, dw);
                 continue;
             }
             // the output gradient, the input, and the input's gradient
@@ -856,6 +868,7 @@ impl<B: Backend> UNet<B> {
                 }
             }
             be.pop_range();
+            done(i, dw);
         }
         // time_embed backward: SiLU (emb_layers), Linear 2, SiLU, Linear 0 (no input grad).
         be.push_range("time_embed");
@@ -866,5 +879,6 @@ impl<B: Backend> UNet<B> {
         let [gw, gb] = dw.get_disjoint_mut([0, 1]).expect("distinct");
         be.linear_backward(None, gw, gb, &te.d2, &te.sin, &w[0], n, mc, emb);
         be.pop_range();
+        done(0, dw);
     }
 }

@@ -9,7 +9,8 @@
 //! - `losslog`: `loss.csv` (appended across resumes) and its plot `loss.svg` with the EMA
 //! - `stop`: [`StopFlag`] — SIGINT/SIGTERM finish the step and save; a second one aborts
 //! - `session`: [`Session::run`] — the loop with checkpoints, stop, divergence and write failures
-//!   handled, and the test-only fault injection ([`Faults`])
+//!   handled, and the test-only fault injection ([`Faults`]); [`Session::run_ranked`] is the same
+//!   loop as one data-parallel rank ([`Ranks`]: stop and divergence agreed by all ranks)
 
 pub mod fingerprint;
 pub mod losslog;
@@ -20,5 +21,5 @@ pub mod stop;
 pub use fingerprint::{fingerprint, DataChanges, FilePrint, PairPrint};
 pub use losslog::LossLog;
 pub use record::{override_train, DataSource, Overrides, RunRecord};
-pub use session::{run_dir, Faults, Outcome, Session, Summary, CHECKPOINT};
+pub use session::{run_dir, Faults, Outcome, Ranks, Session, Summary, CHECKPOINT};
 pub use stop::StopFlag;

@@ -10,6 +10,16 @@
 //! - **a write that fails** (full disk, quota, I/O error): `Err(Error::NotWritten)` naming the
 //!   file and the OS reason; the temp file is removed and the previous checkpoint is intact.
 //!
+//! **Data-parallel ranks** ([`Session::run_ranked`] with [`Ranks`]): every rank runs this loop
+//! in lockstep; rank 0's weights, EMA and Adam moments are broadcast first, gradients are averaged
+//! each step (`Trainer::train_step_synced`), and each step ends with one tiny all-gather of every
+//! rank's loss *and its stop flag*: the logged loss is the mean over the global batch, and a stop
+//! requested on any rank (a signal to rank 0 alone is enough) stops all of them after the same
+//! optimizer step — the decision is taken from the gathered values, identical on every rank. The
+//! weights of all ranks are compared by hash every `check_every` steps and at the end. Rank 0
+//! alone writes the checkpoint and the loss log; how its write went (written, weights not finite,
+//! failed) is sent to the others, so that they stop at the same step too.
+//!
 //! Fault injection for tests ([`Faults`]): from the environment in the `meddpm` binary
 //! (`MEDDPM_FAULT_NAN_AT_STEP=N`: the image batch of step N is all NaN, so the loss and then the
 //! weights really become NaN; `MEDDPM_FAULT_DISK_FULL_AT_STEP=N`: the checkpoint write at step N
@@ -22,6 +32,7 @@ use super::stop::StopFlag;
 use crate::backend::Backend;
 use crate::checkpoint::{trainer_bytes, write_atomic_with};
 use crate::diffusion::Trainer;
+use crate::dist::{broadcast_state, check_weights, GradSync};
 use crate::error::{Error, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -99,6 +110,33 @@ pub struct Session<'a> {
     pub saved_step: Option<u64>,
 }
 
+/// A data-parallel rank's part in [`Session::run_ranked`] (see the module doc).
+pub struct Ranks<'s, B: Backend> {
+    /// The collective the ranks average gradients and agree through.
+    pub sync: &'s mut dyn GradSync<B>,
+    /// Compare the weights of all ranks by hash every N optimizer steps (0: only at the end).
+    pub check_every: u64,
+}
+
+impl<B: Backend> Ranks<'_, B> {
+    fn lead(&self) -> bool {
+        self.sync.rank() == 0
+    }
+
+    /// Rank 0's `v` on every rank.
+    fn lead_value(&mut self, be: &B, v: u64) -> Result<u64> {
+        Ok(self.sync.all_gather_u64(be, v)?[0])
+    }
+
+    /// The step's loss over the global batch (the mean of the ranks' losses, summed in rank
+    /// order: the same bits on every rank) and whether any rank asked to stop.
+    fn agree_step(&mut self, be: &B, loss: f32, stop: bool) -> Result<(f32, bool)> {
+        let all = self.sync.all_gather_u64(be, loss.to_bits() as u64 | (stop as u64) << 32)?;
+        let sum = all.iter().map(|&v| f32::from_bits(v as u32)).sum::<f32>();
+        Ok((sum / all.len() as f32, all.iter().any(|&v| v >> 32 != 0)))
+    }
+}
+
 /// A writer that fails with "no space left on device" after `left` bytes.
 struct FullDisk<'f> {
     f: &'f mut std::fs::File,
@@ -172,35 +210,102 @@ impl Session<'_> {
         })
     }
 
+    /// Write the checkpoint on rank 0 (every process when alone), and tell every rank how it
+    /// went so that all of them take the same next step. `Ok(Some(reason))`: the weights are not
+    /// finite, nothing was written.
+    fn save_agreed<B: Backend>(
+        &mut self,
+        be: &B,
+        tr: &Trainer<B>,
+        ranks: &mut Option<Ranks<'_, B>>,
+    ) -> Result<Option<String>> {
+        let Some(r) = ranks else { return self.save(be, tr) };
+        let mine = if r.lead() { self.save(be, tr) } else { Ok(None) };
+        let code = match &mine {
+            Ok(None) => 0,
+            Ok(Some(_)) => 1,
+            Err(_) => 2,
+        };
+        match (mine, r.lead_value(be, code)?) {
+            (Err(e), _) => Err(e),
+            (Ok(x), 0) => {
+                self.saved_step = Some(tr.step);
+                Ok(x)
+            }
+            (Ok(Some(reason)), _) => Ok(Some(reason)),
+            (Ok(None), 1) => Ok(Some("the weights are not finite (rank 0 found them so)".into())),
+            (Ok(None), _) => Err(Error::Dist(format!(
+                "rank 0 could not write the checkpoint of step {} (its error says why); stopping with it",
+                tr.step
+            ))),
+        }
+    }
+
     /// Train `tr` until the record's step target, a stop request or a divergence; `next`
     /// supplies (image, cond) batches, `on_step(step, loss)` is called after each step.
     pub fn run<B: Backend>(
         &mut self,
         be: &B,
         tr: &mut Trainer<B>,
+        next: impl FnMut() -> Result<(Vec<f32>, Vec<f32>)>,
+        on_step: impl FnMut(u64, f32),
+    ) -> Result<Summary> {
+        self.run_ranked(be, tr, None, next, on_step)
+    }
+
+    /// [`Session::run`] as one data-parallel rank of `ranks` (see the module doc), or alone with
+    /// `None`. Every rank must call it with the same record, trainer state and step target; only
+    /// rank 0 writes into `dir`. `next` supplies this rank's batches (its shard of the global
+    /// sample stream); the losses of the summary and of `on_step` are the global-batch means.
+    pub fn run_ranked<B: Backend>(
+        &mut self,
+        be: &B,
+        tr: &mut Trainer<B>,
+        mut ranks: Option<Ranks<'_, B>>,
         mut next: impl FnMut() -> Result<(Vec<f32>, Vec<f32>)>,
         mut on_step: impl FnMut(u64, f32),
     ) -> Result<Summary> {
         let start = tr.step;
+        let lead = ranks.as_ref().is_none_or(Ranks::lead);
+        if let Some(r) = &mut ranks {
+            tr.set_rank(r.sync.rank(), r.sync.world())?;
+            broadcast_state(r.sync, be, tr)?;
+        }
         // A temp file left by an aborted write is garbage (the checkpoint beside it is whole).
-        let _ = std::fs::remove_file(self.dir.join(format!("{CHECKPOINT}.tmp")));
+        if lead {
+            let _ = std::fs::remove_file(self.dir.join(format!("{CHECKPOINT}.tmp")));
+        }
         let mut losses = Vec::new();
         let every = self.record.checkpoint_every;
+        // with ranks: the stop all of them agreed on after the last step
+        let mut agreed_stop = false;
         let mut outcome = loop {
             if tr.step >= self.record.steps {
                 break Outcome::Finished;
             }
-            if self.stop.requested() {
+            if agreed_stop || (ranks.is_none() && self.stop.requested()) {
                 break Outcome::Stopped;
             }
             let poison = self.faults.nan_at_step == Some(tr.step + 1);
-            let loss = tr.train_step(be, || {
+            let batches = || {
                 let (mut img, cond) = next()?;
                 if poison {
                     img.fill(f32::NAN);
                 }
                 Ok((img, cond))
-            })?;
+            };
+            let loss = match &mut ranks {
+                None => tr.train_step(be, batches)?,
+                Some(r) => {
+                    let own = tr.train_step_synced(be, batches, r.sync)?;
+                    let (global, stop) = r.agree_step(be, own, self.stop.requested())?;
+                    agreed_stop = stop;
+                    if r.check_every > 0 && tr.step.is_multiple_of(r.check_every) {
+                        check_weights(r.sync, be, tr)?;
+                    }
+                    global
+                }
+            };
             losses.push(loss);
             self.log.push(tr.step, loss);
             on_step(tr.step, loss);
@@ -208,16 +313,29 @@ impl Session<'_> {
                 break Outcome::Diverged { step: tr.step, reason: format!("the loss is {loss}") };
             }
             if every > 0 && tr.step.is_multiple_of(every) {
-                if let Some(reason) = self.save(be, tr)? {
+                if let Some(reason) = self.save_agreed(be, tr, &mut ranks)? {
                     break Outcome::Diverged { step: tr.step, reason };
                 }
             }
         };
+        if !matches!(outcome, Outcome::Diverged { .. }) {
+            if let Some(r) = &mut ranks {
+                check_weights(r.sync, be, tr)?;
+            }
+        }
+        // whether the end needs a checkpoint: rank 0's view (only it sees the file for sure)
+        let mut missing = self.saved_step != Some(tr.step) || !(lead && self.checkpoint_path().is_file());
+        if let Some(r) = &mut ranks {
+            missing = r.lead_value(be, missing as u64)? != 0;
+        }
         match outcome {
-            Outcome::Diverged { .. } => self.flush_log()?,
-            _ if self.saved_step != Some(tr.step) || !self.checkpoint_path().is_file() => {
-                if let Some(reason) = self.save(be, tr)? {
-                    self.flush_log()?;
+            Outcome::Diverged { .. } if lead => self.flush_log()?,
+            Outcome::Diverged { .. } => {}
+            _ if missing => {
+                if let Some(reason) = self.save_agreed(be, tr, &mut ranks)? {
+                    if lead {
+                        self.flush_log()?;
+                    }
                     outcome = Outcome::Diverged { step: tr.step, reason };
                 }
             }
