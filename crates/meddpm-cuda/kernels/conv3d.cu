@@ -190,13 +190,14 @@ __device__ __forceinline__ void load_row(const T* x, i64 row, int w0, int W, boo
     xr[SC_V + 1] = w0 + SC_V < W ? ld(x, row + w0 + SC_V) : 0.0f;
 }
 
-// p[i + k] = v[k] (or += when accum) for k < n, of type T: in vectors of V (ldv/stv) where `vec`
-// (i % V == 0) and a whole vector remains, else element by element.
-template <typename T, int V>
+// p[i + k] = v[k] (or += when accum) for k < n <= NMAX, of type T: NMAX / V vectors (ldv/stv) when
+// `vec` (i % V == 0) and n == NMAX, else element by element. Every index into v is a compile-time
+// constant, so v stays in registers.
+template <typename T, int V, int NMAX>
 __device__ __forceinline__ void put(T* p, i64 i, float* v, int n, bool vec, int accum) {
-    int k = 0;
-    if (vec) {
-        for (; k + V <= n; k += V) {
+    if (vec && n == NMAX) {
+#pragma unroll
+        for (int k = 0; k < NMAX; k += V) {
             if (accum) {
                 float o[V];
                 ldv<V>(p, i + k, o);
@@ -205,8 +206,11 @@ __device__ __forceinline__ void put(T* p, i64 i, float* v, int n, bool vec, int 
             }
             stv<V>(p, i + k, v + k);
         }
+    } else {
+#pragma unroll
+        for (int k = 0; k < NMAX; k++)
+            if (k < n) st(p, i + k, accum ? ld(p, i + k) + v[k] : v[k]);
     }
-    for (; k < n; k++) st(p, i + k, accum ? ld(p, i + k) + v[k] : v[k]);
 }
 
 // Weight element (co, ci, t) of a conv with CO outputs and CI inputs: (CO, CI, 27) NCDHW,
@@ -216,11 +220,12 @@ __device__ __forceinline__ float wat(const void* w, int wbf, int co, int ci, int
     return wbf ? ld((const bf16*)w, o) : ld((const float*)w, o);
 }
 
-// -- conv3d_small_cin: out[n, co, v] (= or +=) b[co] + sum over ci < CI, t of w'[co, ci, t] * x[n, ci, v + off(t)]
+// -- small_cin_body (conv3d_fwd_small_cin, conv3d_dgrad_small_cout):
+//   out[n, co, v] (= or +=) b[co] + sum over ci < CI, t of w'[co, ci, t] * x[n, ci, v + off(t)]
 // with CI <= 4 and any CO. Block: (CO channel groups of SC_COT, up to 8) warps; warp = channel group
 // (all lanes read the same weights: shared-memory broadcasts), lane = voxel group; grid (x: runs of
-// steps of 32 voxel groups, `block_run`; y: blocks of 8 * SC_COT output channels). Per (neighbour line, ci) a
-// thread reads 6 inputs and 6 16-byte weight vectors and does 3 * SC_V * SC_COT = 96 FMAs.
+// steps of 32 voxel groups, `block_run`; y: blocks of 8 * SC_COT output channels). Per (neighbour
+// line, ci) a thread reads 6 inputs and 6 16-byte weight vectors and does 3 * SC_V * SC_COT = 96 FMAs.
 //   NDHWC with W % SC_V == 0 (the network's shapes): a block's 32 voxel groups are 128 consecutive
 //   voxels, and so are their inputs on each neighbour line (shifted by a constant, plus one voxel each
 //   side), CI channels each: the block stages those 9 x 130 x CI inputs in shared memory with
@@ -344,15 +349,17 @@ __device__ __noinline__ void small_cin_body(float* ws, float* xs, const void* xv
         const int nv = min(SC_V, W - q.w0);
         if (cl) {
             // per voxel, nco consecutive channels: 16-byte vectors where CO allows
-            for (int v = 0; v < nv; v++) {
+#pragma unroll
+            for (int v = 0; v < SC_V; v++) {
+                if (v >= nv) break;
                 float r[SC_COT];
 #pragma unroll
                 for (int o = 0; o < SC_COT; o++) r[o] = acc[o][v];
                 const i64 base = (q.vline + q.w0 + v) * CO + co0;
                 if (ybf)
-                    put<bf16, 8>((bf16*)y, base, r, nco, CO % 8 == 0, accum);
+                    put<bf16, 8, SC_COT>((bf16*)y, base, r, nco, CO % 8 == 0, accum);
                 else
-                    put<float, 4>((float*)y, base, r, nco, CO % 4 == 0, accum);
+                    put<float, 4, SC_COT>((float*)y, base, r, nco, CO % 4 == 0, accum);
             }
         } else {
             // per channel, nv consecutive voxels
@@ -362,9 +369,9 @@ __device__ __noinline__ void small_cin_body(float* ws, float* xs, const void* xv
                 if (o >= nco) break;
                 const i64 i = ((i64)q.n * CO + co0 + o) * S + vin;
                 if (ybf)
-                    put<bf16, 4>((bf16*)y, i, acc[o], nv, xvec, accum);
+                    put<bf16, 4, SC_V>((bf16*)y, i, acc[o], nv, xvec, accum);
                 else
-                    put<float, 4>((float*)y, i, acc[o], nv, xvec, accum);
+                    put<float, 4, SC_V>((float*)y, i, acc[o], nv, xvec, accum);
             }
         }
     }
@@ -560,7 +567,7 @@ __device__ void small_cout_body(float* ws, const void* xv, const void* w, int wb
                     for (int cc = 0; cc < COT; cc++)
                         if (vv * COT + cc == i) r = acc[vv][cc];
                 if (v < nv && co < CO) {
-                    r += bv[co];
+                    r += bias[co];
                     const i64 o = (q.vline + q.w0 + v) * CO + co;
                     if (ybf)
                         st((bf16*)y, o, r);
@@ -578,9 +585,9 @@ __device__ void small_cout_body(float* ws, const void* xv, const void* w, int wb
                     for (int v = 0; v < SC_V; v++) r[v] = acc[v][co] + bv[co];
                     const i64 i = ((i64)q.n * CO + co) * S + vin;
                     if (ybf)
-                        put<bf16, 4>((bf16*)y, i, r, nv, W % SC_V == 0, 0);
+                        put<bf16, 4, SC_V>((bf16*)y, i, r, nv, W % SC_V == 0, 0);
                     else
-                        put<float, 4>((float*)y, i, r, nv, W % SC_V == 0, 0);
+                        put<float, 4, SC_V>((float*)y, i, r, nv, W % SC_V == 0, 0);
                 }
             }
         }
