@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # evalcfg.sh: issue 6's GPU report — train a demo-size model on the H200, then sample it under
 # every precision/layout (`meddpm eval-configs`: fp32/ncdhw baseline, tf32/ncdhw, fp32/ndhwc,
-# tf32/ndhwc; same masks, same seeds) and write the verdict table.
+# tf32/ndhwc, bf16/ncdhw, bf16/ndhwc; same masks, same seeds) and write the verdict table.
 #
 # Run by the integration script on the GPU machine with
 #   BIN  the release `meddpm` binary (built on the CPU machine)
@@ -25,10 +25,10 @@ DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-3000}
 CKPT_EVERY=${CKPT_EVERY:-200}
 TRAIN_SECONDS=${TRAIN_SECONDS:-60}
-EVAL_SECONDS=${EVAL_SECONDS:-80}
+EVAL_SECONDS=${EVAL_SECONDS:-150}
 SEEDS=${SEEDS:-3}
 MODEL_CHANNELS=${MODEL_CHANNELS:-32}
-CONFIGS=${CONFIGS:-fp32/ncdhw,tf32/ncdhw,fp32/ndhwc,tf32/ndhwc}
+CONFIGS=${CONFIGS:-fp32/ncdhw,tf32/ncdhw,fp32/ndhwc,tf32/ndhwc,bf16/ncdhw,bf16/ndhwc}
 EVALCFG_CMD=${EVALCFG_CMD:-eval-configs}
 mkdir -p "$RES"
 LOG="$RES/evalcfg.log"
@@ -110,5 +110,5 @@ if [ $rc -ne 0 ]; then
 fi
 say "eval-configs: $((t2 - t1)) s; total $((t2 - t0)) s; $(grep -o "(step [0-9]*" "$RES/eval_configs.md" | head -1 | tr -d "(") of training evaluated"
 # Short table last: the verdict rows.
-grep -E "^\| (cpu|fp32|tf32).*(baseline|spread|skipped|K < 2)" "$RES/eval_configs.md"
+grep -E "^\| (cpu|fp32|tf32|bf16).*(baseline|spread|skipped|K < 2)" "$RES/eval_configs.md"
 rm -rf "$WORK"

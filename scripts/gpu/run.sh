@@ -9,6 +9,7 @@
 #   evalcfg  train the demo on the GPU, sample under every precision × layout, quality verdicts
 #   profile  CUPTI kernel breakdown, optimization matrix, ncu counters, PyTorch comparison
 #   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
+#   study    scripts/gpu/study.sh $STUDY (demo model, sampler study, whole-head 20-step timing, BraTS)
 #   prof     the CUPTI breakdown of one whole-head training and sampling step for each precision in
 #            PROF_MATH (default bf16), NDHWC, no counters (a minute each)
 # BENCH_ARGS (default --torch) are extra arguments of the bench part.
@@ -49,6 +50,7 @@ for part in "$@"; do
     torch)   TEST_BIN="$BIN/torch_full" BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/torch_full.sh ;;
     evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;
     profile) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/profile.sh ;;
+    study)   BIN="$BIN/meddpm" OUT="$RES" bash scripts/gpu/study.sh ${STUDY:-demo samplers wholehead brats} ;;
     prof)
       CUPTI=$(dirname "$(find "$SP/nvidia" /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")
       for m in ${PROF_MATH:-bf16}; do

@@ -85,6 +85,9 @@ pub struct BenchArgs {
     /// Untimed iterations first.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
+    /// Launch every kernel from the host instead of replaying the U-Net's passes as CUDA graphs.
+    #[arg(long)]
+    pub no_graphs: bool,
     /// Skip the training measurement.
     #[arg(long)]
     pub no_train: bool,
@@ -115,6 +118,8 @@ pub struct Row {
     pub device: String,
     pub precision: String,
     pub layout: String,
+    /// U-Net passes replayed as CUDA graphs.
+    pub graphs: bool,
     pub train_ms: Option<f64>,
     pub train_all_ms: Vec<f64>,
     pub opt_ms: Option<f64>,
@@ -416,6 +421,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     );
                     let mut r = {
                         let be = meddpm_cuda::CudaBackend::new(a.gpu, pr, la)?;
+                        be.set_graphs(!a.no_graphs);
                         eprintln!("bench: {}", be.describe());
                         let mem = || Some(be.mem_info()).filter(|m| m.1 > 0);
                         measure(&be, &cfg, a, &mem).with_context(|| format!("{} {}", p.name(), l.name()))?
@@ -423,6 +429,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     r.device = format!("cuda:{}", a.gpu);
                     r.precision = p.name().into();
                     r.layout = l.name().into();
+                    r.graphs = !a.no_graphs;
                     if whole_head && p == Prec::Tf32 {
                         r.fwd_pct_of_floor = Some(100.0 * FLOOR_FWD_MS / r.fwd_ms);
                         r.train_pct_of_floor = r.train_ms.map(|t| 100.0 * FLOOR_TRAIN_MS / t);

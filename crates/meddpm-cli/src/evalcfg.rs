@@ -121,7 +121,7 @@ pub struct EvalConfigsArgs {
     pub weights: String,
     /// Configurations, comma-separated: PRECISION/LAYOUT on CUDA (fp32|tf32 / ncdhw|ndhwc) or
     /// cpu. The first one that runs is the baseline.
-    #[arg(long, value_delimiter = ',', default_value = "fp32/ncdhw,tf32/ncdhw,fp32/ndhwc,tf32/ndhwc", value_parser = parse_config)]
+    #[arg(long, value_delimiter = ',', default_value = "fp32/ncdhw,tf32/ncdhw,fp32/ndhwc,tf32/ndhwc,bf16/ncdhw,bf16/ndhwc", value_parser = parse_config)]
     pub configs: Vec<Config>,
     /// Also run the CPU reference (slow for large models).
     #[arg(long)]

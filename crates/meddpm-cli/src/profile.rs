@@ -612,6 +612,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
     if a.ncu_child {
         // under ncu for a parent --counters run: only the steps, inside the `profile` range
         let be = CudaBackend::new(0, precision, layout).context("opening the CUDA backend under ncu")?;
+        be.set_graphs(false); // every kernel launched by the host, inside its NVTX range
         eprintln!(
             "profile (ncu child): NVTX {}",
             if cupti::nvtx_tool_attached() { "ranges go to the attached tool" } else { "has no tool attached" }
@@ -838,6 +839,14 @@ fn cuda_run(
             return Ok(());
         }
     };
+    // Profiles attribute each kernel to its U-Net block through ranges pushed by the host, so the
+    // steps run without CUDA graphs (meddpm bench measures with them).
+    cuda.set_graphs(false);
+    input.not_collected.push(
+        "CUDA graphs: the profiled steps launch every kernel from the host (graphs off); `meddpm bench` times \
+         them with graph replay"
+            .into(),
+    );
     input.device_gpu = gpus::find(&cuda.info().name);
     input.math = Some(math_of(precision));
     input.device = cuda.describe();
@@ -904,6 +913,7 @@ fn cuda_run(
                 eprintln!("profile: matrix configuration {name}");
                 match CudaBackend::new(0, p, l) {
                     Ok(be) => {
+                        be.set_graphs(false);
                         let mut n = Vec::new();
                         let ps = cuda_steps(&be, cfg, opts, Steps::Train, true, false, &mut n, &mut Vec::new())
                             .with_context(|| format!("matrix configuration {name}"))?;

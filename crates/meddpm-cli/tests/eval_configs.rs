@@ -161,7 +161,7 @@ fn cpu_run_reports_and_matches_an_independent_sample() {
         let r = json(&out2);
         assert_eq!(r["baseline"], "cpu");
         let confs = r["configurations"].as_array().unwrap();
-        assert_eq!(confs.len(), 5);
+        assert_eq!(confs.len(), 7, "cpu + the six GPU configurations (fp32, tf32, bf16 × two layouts)");
         assert!(confs[1..]
             .iter()
             .all(|c| c["status"] == "skipped" && c["skip_reason"].as_str().unwrap().contains("CUDA")));

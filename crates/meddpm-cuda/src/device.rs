@@ -46,6 +46,9 @@ pub(crate) const KERNEL_UNITS: &[&[(&str, &str)]] = &[
     &[COMMON, ("conv3d.cu", include_str!("../kernels/conv3d.cu"))],
 ];
 
+/// Bytes of the workspace given to cuBLAS.
+const BLAS_WS: usize = 32 << 20;
+
 /// Every `extern "C"` kernel in [`KERNEL_SOURCES`].
 pub(crate) const KERNEL_NAMES: &[&str] = &[
     "chan_stats_ncdhw",
@@ -91,6 +94,9 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "adam_step",
     "ema_update",
     "cast_buf",
+    "adam_multi",
+    "ema_multi",
+    "cast_multi",
     "conv3d_wgrad_small1",
     "conv3d_wgrad_small2",
     "conv3d_wgrad_small3",
@@ -169,6 +175,8 @@ pub(crate) struct Device {
     scratch: Mutex<CudaSlice<f32>>,
     /// cuDNN workspace (bytes), grown to the largest chosen algorithm's need.
     workspace: Mutex<CudaSlice<u8>>,
+    /// cuBLAS's workspace (set with cublasSetWorkspace; kept alive here).
+    _blas_ws: CudaSlice<u8>,
     /// Typed temporaries by (elements, type, slot): conversions around cuDNN and attention,
     /// created on the first use of a shape and kept (see [`Device::temp`]).
     temps: Mutex<HashMap<(usize, DType, u8), GpuBuf>>,
@@ -373,6 +381,13 @@ impl Device {
         cublas_ck(unsafe { bsys::cublasSetStream_v2(blas.0, stream.cu_stream() as _) }, "cublasSetStream")?;
         let mut cublas_version = 0;
         unsafe { bsys::cublasGetVersion_v2(blas.0, &mut cublas_version) };
+        // A workspace of our own: cuBLAS then allocates nothing inside captured graphs.
+        let blas_ws = stream.alloc_zeros::<u8>(BLAS_WS).map_err(|e| e.to_string())?;
+        {
+            use cudarc::driver::DevicePtr;
+            let (p, _g) = blas_ws.device_ptr(&stream);
+            cublas_ck(unsafe { bsys::cublasSetWorkspace_v2(blas.0, p as _, BLAS_WS) }, "cublasSetWorkspace")?;
+        }
 
         // Kernels
         let nvrtc_version = nvrtc_version()?;
@@ -413,6 +428,7 @@ impl Device {
             scratch: Mutex::new(scratch),
             workspace: Mutex::new(workspace),
             temps: Mutex::new(HashMap::new()),
+            _blas_ws: blas_ws,
         })
     }
 

@@ -35,6 +35,7 @@ mod sampler;
 mod silu;
 mod upsample;
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use cudarc::driver::{CudaEvent, PinnedHostSlice};
@@ -75,7 +76,27 @@ pub struct CudaBackend {
     staging: Mutex<Vec<f32>>,
     /// Page-locked buffers large uploads go through (see [`Pinned`]).
     pinned: Mutex<Pinned>,
+    /// Device tables of the multi-tensor optimizer kernels (optim.rs).
+    tables: Mutex<optim::Tables>,
+    /// CUDA graphs of [`Backend::replay`] bodies, by key.
+    graphs: Mutex<HashMap<u64, Graph>>,
+    /// Whether `replay` captures graphs (default on; `MEDDPM_GRAPHS=0` or [`CudaBackend::set_graphs`]
+    /// turns it off, e.g. for per-kernel range attribution in `meddpm profile`).
+    use_graphs: std::sync::atomic::AtomicBool,
 }
+
+/// The state of one [`Backend::replay`] key: run once plainly (warm-up), then captured and
+/// replayed; `Off` when capturing failed (the body runs plainly from then on).
+enum Graph {
+    Warm,
+    Ready(SendGraph),
+    Off,
+}
+
+/// A captured, instantiated graph. The graph and its exec are owned handles used only under the
+/// backend's mutex, on the backend's stream.
+struct SendGraph(cudarc::driver::CudaGraph);
+unsafe impl Send for SendGraph {}
 
 /// Page-locked host buffers for uploads of at least [`Pinned::MIN_LEN`] floats: two per length,
 /// used in turn, each with an event recorded after its copy so that it is not refilled while its
@@ -185,11 +206,28 @@ impl CudaBackend {
             conv,
             staging: Mutex::new(Vec::new()),
             pinned: Mutex::new(Pinned { slots: Vec::new(), turn: 0 }),
+            tables: Mutex::new(optim::Tables::default()),
+            graphs: Mutex::new(HashMap::new()),
+            use_graphs: std::sync::atomic::AtomicBool::new(
+                std::env::var("MEDDPM_GRAPHS").map(|v| v != "0").unwrap_or(true),
+            ),
         })
     }
 
     pub fn info(&self) -> &DeviceInfo {
         &self.dev.info
+    }
+
+    /// Capture [`Backend::replay`] bodies into CUDA graphs (true, the default) or always run them
+    /// plainly (false: every kernel launched by the host, e.g. so that profilers attribute each to
+    /// its NVTX/CUPTI range).
+    pub fn set_graphs(&self, on: bool) {
+        self.use_graphs.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether replay bodies are captured into graphs.
+    pub fn graphs(&self) -> bool {
+        self.use_graphs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn cl(&self) -> bool {
@@ -425,6 +463,48 @@ impl Backend for CudaBackend {
         nvtx::push(name);
         cupti::range_push(name);
     }
+    fn replay(&self, key: u64, body: &mut dyn FnMut()) {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        if !self.graphs() {
+            return body();
+        }
+        let mut g = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        match g.get(&key) {
+            None => {
+                // first run: plain (algorithm searches, first-use allocations and timings happen here)
+                g.insert(key, Graph::Warm);
+                drop(g);
+                body();
+            }
+            Some(Graph::Warm) => {
+                drop(g);
+                let st = &self.dev.stream;
+                st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .unwrap_or_else(|e| panic!("cuStreamBeginCapture: {e}"));
+                body();
+                let graph = st.end_capture(CUgraphInstantiate_flags(0));
+                let mut g = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+                match graph {
+                    Ok(Some(graph)) => {
+                        graph.launch().unwrap_or_else(|e| panic!("cuGraphLaunch: {e}"));
+                        g.insert(key, Graph::Ready(SendGraph(graph)));
+                    }
+                    other => {
+                        // the captured work did not run: run it plainly, and never capture this key again
+                        eprintln!("meddpm-cuda: graph capture failed ({:?}); running without a graph", other.err());
+                        g.insert(key, Graph::Off);
+                        drop(g);
+                        body();
+                    }
+                }
+            }
+            Some(Graph::Ready(graph)) => graph.0.launch().unwrap_or_else(|e| panic!("cuGraphLaunch: {e}")),
+            Some(Graph::Off) => {
+                drop(g);
+                body();
+            }
+        }
+    }
     fn pop_range(&self) {
         cupti::range_pop();
         nvtx::pop();
@@ -631,5 +711,22 @@ impl Backend for CudaBackend {
     }
     fn ema_update(&self, ema: &mut Self::Buf, p: &Self::Buf, decay: f32) {
         optim::ema(&self.dev, ema, p, decay);
+    }
+    fn adam_step_all(
+        &self,
+        p: &mut [Self::Buf],
+        g: &mut [Self::Buf],
+        m: &mut [Self::Buf],
+        v: &mut [Self::Buf],
+        h: AdamStep,
+        zero_grad: bool,
+    ) {
+        optim::adam_all(&self.dev, &self.tables, p, g, m, v, h, zero_grad);
+    }
+    fn ema_update_all(&self, ema: &mut [Self::Buf], p: &[Self::Buf], decay: f32) {
+        optim::ema_all(&self.dev, &self.tables, ema, p, decay);
+    }
+    fn cast_all(&self, pairs: &mut [(&mut Self::Buf, &Self::Buf)]) {
+        optim::cast_all(&self.dev, &self.tables, pairs);
     }
 }

@@ -229,6 +229,16 @@ pub trait Backend {
     fn push_range(&self, _name: &str) {}
     /// Close the innermost range opened by [`Backend::push_range`].
     fn pop_range(&self) {}
+    /// Run `body` — a fixed sequence of this backend's calls on fixed buffers with fixed shapes
+    /// and arguments, with no host data and no host-side decisions inside — possibly as a
+    /// captured graph: the CUDA backend runs it plainly the first time under a `key` (algorithm
+    /// searches, first-use allocations), captures it into a CUDA graph the second time and from
+    /// then on only launches the graph (`body` is not called). The caller guarantees that one key
+    /// always means the same calls on the same buffers (the U-Net keys by instance, pass and the
+    /// generation of its parameter buffers). Default: call `body`.
+    fn replay(&self, _key: u64, body: &mut dyn FnMut()) {
+        body()
+    }
 
     // ---- convolution (conv3d covers Conv3 k=3 pad 1, Downsample k=3 stride 2, Conv1 k=1) -------
     /// out[N,Cout,Do,Ho,Wo] = conv(inp[N,Cin,D,H,W], w[Cout,Cin,k,k,k]) + b[Cout].
@@ -428,4 +438,41 @@ pub trait Backend {
     fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep);
     /// ema ← decay·ema + (1 − decay)·p.
     fn ema_update(&self, ema: &mut Self::Buf, p: &Self::Buf, decay: f32);
+
+    // ---- the same over every parameter tensor (one launch on the GPU) ----------------------------
+    /// [`Backend::adam_step`] on every tensor i of (p, g, m, v); with `zero_grad` each gradient is
+    /// zeroed after use. Default: one call per tensor.
+    fn adam_step_all(
+        &self,
+        p: &mut [Self::Buf],
+        g: &mut [Self::Buf],
+        m: &mut [Self::Buf],
+        v: &mut [Self::Buf],
+        h: AdamStep,
+        zero_grad: bool,
+    ) {
+        for (((p, g), m), v) in p.iter_mut().zip(g.iter_mut()).zip(m.iter_mut()).zip(v.iter_mut()) {
+            self.adam_step(p, g, m, v, h);
+            if zero_grad {
+                self.zero(g);
+            }
+        }
+    }
+    /// [`Backend::ema_update`] on every tensor; `decay` 0 copies `p` exactly. Default: one call per
+    /// tensor.
+    fn ema_update_all(&self, ema: &mut [Self::Buf], p: &[Self::Buf], decay: f32) {
+        for (e, p) in ema.iter_mut().zip(p) {
+            if decay == 0.0 {
+                self.copy(e, p);
+            } else {
+                self.ema_update(e, p, decay);
+            }
+        }
+    }
+    /// [`Backend::cast`] on every pair (dst, src). Default: one call per pair.
+    fn cast_all(&self, pairs: &mut [(&mut Self::Buf, &Self::Buf)]) {
+        for (d, s) in pairs.iter_mut() {
+            self.cast(d, s);
+        }
+    }
 }

@@ -84,6 +84,9 @@ fn our_nvrtc_kernel_names() {
         ("split_channels", Elementwise),
         ("adam_step", Optimizer),
         ("ema_update", Optimizer),
+        ("adam_multi", Optimizer),
+        ("ema_multi", Optimizer),
+        ("cast_multi", Layout),
         ("loss_l1_fwd", Reduction),
         ("loss_l1_bwd", Elementwise),
         ("randn_philox", Elementwise),
@@ -151,6 +154,9 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("sampler_step", Elementwise),
     ("adam_step", Optimizer),
     ("ema_update", Optimizer),
+    ("adam_multi", Optimizer),
+    ("ema_multi", Optimizer),
+    ("cast_multi", Layout),
     // f32 <-> bf16 conversion
     ("cast_buf", Layout),
     // our weight gradient of few-output-channel convs

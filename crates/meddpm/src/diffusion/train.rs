@@ -178,19 +178,13 @@ impl<B: Backend> Trainer<B> {
             t: self.step + 1,
         };
         let net = &mut self.net;
-        for (((p, g), m), v) in net.params.iter_mut().zip(&net.grads).zip(&mut self.adam_m).zip(&mut self.adam_v) {
-            be.adam_step(p, g, m, v, h);
-        }
+        // Adam on every tensor, gradients zeroed as they are used (one launch on the GPU)
+        be.adam_step_all(&mut net.params, &mut net.grads, &mut self.adam_m, &mut self.adam_v, h, true);
         net.params_changed();
-        net.zero_grads(be);
         if self.step.is_multiple_of(self.tc.ema_every) {
-            for (e, p) in self.ema.iter_mut().zip(&net.params) {
-                if self.step < self.tc.ema_start {
-                    be.copy(e, p);
-                } else {
-                    be.ema_update(e, p, self.tc.ema_decay);
-                }
-            }
+            // before ema_start the EMA copies the weights (decay 0 is an exact copy)
+            let decay = if self.step < self.tc.ema_start { 0.0 } else { self.tc.ema_decay };
+            be.ema_update_all(&mut self.ema, &net.params, decay);
         }
         self.step += 1;
     }
@@ -213,10 +207,10 @@ impl<B: Backend> Trainer<B> {
     /// Run `f` with the EMA weights swapped into the network (how the reference samples).
     pub fn with_ema<R>(&mut self, f: impl FnOnce(&mut UNet<B>) -> R) -> R {
         std::mem::swap(&mut self.net.params, &mut self.ema);
-        self.net.params_changed();
+        self.net.params_swapped();
         let r = f(&mut self.net);
         std::mem::swap(&mut self.net.params, &mut self.ema);
-        self.net.params_changed();
+        self.net.params_swapped();
         r
     }
 }

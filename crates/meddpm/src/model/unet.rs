@@ -13,6 +13,12 @@
 //! Down      conv k3 stride 2;   Up  trilinear ×2 then conv k3
 //! Decoder   each output block starts with cat([h, skip]) on channels.
 //!
+//! Memory plan: every layer output that backward needs is kept, except concatenations (recomputed
+//! from their two inputs just before the block that reads them runs backward; one buffer per size
+//! serves them all) and upsampled tensors (recomputed in scratch). Layer output gradients share
+//! buffers by lifetime: a gradient lives from its last consumer's backward to its own layer's
+//! backward, and buffers of the same size whose lifetimes do not overlap are one buffer.
+//!
 //! Precision: activations, their gradients and the scratch are [`Backend::alloc_act`] buffers
 //! (bf16 under `Precision::Bf16`); the network input and output ε̂ (and ∂loss/∂ε̂), GroupNorm
 //! statistics and the time embedding are f32. When activations are bf16 the convolutions read
@@ -25,6 +31,9 @@ use super::params::{init_param, node_params, topology, Node, ParamSpec};
 use crate::backend::{Accum, Backend};
 use crate::error::{Error, Result};
 use crate::shape::{ConvShape, Dims};
+
+/// Process-unique U-Net ids (the graph keys of [`Backend::replay`]).
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Sinusoidal timestep embedding, Med-DDPM flavour: max_period 1000, [cos, sin] order,
 /// computed in f32 like the reference. Returns (N, dim) row-major.
@@ -95,11 +104,10 @@ pub enum Op<B: Backend> {
     },
     Res(ResBlock<B>),
     Attn(AttnBlock<B>),
-    /// Upsample: `u` holds the trilinear ×2 result that the conv reads.
+    /// Upsample: trilinear ×2 into scratch (slot 1, recomputed in backward), then the conv.
     Up {
         p: usize,
         x: Dims,
-        u: B::Buf,
     },
     /// cat([h, skip]) where h is the `input` layer's output and skip the `skip` layer's.
     Concat {
@@ -113,7 +121,7 @@ pub enum Op<B: Backend> {
 }
 
 /// One planned layer: its op, which layer feeds it, how it writes its input's gradient, its
-/// output (logical shape `y`) and the gradient of that output.
+/// output (logical shape `y`) and the gradient of that output (indices into `UNet::acts`).
 pub struct Layer<B: Backend> {
     /// The reference module path of the block (`input_blocks.1.0`, `output_blocks.2.cat`, `out`):
     /// the range name profilers see (see [`Backend::push_range`]).
@@ -122,8 +130,10 @@ pub struct Layer<B: Backend> {
     pub input: usize,
     pub mode: Accum,
     pub y: Dims,
-    pub out: B::Buf,
-    pub dout: B::Buf,
+    /// Output buffer (shared by all concatenations of one size: they are recomputed).
+    pub out: usize,
+    /// Output-gradient buffer (shared by lifetime with other layers' gradients).
+    pub dout: usize,
 }
 
 /// The time-embedding MLP's activations (N × emb each, tiny).
@@ -141,12 +151,13 @@ struct TimeEmbed<B: Backend> {
 /// Bytes of the planned buffers, by class (what `meddpm info` prints).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemPlan {
-    /// Layer outputs kept from forward to backward (activation type).
+    /// Layer outputs kept from forward to backward, and one buffer per size for the recomputed
+    /// concatenations (activation type).
     pub outputs: usize,
-    /// Gradients of the layer outputs (activation type).
+    /// Gradients of the layer outputs, buffers shared by lifetime (activation type).
     pub grads: usize,
-    /// Block internals kept for backward: ResBlock h, attention GroupNorm/qkv/output,
-    /// upsampled tensors (activation type), attention probabilities (f32).
+    /// Block internals kept for backward: ResBlock h, attention GroupNorm/qkv/output (activation
+    /// type), attention probabilities (f32).
     pub saved: usize,
     /// Scratch shared by all blocks (activation type).
     pub scratch: usize,
@@ -172,8 +183,8 @@ impl MemPlan {
     /// (class, bytes) rows in a fixed order, for reports.
     pub fn rows(&self) -> [(&'static str, usize); 8] {
         [
-            ("layer outputs (kept for backward)", self.outputs),
-            ("layer output gradients", self.grads),
+            ("layer outputs (kept; concatenations recomputed)", self.outputs),
+            ("layer output gradients (shared by lifetime)", self.grads),
             ("block internals kept for backward", self.saved),
             ("shared scratch (recomputed GN+SiLU, temporaries)", self.scratch),
             ("network input, output and its gradient (f32)", self.io),
@@ -182,6 +193,72 @@ impl MemPlan {
             ("bf16 copies of the conv weights", self.lowp),
         ]
     }
+}
+
+/// Assign the layers' output and output-gradient buffers (see the module docs): the network input,
+/// ε̂ and ∂loss/∂ε̂ are f32; every other output its own activation buffer except concatenations
+/// (one shared buffer per size, recomputed); gradients by lifetime in backward, greedily.
+fn plan_acts<B: Backend>(
+    layers: &mut [Layer<B>],
+    mem: &mut MemPlan,
+    alloc: &dyn Fn(&mut usize, usize) -> Result<B::Buf>,
+    act: &dyn Fn(&mut usize, usize) -> Result<B::Buf>,
+) -> Result<Vec<B::Buf>> {
+    let mut acts = Vec::new();
+    let mut push = |b: B::Buf| {
+        acts.push(b);
+        acts.len() - 1
+    };
+    let last = layers.len() - 1;
+    let mut cat_pool = std::collections::HashMap::<usize, usize>::new();
+    for (i, l) in layers.iter_mut().enumerate() {
+        let len = l.y.numel();
+        l.out = match l.op {
+            _ if i == 0 || i == last => push(alloc(&mut mem.io, len)?),
+            Op::Concat { .. } => match cat_pool.get(&len) {
+                Some(&b) => b,
+                None => {
+                    let b = push(act(&mut mem.outputs, len)?);
+                    cat_pool.insert(len, b);
+                    b
+                }
+            },
+            _ => push(act(&mut mem.outputs, len)?),
+        };
+    }
+    // ∂loss/∂ε̂ (written by the loss before backward) and the input's (never written: empty)
+    layers[last].dout = push(alloc(&mut mem.io, layers[last].y.numel())?);
+    layers[0].dout = push(alloc(&mut mem.io, 0)?);
+    // Backward runs layer i at time last − i. Layer j's gradient is first written by its last
+    // consumer (in forward order) and last read by layer j itself.
+    let mut last_use = vec![0usize; layers.len()];
+    for (k, l) in layers.iter().enumerate() {
+        last_use[l.input] = last_use[l.input].max(k);
+        if let Op::Concat { skip, .. } = l.op {
+            last_use[skip] = last_use[skip].max(k);
+        }
+    }
+    let mut live: Vec<(usize, usize, usize)> = (1..last).map(|j| (last - last_use[j], last - j, j)).collect();
+    live.sort();
+    // per size: (buffer, time its current lifetime ends)
+    let mut pool = std::collections::HashMap::<usize, Vec<(usize, usize)>>::new();
+    for (start, end, j) in live {
+        let len = layers[j].y.numel();
+        let free = pool.entry(len).or_default();
+        let b = match free.iter_mut().find(|(_, until)| *until < start) {
+            Some(slot) => {
+                slot.1 = end;
+                slot.0
+            }
+            None => {
+                let b = push(act(&mut mem.grads, len)?);
+                pool.get_mut(&len).expect("entry made above").push((b, end));
+                b
+            }
+        };
+        layers[j].dout = b;
+    }
+    Ok(acts)
 }
 
 /// Scratch: up to three buffers for every distinct tensor size (backends check exact lengths, so
@@ -214,6 +291,8 @@ pub struct UNet<B: Backend> {
     pub params: Vec<B::Buf>,
     pub grads: Vec<B::Buf>,
     pub layers: Vec<Layer<B>>,
+    /// Layer outputs and output gradients (see [`Layer::out`], [`Layer::dout`]).
+    acts: Vec<B::Buf>,
     temb: TimeEmbed<B>,
     scr: Scratch<B>,
     /// f32 scratch (attention-probability gradients).
@@ -222,6 +301,10 @@ pub struct UNet<B: Backend> {
     /// are bf16, else all None): what the convolutions read.
     lowp: Vec<Option<B::Buf>>,
     lowp_fresh: bool,
+    /// Identity of this network's buffers for [`Backend::replay`]: a process-unique id, and which
+    /// of two parameter-buffer sets is in (toggled by [`UNet::params_swapped`]).
+    graph_id: u64,
+    graph_epoch: u64,
     /// Bytes of every planned buffer, by class.
     pub mem: MemPlan,
     /// Bytes of all activation, gradient and scratch buffers (excluding parameters).
@@ -255,14 +338,16 @@ impl<B: Backend> UNet<B> {
         let mut layers: Vec<Layer<B>> = Vec::new();
         let sp_dims = |c: usize, sp: [usize; 3]| Dims::new(n, c, sp[0], sp[1], sp[2]);
         let input_dims = sp_dims(cfg.in_channels, [cfg.depth, cfg.size, cfg.size]);
+        // buffers are assigned after the walk (see below); usize::MAX until then
+        let unset = usize::MAX;
         layers.push(Layer {
             name: "input".into(),
             op: Op::Input,
             input: 0,
             mode: Accum::Overwrite,
             y: input_dims,
-            out: alloc(&mut mem.io, input_dims.numel())?,
-            dout: alloc(&mut mem.io, 0)?,
+            out: unset,
+            dout: unset,
         });
         let mut skips: Vec<usize> = Vec::new();
         // scratch slots needed per tensor size (see `Scratch` for the slot roles)
@@ -354,9 +439,9 @@ impl<B: Backend> UNet<B> {
                 }
                 Node::Up { c, sp, .. } => {
                     let x = sp_dims(c, sp);
-                    need(x.up2().numel(), 1);
+                    need(x.up2().numel(), 2);
                     conv_w.push(p);
-                    (Op::Up { p, x, u: act(&mut mem.saved, x.up2().numel())? }, x.up2(), prev)
+                    (Op::Up { p, x }, x.up2(), prev)
                 }
                 Node::PopConcat { h_c, skip_c, sp } => {
                     let skip = skips.pop().expect("topology pops no more than it pushes");
@@ -378,13 +463,7 @@ impl<B: Backend> UNet<B> {
                     (Op::Out(o), x.with_c(cout), prev)
                 }
             };
-            // ε̂ and ∂loss/∂ε̂ are f32 (the loss and the samplers read them).
-            let (out, dout) = if matches!(op, Op::Out(_)) {
-                (alloc(&mut mem.io, y.numel())?, alloc(&mut mem.io, y.numel())?)
-            } else {
-                (act(&mut mem.outputs, y.numel())?, act(&mut mem.grads, y.numel())?)
-            };
-            layers.push(Layer { name, op, input, mode: Accum::Overwrite, y, out, dout });
+            layers.push(Layer { name, op, input, mode: Accum::Overwrite, y, out: unset, dout: unset });
         }
         // Gradient modes: in backward (reverse order) the first writer of a tensor's gradient is
         // its last consumer in forward order; it overwrites, every other consumer adds.
@@ -396,6 +475,7 @@ impl<B: Backend> UNet<B> {
                 *skip_mode = if std::mem::replace(&mut written[*skip], true) { Accum::Add } else { Accum::Overwrite };
             }
         }
+        let acts = plan_acts(&mut layers, &mut mem, &alloc, &act)?;
         let small = &mut mem.small;
         let temb = TimeEmbed {
             sin: alloc(small, n * cfg.model_channels)?,
@@ -435,11 +515,14 @@ impl<B: Backend> UNet<B> {
             params,
             grads,
             layers,
+            acts,
             temb,
             scr,
             scr32,
             lowp,
             lowp_fresh: false,
+            graph_id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            graph_epoch: 0,
             mem,
             act_bytes,
         })
@@ -451,16 +534,27 @@ impl<B: Backend> UNet<B> {
         self.lowp_fresh = false;
     }
 
+    /// Mark the parameter *buffers* as swapped with another set of the same shapes (the EMA weights
+    /// in, or back out: `Trainer::with_ema`): the two sets alternate, so each keeps its own
+    /// replayed graphs. Implies [`UNet::params_changed`].
+    pub fn params_swapped(&mut self) {
+        self.params_changed();
+        self.graph_epoch ^= 1;
+    }
+
+    /// The [`Backend::replay`] key of one pass of this network with its current buffers.
+    fn graph_key(&self, pass: u64) -> u64 {
+        (self.graph_id << 40) ^ (self.graph_epoch << 2) ^ pass
+    }
+
     /// Refresh the activation-type weight copies from the parameters if they changed.
     fn refresh_lowp(&mut self, be: &B) {
         if self.lowp_fresh {
             return;
         }
-        for (l, p) in self.lowp.iter_mut().zip(&self.params) {
-            if let Some(l) = l {
-                be.cast(l, p);
-            }
-        }
+        let mut pairs: Vec<(&mut B::Buf, &B::Buf)> =
+            self.lowp.iter_mut().zip(&self.params).filter_map(|(l, p)| l.as_mut().map(|l| (l, p))).collect();
+        be.cast_all(&mut pairs);
         self.lowp_fresh = true;
     }
 
@@ -474,16 +568,21 @@ impl<B: Backend> UNet<B> {
     }
     /// The network input buffer, to be filled with cat([x_t, cond]) before `forward`.
     pub fn input_mut(&mut self) -> &mut B::Buf {
-        &mut self.layers[0].out
+        &mut self.acts[self.layers[0].out]
     }
     /// ε̂ after `forward`.
     pub fn output(&self) -> &B::Buf {
-        &self.layers.last().expect("planned").out
+        &self.acts[self.layers.last().expect("planned").out]
     }
     /// (ε̂, ∂loss/∂ε̂): the loss writes the second before `backward`.
     pub fn output_and_grad(&mut self) -> (&B::Buf, &mut B::Buf) {
-        let l = self.layers.last_mut().expect("planned");
-        (&l.out, &mut l.dout)
+        let l = self.layers.last().expect("planned");
+        let [o, d] = self.acts.get_disjoint_mut([l.out, l.dout]).expect("distinct buffers");
+        (o, d)
+    }
+    /// Layer `i`'s output buffer after `forward` (a concatenation's holds the last one computed).
+    pub fn layer_output(&self, i: usize) -> &B::Buf {
+        &self.acts[self.layers[i].out]
     }
     pub fn param_count(&self) -> usize {
         self.specs.iter().map(|s| s.numel()).sum()
@@ -539,28 +638,49 @@ impl<B: Backend> UNet<B> {
     pub fn forward(&mut self, be: &B, t: &[f32]) {
         assert_eq!(t.len(), self.batch, "one timestep per batch element");
         be.push_range("forward");
+        // host work first (weight copies when the parameters changed, the timestep embedding's
+        // upload); the rest is one fixed call list, replayed as a graph where the backend can
         self.refresh_lowp(be);
-        let UNet { cfg, params: w, layers, temb: te, scr, lowp, .. } = self;
+        be.upload(&timestep_embedding(t, self.cfg.model_channels), &mut self.temb.sin);
+        let key = self.graph_key(0);
+        be.replay(key, &mut || self.forward_calls(be));
+        be.pop_range();
+    }
+
+    /// The forward's device calls (see [`UNet::forward`]).
+    fn forward_calls(&mut self, be: &B) {
+        let UNet { cfg, params: w, layers, acts, temb: te, scr, lowp, .. } = self;
         // conv weights: the activation-type copy where there is one
         let cw = |i: usize| lowp[i].as_ref().unwrap_or(&w[i]);
-        let (n, mc, emb) = (t.len(), cfg.model_channels, cfg.emb_dim());
+        let (n, mc, emb) = (self.batch, cfg.model_channels, cfg.emb_dim());
         let g = cfg.groups;
         // time_embed: Linear, SiLU, Linear; each ResBlock's emb_layers starts with SiLU (shared).
         be.push_range("time_embed");
-        be.upload(&timestep_embedding(t, mc), &mut te.sin);
         be.linear_forward(&mut te.t1, &te.sin, &w[0], &w[1], n, mc, emb);
         be.silu_forward(&mut te.t1s, &te.t1);
         be.linear_forward(&mut te.t2, &te.t1s, &w[2], &w[3], n, emb, emb);
         be.silu_forward(&mut te.emb_silu, &te.t2);
         be.pop_range();
         for i in 1..layers.len() {
-            let (prev, rest) = layers.split_at_mut(i);
-            let l = &mut rest[0];
-            let x = &prev[l.input].out;
+            let (oi, di, xi) = (layers[i].out, layers[i].dout, layers[layers[i].input].out);
+            let si = match layers[i].op {
+                Op::Concat { skip, .. } => layers[skip].out,
+                _ => oi,
+            };
+            let l = &mut layers[i];
             be.push_range(&l.name);
+            if let Op::Concat { x: xd, ca, cb, .. } = &l.op {
+                let [out, x, s] = acts.get_disjoint_mut([oi, xi, si]).expect("distinct buffers");
+                be.concat_channels(out, x, s, *xd, *ca, *cb);
+                be.pop_range();
+                continue;
+            }
+            // the output, the output gradient (scratch in forward) and the input
+            let [out, dout, x] = acts.get_disjoint_mut([oi, di, xi]).expect("distinct buffers");
+            let x = &*x;
             match &mut l.op {
-                Op::Input => unreachable!("the input is layer 0 only"),
-                Op::Conv { p, cs } => be.conv3d_forward(&mut l.out, x, cw(*p), &w[*p + 1], *cs),
+                Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
+                Op::Conv { p, cs } => be.conv3d_forward(out, x, cw(*p), &w[*p + 1], *cs),
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     let skip_conv = xd.c != r.cout;
@@ -574,12 +694,12 @@ impl<B: Backend> UNet<B> {
                     if skip_conv {
                         // out = skip_connection(x) + out_layers(h). The main branch goes through
                         // `dout` as scratch: backward overwrites it before reading it.
-                        be.conv3d_forward(&mut l.out, x, cw(p + 10), &w[p + 11], ConvShape::new(xd, r.cout, 1, 1));
-                        be.conv3d_forward(&mut l.dout, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
-                        be.add_assign(&mut l.out, &l.dout);
+                        be.conv3d_forward(out, x, cw(p + 10), &w[p + 11], ConvShape::new(xd, r.cout, 1, 1));
+                        be.conv3d_forward(dout, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
+                        be.add_assign(out, dout);
                     } else {
-                        be.conv3d_forward(&mut l.out, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
-                        be.add_assign(&mut l.out, x);
+                        be.conv3d_forward(out, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
+                        be.add_assign(out, x);
                     }
                 }
                 Op::Attn(a) => {
@@ -587,63 +707,80 @@ impl<B: Backend> UNet<B> {
                     be.groupnorm_forward(&mut a.gn, &mut a.mean, &mut a.rstd, x, &w[p], &w[p + 1], xd, g);
                     be.conv3d_forward(&mut a.qkv, &a.gn, cw(p + 2), &w[p + 3], ConvShape::new(xd, 3 * xd.c, 1, 1));
                     be.attention_forward(&mut a.a, &mut a.att, &a.qkv, xd, a.heads);
-                    be.conv3d_forward(&mut l.out, &a.a, cw(p + 4), &w[p + 5], ConvShape::new(xd, xd.c, 1, 1));
-                    be.add_assign(&mut l.out, x);
+                    be.conv3d_forward(out, &a.a, cw(p + 4), &w[p + 5], ConvShape::new(xd, xd.c, 1, 1));
+                    be.add_assign(out, x);
                 }
-                Op::Up { p, x: xd, u } => {
+                Op::Up { p, x: xd } => {
+                    let [u] = scr.get([(xd.up2().numel(), 1)]);
                     be.upsample_forward(u, x, *xd);
-                    be.conv3d_forward(&mut l.out, u, cw(*p), &w[*p + 1], ConvShape::new(xd.up2(), xd.c, 3, 1));
-                }
-                Op::Concat { skip, x: xd, ca, cb, .. } => {
-                    be.concat_channels(&mut l.out, x, &prev[*skip].out, *xd, *ca, *cb);
+                    be.conv3d_forward(out, u, cw(*p), &w[*p + 1], ConvShape::new(xd.up2(), xd.c, 3, 1));
                 }
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
                     let [a] = scr.get([(xd.numel(), 0)]);
                     be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, x, &w[p], &w[p + 1], xd, g);
-                    be.conv3d_forward(&mut l.out, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
+                    be.conv3d_forward(out, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
                 }
             }
             be.pop_range();
         }
-        be.pop_range();
     }
 
     /// Parameter gradients (accumulated into `grads`) from ∂loss/∂ε̂ already in the last layer's
     /// `dout` (see [`UNet::output_and_grad`]). Needs the activations of the last `forward`.
     pub fn backward(&mut self, be: &B) {
-        let UNet { cfg, params: w, grads: dw, layers, temb: te, scr, scr32, lowp, .. } = self;
+        be.push_range("backward");
+        let key = self.graph_key(1);
+        be.replay(key, &mut || self.backward_calls(be));
+        be.pop_range();
+    }
+
+    /// The backward's device calls (see [`UNet::backward`]).
+    fn backward_calls(&mut self, be: &B) {
+        let UNet { cfg, params: w, grads: dw, layers, acts, temb: te, scr, scr32, lowp, .. } = self;
         let cw = |i: usize| lowp[i].as_ref().unwrap_or(&w[i]);
         let (n, mc, emb, g) = (self.batch, cfg.model_channels, cfg.emb_dim(), cfg.groups);
-        be.push_range("backward");
         be.zero(&mut te.d_emb_silu);
         for i in (1..layers.len()).rev() {
-            let (prev, rest) = layers.split_at_mut(i);
-            let l = &mut rest[0];
-            let mode = l.mode;
-            be.push_range(&l.name);
-            match &mut l.op {
-                Op::Input => unreachable!("the input is layer 0 only"),
+            let inp = layers[i].input;
+            let (di, xi, dxi) = (layers[i].dout, layers[inp].out, layers[inp].dout);
+            be.push_range(&layers[i].name);
+            // an input that is a concatenation was not kept: recompute it from its two inputs
+            if let Op::Concat { skip, x: xd, ca, cb, .. } = &layers[inp].op {
+                let (hi, si) = (layers[layers[inp].input].out, layers[*skip].out);
+                let [c, h, s] = acts.get_disjoint_mut([xi, hi, si]).expect("distinct buffers");
+                be.concat_channels(c, h, s, *xd, *ca, *cb);
+            }
+            let mode = layers[i].mode;
+            if let Op::Concat { skip, skip_mode, x: xd, ca, cb } = &layers[i].op {
+                let si = layers[*skip].dout;
+                let [dout, dh, ds] = acts.get_disjoint_mut([di, dxi, si]).expect("distinct buffers");
+                be.split_channels((dh, mode), (ds, *skip_mode), dout, *xd, *ca, *cb);
+                be.pop_range();
+                continue;
+            }
+            // the output gradient, the input, and the input's gradient
+            let [dout, x, dx] = acts.get_disjoint_mut([di, xi, dxi]).expect("distinct buffers");
+            let (dout, x) = (&*dout, &*x);
+            match &mut layers[i].op {
+                Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
                 Op::Conv { p, cs } => {
                     let [gw, gb] = dw.get_disjoint_mut([*p, *p + 1]).expect("distinct");
-                    let src = &mut prev[l.input];
-                    let dinp = if l.input == 0 { None } else { Some((&mut src.dout, mode)) };
-                    be.conv3d_backward(dinp, gw, gb, &l.dout, &src.out, cw(*p), *cs);
+                    let dinp = if inp == 0 { None } else { Some((dx, mode)) };
+                    be.conv3d_backward(dinp, gw, gb, dout, x, cw(*p), *cs);
                 }
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     let (xn, yn) = (xd.numel(), yd.numel());
-                    let src = &mut prev[l.input];
-                    let (x, dx) = (&src.out, &mut src.dout);
                     // skip branch first: it sets dx per `mode`, the main branch then adds.
                     if xd.c != r.cout {
                         let [gw, gb] = dw.get_disjoint_mut([p + 10, p + 11]).expect("distinct");
                         let cs = ConvShape::new(xd, r.cout, 1, 1);
-                        be.conv3d_backward(Some((dx, mode)), gw, gb, &l.dout, x, cw(p + 10), cs);
+                        be.conv3d_backward(Some((&mut *dx, mode)), gw, gb, dout, x, cw(p + 10), cs);
                     } else if mode == Accum::Add {
-                        be.add_assign(dx, &l.dout);
+                        be.add_assign(dx, dout);
                     } else {
-                        be.copy(dx, &l.dout);
+                        be.copy(dx, dout);
                     }
                     // out_layers: recompute SiLU(GroupNorm(h)) into slot 0; Conv3 backward → slot
                     // 1; GroupNorm+SiLU backward → dh in slot 2.
@@ -652,7 +789,7 @@ impl<B: Backend> UNet<B> {
                     be.groupnorm_silu_forward(a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 8, p + 9]).expect("distinct");
                     let cs = ConvShape::new(yd, r.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, cw(p + 8), cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dout, a, cw(p + 8), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
                     let (m, rs) = (&r.mean2, &r.rstd2);
                     let (gm, bt) = (&w[p + 6], &w[p + 7]);
@@ -678,18 +815,16 @@ impl<B: Backend> UNet<B> {
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
                     let (xn, qn, an) = (xd.numel(), 3 * xd.numel(), a.att_len());
-                    let src = &mut prev[l.input];
-                    let (x, dx) = (&src.out, &mut src.dout);
                     if mode == Accum::Add {
-                        be.add_assign(dx, &l.dout);
+                        be.add_assign(dx, dout);
                     } else {
-                        be.copy(dx, &l.dout);
+                        be.copy(dx, dout);
                     }
                     let [da, dqkv] = scr.get([(xn, 0), (qn, 0)]);
                     let [datt] = scr32.get([(an, 0)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let cs = ConvShape::new(xd, xd.c, 1, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, &a.a, cw(p + 4), cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dout, &a.a, cw(p + 4), cs);
                     be.attention_backward(dqkv, datt, da, &a.qkv, &a.att, xd, a.heads);
                     let [dqkv, dgn] = scr.get([(qn, 0), (xn, 1)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
@@ -698,26 +833,23 @@ impl<B: Backend> UNet<B> {
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     be.groupnorm_backward((dx, Accum::Add), gg, gb, dgn, x, &a.mean, &a.rstd, &w[p], xd, g);
                 }
-                Op::Up { p, x: xd, u } => {
-                    let [du] = scr.get([(xd.up2().numel(), 0)]);
+                Op::Up { p, x: xd } => {
+                    // recompute the upsampled input of the conv (slot 1); its gradient → slot 0
+                    let [du, u] = scr.get([(xd.up2().numel(), 0), (xd.up2().numel(), 1)]);
+                    be.upsample_forward(u, x, *xd);
                     let [gw, gb] = dw.get_disjoint_mut([*p, *p + 1]).expect("distinct");
                     let cs = ConvShape::new(xd.up2(), xd.c, 3, 1);
-                    be.conv3d_backward(Some((du, Accum::Overwrite)), gw, gb, &l.dout, u, cw(*p), cs);
-                    be.upsample_backward((&mut prev[l.input].dout, mode), du, *xd);
-                }
-                Op::Concat { skip, skip_mode, x: xd, ca, cb } => {
-                    let [h, s] = prev.get_disjoint_mut([l.input, *skip]).expect("h and skip are distinct layers");
-                    be.split_channels((&mut h.dout, mode), (&mut s.dout, *skip_mode), &l.dout, *xd, *ca, *cb);
+                    be.conv3d_backward(Some((&mut *du, Accum::Overwrite)), gw, gb, dout, u, cw(*p), cs);
+                    be.upsample_backward((dx, mode), du, *xd);
                 }
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
-                    let src = &mut prev[l.input];
-                    let (dx, xo) = (&mut src.dout, &src.out);
+                    let xo = x;
                     let [a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
                     be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, xo, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, o.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, &l.dout, a, cw(p + 2), cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dout, a, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     let (gm, bt) = (&w[p], &w[p + 1]);
                     be.groupnorm_silu_backward((dx, mode), gg, gb, da, xo, &o.mean, &o.rstd, gm, bt, xd, g);
@@ -733,7 +865,6 @@ impl<B: Backend> UNet<B> {
         be.silu_backward((&mut te.d2, Accum::Overwrite), &te.d1, &te.t1);
         let [gw, gb] = dw.get_disjoint_mut([0, 1]).expect("distinct");
         be.linear_backward(None, gw, gb, &te.d2, &te.sin, &w[0], n, mc, emb);
-        be.pop_range();
         be.pop_range();
     }
 }
