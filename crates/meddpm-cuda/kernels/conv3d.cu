@@ -1,10 +1,15 @@
-// conv3d.cu: the weight gradient of 3x3x3, stride-1, pad-1 convolutions with few output channels
-// (Cout <= 4: the U-Net's last conv, 64 -> 1 whole-head, 64 -> 4 BraTS). cuDNN 9.19 falls back to a
-// slow sm80 kernel for these (13.2 ms of a 185 ms whole-head TF32 training step on the H200,
-// docs/analysis/h200-whole-head); the sum is a skinny reduction over every voxel, so it is done here
-// in fp32, twin of the CPU reference's conv3d backward (src/cpu/conv3d.rs):
-//   dW[co, ci, t] += sum over n and voxels v of dy[n, co, v] * x[n, ci, v + off(t)]  (0 outside),
-//   off(t) = (kd - 1, kh - 1, kw - 1).
+// conv3d.cu: direct 3x3x3, stride-1, pad-1 convolutions with few input or few output channels:
+// the U-Net's first conv (Cin = 3 -> 64) and last (64 -> 1 whole-head, 64 -> 4 BraTS). cuDNN is slow
+// on these (no tensor-core kernel fits 3 or 1 channels; layout conversions around the generic ones),
+// while they are nearly memory-bound, so they are done here with f32 FMA arithmetic, twins of the
+// CPU reference (src/cpu/conv3d.rs). conv3d.rs decides per shape, by timing on first use, whether
+// ours or cuDNN runs (MEDDPM_SMALL_CONV).
+//   off(t) = (kd - 1, kh - 1, kw - 1) for tap t = kd*9 + kh*3 + kw.
+//
+// ---- weight gradient of Cout <= 4 convs ----------------------------------------------------------
+// cuDNN 9.19 falls back to a slow sm80 kernel for these (13.2 ms of a 185 ms whole-head TF32 training
+// step on the H200, docs/analysis/h200-whole-head); the sum is a skinny reduction over every voxel:
+//   dW[co, ci, t] += sum over n and voxels v of dy[n, co, v] * x[n, ci, v + off(t)]  (0 outside).
 // Stage 1 (conv3d_wgrad_small<CO>): grid (chunks, channel groups), block 256. The volume is cut
 // into lines (n, d, h) of W voxels; a block takes `lines_per_block` consecutive lines. NCDHW: one
 // input channel per block, thread = line; NDHWC: up to 64 input channels, thread = (line slot,
@@ -131,3 +136,474 @@ extern "C" __global__ void conv3d_wgrad_small_finalize(const float* part, float*
         dw[o] += (float)s;
     }
 }
+
+// ---- forward and data gradient of few-channel convs -----------------------------------------------
+// Shared by both kernels below: a thread owns SC_V consecutive voxels (n, d, h, w0 .. w0 + SC_V - 1)
+// of one line, a "voxel group" (groups enumerate (n, d, h, segment) with the segment fastest; the
+// last segment of a line may be partial). For each of the 9 neighbour lines (kd, kh) it loads the
+// SC_V + 2 inputs at w0 - 1 .. w0 + SC_V once and applies the 3 taps kw to them from registers.
+// Weights live in shared memory as f32 (read from f32 or bf16, flag `wbf`); sums are f32 FMAs;
+// outputs are f32 or bf16 (flag `ybf`), rounded once when stored, added to (accum) or overwritten.
+#define SC_V 4    // voxels per thread
+#define SC_COT 8  // output channels per thread of conv3d_small_cin
+#define SC_CC 64  // input channels per shared-memory weight chunk of conv3d_fwd_small_cout*
+
+// Decode voxel group g (segs segments per line): sample n, voxel index of its line start vline
+// (n*S + (d*H + h)*W), d, h, first w.
+struct VGroup {
+    int n, d, h, w0;
+    i64 vline;
+};
+__device__ __forceinline__ VGroup vgroup(i64 g, int segs, int D, int H, int W) {
+    VGroup r;
+    const i64 line = g / segs;
+    r.w0 = (int)(g - line * segs) * SC_V;
+    r.h = (int)(line % H);
+    const i64 nd = line / H;
+    r.d = (int)(nd % D);
+    r.n = (int)(nd / D);
+    r.vline = line * W;  // lines are (n, d, h) in order, W voxels each
+    return r;
+}
+
+// This block's run of voxel groups [*g0, *g1): blocks take consecutive runs of whole block steps of
+// `step` groups, so a block walks consecutive lines and the neighbour lines of its next step are
+// mostly those of this one (cache hits).
+__device__ __forceinline__ void block_run(i64 ngroups, int step, i64* g0, i64* g1) {
+    const i64 steps = (ngroups + step - 1) / step;
+    const i64 per = (steps + gridDim.x - 1) / gridDim.x * step;
+    *g0 = (i64)blockIdx.x * per;
+    *g1 = min(*g0 + per, ngroups);
+}
+
+// xr[p] = x[row + w0 - 1 + p] for p = 0 .. SC_V + 1 (0 outside 0 .. W-1), unit stride along w;
+// 16-byte (f32) / 8-byte (bf16) loads for the middle SC_V when `vec` (W % SC_V == 0: aligned, whole).
+template <typename T>
+__device__ __forceinline__ void load_row(const T* x, i64 row, int w0, int W, bool vec, float* xr) {
+    xr[0] = w0 > 0 ? ld(x, row + w0 - 1) : 0.0f;
+    if (vec) {
+        ldv<SC_V>(x, row + w0, xr + 1);
+    } else {
+#pragma unroll
+        for (int p = 0; p < SC_V; p++) xr[p + 1] = w0 + p < W ? ld(x, row + w0 + p) : 0.0f;
+    }
+    xr[SC_V + 1] = w0 + SC_V < W ? ld(x, row + w0 + SC_V) : 0.0f;
+}
+
+// p[i + k] = v[k] (or += when accum) for k < n <= NMAX, of type T: NMAX / V vectors (ldv/stv) when
+// `vec` (i % V == 0) and n == NMAX, else element by element. Every index into v is a compile-time
+// constant, so v stays in registers.
+template <typename T, int V, int NMAX>
+__device__ __forceinline__ void put(T* p, i64 i, float* v, int n, bool vec, int accum) {
+    if (vec && n == NMAX) {
+#pragma unroll
+        for (int k = 0; k < NMAX; k += V) {
+            if (accum) {
+                float o[V];
+                ldv<V>(p, i + k, o);
+#pragma unroll
+                for (int e = 0; e < V; e++) v[k + e] += o[e];
+            }
+            stv<V>(p, i + k, v + k);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < NMAX; k++)
+            if (k < n) st(p, i + k, accum ? ld(p, i + k) + v[k] : v[k]);
+    }
+}
+
+// Weight element (co, ci, t) of a conv with CO outputs and CI inputs: (CO, CI, 27) NCDHW,
+// (CO, 27, CI) NDHWC; f32 or bf16.
+__device__ __forceinline__ float wat(const void* w, int wbf, int co, int ci, int t, int CO, int CI, int cl) {
+    const i64 o = cl ? ((i64)co * 27 + t) * CI + ci : ((i64)co * CI + ci) * 27 + t;
+    return wbf ? ld((const bf16*)w, o) : ld((const float*)w, o);
+}
+
+// -- small_cin_body (conv3d_fwd_small_cin, conv3d_dgrad_small_cout):
+//   out[n, co, v] (= or +=) b[co] + sum over ci < CI, t of w'[co, ci, t] * x[n, ci, v + off(t)]
+// with CI <= 4 and any CO. Block: (CO channel groups of SC_COT, up to 8) warps; warp = channel group
+// (all lanes read the same weights: shared-memory broadcasts), lane = voxel group; grid (x: runs of
+// steps of 32 voxel groups, `block_run`; y: blocks of 8 * SC_COT output channels). Per (neighbour
+// line, ci) a thread reads 6 inputs and 6 16-byte weight vectors and does 3 * SC_V * SC_COT = 96 FMAs.
+//   NDHWC with W % SC_V == 0 (the network's shapes): a block's 32 voxel groups are 128 consecutive
+//   voxels, and so are their inputs on each neighbour line (shifted by a constant, plus one voxel each
+//   side), CI channels each: the block stages those 9 x 130 x CI inputs in shared memory with
+//   coalesced loads, channel-planar (xs[(j*CI + ci)*SC_TILE + 3 + k], k = 0 .. 129; the middle 4 of a
+//   thread's 6 are one aligned float4). Read straight from memory instead, neighbouring lanes sit
+//   4*CI elements apart and each warp load touches a dozen cache lines.
+//   Otherwise (NCDHW: unit-stride rows, coalesced; odd W) inputs are read from memory.
+// Rows outside the volume (d, h) are skipped; w outside the line is 0 (xr[0] at w0 = 0, xr[5] at the
+// line's end), which also masks the staged voxels of neighbouring lines.
+//   tw == 0: forward; w' = w, this conv's weights (CO, CI) as `wat` reads them.
+//   tw == 1: data gradient of the conv with CI outputs and CO inputs (x = its output gradient, out =
+//            its input gradient): w'[co, ci, t] = w[ci, co, 26 - t] (off(26 - t) = -off(t)).
+// ws, xs: shared memory of SC_CIN_WS and SC_CIN_XS floats, declared by the kernel (the two type
+// instantiations share them).
+#define SC_TILE 136  // 3 + 130 staged voxels + 3, a multiple of 4
+#define SC_CIN_WS (4 * 27 * 8 * SC_COT)
+#define SC_CIN_XS (9 * 4 * SC_TILE)
+template <typename TX>
+__device__ __noinline__ void small_cin_body(float* ws, float* xs, const void* xv, const void* w, int wbf,
+                                            const float* bias, void* y, int ybf, int N, int CI, int CO, int D,
+                                            int H, int W, int cl, int accum, int tw) {
+    const TX* x = (const TX*)xv;
+    const int COB = (blockDim.x >> 5) * SC_COT;  // output channels of this block
+    const int cob0 = blockIdx.y * COB;
+    // ws[(ci*27 + t)*COB + j] = w'[cob0 + j, ci, t] (0 past CO)
+    for (int i = threadIdx.x; i < CI * 27 * COB; i += blockDim.x) {
+        const int j = i % COB, ct = i / COB, t = ct % 27, ci = ct / 27, co = cob0 + j;
+        float v = 0.0f;
+        if (co < CO) v = tw ? wat(w, wbf, ci, co, 26 - t, CI, CO, cl) : wat(w, wbf, co, ci, t, CO, CI, cl);
+        ws[i] = v;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, cg = threadIdx.x >> 5;
+    const int co0 = cob0 + cg * SC_COT;
+    const int nco = max(0, min(SC_COT, CO - co0));  // 0: a warp past CO (it still helps staging)
+    const int segs = (W + SC_V - 1) / SC_V;
+    const i64 S = (i64)D * H * W;
+    const i64 NS = (i64)N * S;
+    const i64 ngroups = (i64)N * D * H * segs;
+    const bool staged = cl && W % SC_V == 0;
+    const bool xvec = W % SC_V == 0;  // NCDHW rows: aligned 4-voxel vectors
+    // block-uniform loop (barriers inside when staged)
+    i64 gbeg, gend;
+    block_run(ngroups, 32, &gbeg, &gend);
+    for (i64 gb = gbeg; gb < gend; gb += 32) {
+        if (staged) {
+            __syncthreads();  // the previous iteration's reads are done
+            const i64 vs = gb * SC_V;  // first voxel of the block's groups
+            const int row = 130 * CI;  // staged elements of one neighbour line, contiguous in memory
+            for (int j = 0; j < 9; j++) {
+                const i64 u0 = (vs - 1 + ((i64)(j / 3 - 1) * H + (j % 3 - 1)) * W) * CI;
+                for (int r = threadIdx.x; r < row; r += blockDim.x) {
+                    const int k = r / CI, ci = r - k * CI;
+                    const i64 o = u0 + r;
+                    xs[(j * CI + ci) * SC_TILE + 3 + k] = (o >= 0 && o < NS * CI) ? ld(x, o) : 0.0f;
+                }
+            }
+            __syncthreads();
+        }
+        const i64 g = gb + lane;
+        if (nco == 0 || g >= gend) continue;
+        const VGroup q = vgroup(g, segs, D, H, W);
+        float acc[SC_COT][SC_V];
+#pragma unroll
+        for (int o = 0; o < SC_COT; o++)
+#pragma unroll
+            for (int v = 0; v < SC_V; v++) acc[o][v] = 0.0f;
+#pragma unroll 1
+        for (int j = 0; j < 9; j++) {
+            const int dd = q.d + j / 3 - 1, hh = q.h + j % 3 - 1;
+            if (dd < 0 || dd >= D || hh < 0 || hh >= H) continue;
+#pragma unroll 1
+            for (int ci = 0; ci < CI; ci++) {
+                float xr[SC_V + 2];
+                if (staged) {
+                    const float* xb = xs + (j * CI + ci) * SC_TILE + 4 * lane;
+                    const float4 m = *reinterpret_cast<const float4*>(xb + 4);
+                    xr[0] = q.w0 > 0 ? xb[3] : 0.0f;
+                    xr[1] = m.x;
+                    xr[2] = m.y;
+                    xr[3] = m.z;
+                    xr[4] = m.w;
+                    xr[5] = q.w0 + SC_V < W ? xb[8] : 0.0f;
+                } else if (cl) {
+                    const i64 vrow = (i64)q.n * S + ((i64)dd * H + hh) * W;  // voxel index of (n, dd, hh, 0)
+#pragma unroll
+                    for (int p = 0; p < SC_V + 2; p++) {
+                        const int ww = q.w0 - 1 + p;
+                        xr[p] = (ww >= 0 && ww < W) ? ld(x, (vrow + ww) * CI + ci) : 0.0f;
+                    }
+                } else {
+                    load_row(x, ((i64)q.n * CI + ci) * S + ((i64)dd * H + hh) * W, q.w0, W, xvec, xr);
+                }
+                const float* wp = ws + (ci * 27 + j * 3) * COB + cg * SC_COT;
+#pragma unroll
+                for (int kw = 0; kw < 3; kw++) {
+                    float wr[SC_COT];
+#pragma unroll
+                    for (int k = 0; k < SC_COT / 4; k++) {
+                        const float4 t4 = reinterpret_cast<const float4*>(wp + kw * COB)[k];
+                        wr[4 * k] = t4.x;
+                        wr[4 * k + 1] = t4.y;
+                        wr[4 * k + 2] = t4.z;
+                        wr[4 * k + 3] = t4.w;
+                    }
+#pragma unroll
+                    for (int o = 0; o < SC_COT; o++)
+#pragma unroll
+                        for (int v = 0; v < SC_V; v++) acc[o][v] = fmaf(wr[o], xr[v + kw], acc[o][v]);
+                }
+            }
+        }
+        if (bias != nullptr) {
+#pragma unroll
+            for (int o = 0; o < SC_COT; o++) {
+                const float b = o < nco ? bias[co0 + o] : 0.0f;
+#pragma unroll
+                for (int v = 0; v < SC_V; v++) acc[o][v] += b;
+            }
+        }
+        const int nv = min(SC_V, W - q.w0);
+        if (cl) {
+            // per voxel, nco consecutive channels: 16-byte vectors where CO allows
+#pragma unroll
+            for (int v = 0; v < SC_V; v++) {
+                if (v >= nv) break;
+                float r[SC_COT];
+#pragma unroll
+                for (int o = 0; o < SC_COT; o++) r[o] = acc[o][v];
+                const i64 base = (q.vline + q.w0 + v) * CO + co0;
+                if (ybf)
+                    put<bf16, 8, SC_COT>((bf16*)y, base, r, nco, CO % 8 == 0, accum);
+                else
+                    put<float, 4, SC_COT>((float*)y, base, r, nco, CO % 4 == 0, accum);
+            }
+        } else {
+            // per channel, nv consecutive voxels
+            const i64 vin = q.vline - (i64)q.n * S + q.w0;  // voxel within the sample
+#pragma unroll
+            for (int o = 0; o < SC_COT; o++) {
+                if (o >= nco) break;
+                const i64 i = ((i64)q.n * CO + co0 + o) * S + vin;
+                if (ybf)
+                    put<bf16, 4, SC_V>((bf16*)y, i, acc[o], nv, xvec, accum);
+                else
+                    put<float, 4, SC_V>((float*)y, i, acc[o], nv, xvec, accum);
+            }
+        }
+    }
+}
+
+// dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. b: f32 (CO).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    conv3d_fwd_small_cin(const void* x, const void* w, const float* b, void* y, int N, int CI, int CO, int D, int H,
+                         int W, int cl, int dt) {
+    __shared__ __align__(16) float ws[SC_CIN_WS];
+    __shared__ __align__(16) float xs[SC_CIN_XS];
+    const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;
+    if (dt & 1)
+        small_cin_body<bf16>(ws, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, cl, 0, 0);
+    else
+        small_cin_body<float>(ws, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, cl, 0, 0);
+}
+
+// The input gradient of a conv with COUT <= 4 outputs and CIN inputs: dx (= or += accum) from dy and
+// that conv's weights w. dt: bit 0 dy bf16, bit 1 w bf16, bit 2 dx bf16.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    conv3d_dgrad_small_cout(const void* dy, const void* w, void* dx, int N, int COUT, int CIN, int D, int H, int W,
+                            int cl, int dt, int accum) {
+    __shared__ __align__(16) float ws[SC_CIN_WS];
+    __shared__ __align__(16) float xs[SC_CIN_XS];
+    const int wbf = (dt >> 1) & 1, xbf = (dt >> 2) & 1;
+    if (dt & 1)
+        small_cin_body<bf16>(ws, xs, dy, w, wbf, nullptr, dx, xbf, N, COUT, CIN, D, H, W, cl, accum, 1);
+    else
+        small_cin_body<float>(ws, xs, dy, w, wbf, nullptr, dx, xbf, N, COUT, CIN, D, H, W, cl, accum, 1);
+}
+
+// -- conv3d_fwd_small_cout<COT>: out[n, co, v] = b[co] + sum over ci < CI, t of w[co, ci, t] * x[n, ci, v + off(t)]
+// for CO <= COT output channels (COT = 1, or 4 for 2..4), any CI: a skinny reduction over 27 * CI
+// terms per output. Block 256; the input channels go through shared memory in chunks of SC_CC.
+//  NDHWC: a voxel group is served by LPV = SC_CC / VEC lanes, lane l holding channels
+//         chunk*SC_CC + l*VEC .. + VEC - 1 (16-byte loads: VEC = 8 bf16 / 4 f32); the lanes' sums are
+//         added by shuffles at the end. Weights: for each tap, lane l reads its VEC*COT weights as
+//         K float4s at ((t*K + k)*LPV + l): consecutive lanes, consecutive 16 bytes (no bank
+//         conflicts); the 32 / LPV voxel groups of a warp read the same ones (broadcast).
+//  NCDHW: a thread = a voxel group, walking every input channel (unit-stride rows, 16-/8-byte loads
+//         when W % 4 == 0); weights ws[(c*27 + t)*COT + co], all lanes reading the same (broadcast).
+// ws: shared memory of SC_CC * 27 * COT floats (declared by the kernel).
+template <typename TX, int COT>
+__device__ void small_cout_body(float* ws, const void* xv, const void* w, int wbf, const float* bias, void* y,
+                                int ybf, int N, int CI, int CO, int D, int H, int W, int cl) {
+    constexpr int VEC = 16 / sizeof(TX);
+    constexpr int LPV = SC_CC / VEC;
+    constexpr int K = VEC * COT / 4;
+    const TX* x = (const TX*)xv;
+    const int segs = (W + SC_V - 1) / SC_V;
+    const i64 S = (i64)D * H * W;
+    const i64 ngroups = (i64)N * D * H * segs;
+    const int nch = (CI + SC_CC - 1) / SC_CC;
+    // voxel groups per block iteration, this thread's group in it, its lane in the group
+    const int gpb = cl ? (int)(blockDim.x / LPV) : (int)blockDim.x;
+    const int gib = cl ? (int)(threadIdx.x / LPV) : (int)threadIdx.x;
+    const int l = cl ? (int)(threadIdx.x % LPV) : 0;
+    auto fill = [&](int ch) {
+        for (int f = threadIdx.x; f < SC_CC * 27 * COT; f += blockDim.x) {
+            int c, co, t;
+            if (cl) {
+                const int j4 = f & 3, l4 = f >> 2, ll = l4 % LPV, tk = l4 / LPV, k = tk % K;
+                const int q = k * 4 + j4;
+                t = tk / K;
+                co = q % COT;
+                c = ch * SC_CC + ll * VEC + q / COT;
+            } else {
+                co = f % COT;
+                t = (f / COT) % 27;
+                c = ch * SC_CC + f / (COT * 27);
+            }
+            ws[f] = (c < CI && co < CO) ? wat(w, wbf, co, c, t, CO, CI, cl) : 0.0f;
+        }
+    };
+    if (nch == 1) {
+        fill(0);
+        __syncthreads();
+    }
+    float bv[COT];
+#pragma unroll
+    for (int co = 0; co < COT; co++) bv[co] = co < CO ? bias[co] : 0.0f;
+    // block-uniform loop (barriers inside when nch > 1; shuffles after)
+    i64 gbeg, gend;
+    block_run(ngroups, gpb, &gbeg, &gend);
+    for (i64 gb = gbeg; gb < gend; gb += gpb) {
+        const i64 g = gb + gib;
+        const bool live = g < gend;
+        const VGroup q = vgroup(live ? g : 0, segs, D, H, W);
+        float acc[SC_V][COT];
+#pragma unroll
+        for (int v = 0; v < SC_V; v++)
+#pragma unroll
+            for (int co = 0; co < COT; co++) acc[v][co] = 0.0f;
+        for (int ch = 0; ch < nch; ch++) {
+            if (nch > 1) {
+                __syncthreads();
+                fill(ch);
+                __syncthreads();
+            }
+            if (!live) continue;
+            if (cl) {
+                const int c0 = ch * SC_CC + l * VEC;
+                if (c0 >= CI) continue;
+                const bool vec = CI % VEC == 0;
+#pragma unroll 1
+                for (int j = 0; j < 9; j++) {
+                    const int dd = q.d + j / 3 - 1, hh = q.h + j % 3 - 1;
+                    if (dd < 0 || dd >= D || hh < 0 || hh >= H) continue;
+                    const i64 vrow = (i64)q.n * S + ((i64)dd * H + hh) * W;
+                    float xr[SC_V + 2][VEC];
+#pragma unroll
+                    for (int p = 0; p < SC_V + 2; p++) {
+                        const int ww = q.w0 - 1 + p;
+                        const i64 i = (vrow + ww) * CI + c0;
+                        if (ww < 0 || ww >= W) {
+#pragma unroll
+                            for (int e = 0; e < VEC; e++) xr[p][e] = 0.0f;
+                        } else if (vec) {
+                            ldv<VEC>(x, i, xr[p]);
+                        } else {
+#pragma unroll
+                            for (int e = 0; e < VEC; e++) xr[p][e] = c0 + e < CI ? ld(x, i + e) : 0.0f;
+                        }
+                    }
+#pragma unroll
+                    for (int kw = 0; kw < 3; kw++) {
+                        const float4* wp = reinterpret_cast<const float4*>(ws) + (j * 3 + kw) * K * LPV + l;
+#pragma unroll
+                        for (int k = 0; k < K; k++) {
+                            const float4 t4 = wp[k * LPV];
+                            const float wr[4] = {t4.x, t4.y, t4.z, t4.w};
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int e = (4 * k + i) / COT, co = (4 * k + i) % COT;
+#pragma unroll
+                                for (int v = 0; v < SC_V; v++) acc[v][co] = fmaf(wr[i], xr[v + kw][e], acc[v][co]);
+                            }
+                        }
+                    }
+                }
+            } else {
+                const bool xvec = W % SC_V == 0;
+                const int cn = min(SC_CC, CI - ch * SC_CC);
+#pragma unroll 1
+                for (int cc = 0; cc < cn; cc++) {
+                    const i64 plane = ((i64)q.n * CI + ch * SC_CC + cc) * S;
+#pragma unroll 1
+                    for (int j = 0; j < 9; j++) {
+                        const int dd = q.d + j / 3 - 1, hh = q.h + j % 3 - 1;
+                        if (dd < 0 || dd >= D || hh < 0 || hh >= H) continue;
+                        float xr[SC_V + 2];
+                        load_row(x, plane + ((i64)dd * H + hh) * W, q.w0, W, xvec, xr);
+                        const float* wp = ws + (cc * 27 + j * 3) * COT;
+#pragma unroll
+                        for (int kw = 0; kw < 3; kw++) {
+                            float wr[COT];
+                            if constexpr (COT == 4) {
+                                const float4 t4 = reinterpret_cast<const float4*>(wp)[kw];
+                                wr[0] = t4.x;
+                                wr[1] = t4.y;
+                                wr[2] = t4.z;
+                                wr[3] = t4.w;
+                            } else {
+#pragma unroll
+                                for (int co = 0; co < COT; co++) wr[co] = wp[kw * COT + co];
+                            }
+#pragma unroll
+                            for (int v = 0; v < SC_V; v++)
+#pragma unroll
+                                for (int co = 0; co < COT; co++) acc[v][co] = fmaf(wr[co], xr[v + kw], acc[v][co]);
+                        }
+                    }
+                }
+            }
+        }
+        const int nv = live ? min(SC_V, W - q.w0) : 0;
+        if (cl) {
+            // add the LPV lanes' partial sums (aligned groups of LPV lanes: xor stays inside)
+#pragma unroll
+            for (int v = 0; v < SC_V; v++)
+#pragma unroll
+                for (int co = 0; co < COT; co++)
+#pragma unroll
+                    for (int o = LPV / 2; o > 0; o >>= 1) acc[v][co] += __shfl_xor_sync(0xffffffffu, acc[v][co], o);
+            // lane l of the group stores outputs (v, co) = (i / COT, i % COT) for i = l, l + LPV, ...
+            for (int i = l; i < SC_V * COT; i += LPV) {
+                const int v = i / COT, co = i % COT;
+                float r = 0.0f;
+#pragma unroll
+                for (int vv = 0; vv < SC_V; vv++)
+#pragma unroll
+                    for (int cc = 0; cc < COT; cc++)
+                        if (vv * COT + cc == i) r = acc[vv][cc];
+                if (v < nv && co < CO) {
+                    r += bias[co];
+                    const i64 o = (q.vline + q.w0 + v) * CO + co;
+                    if (ybf)
+                        st((bf16*)y, o, r);
+                    else
+                        st((float*)y, o, r);
+                }
+            }
+        } else if (nv > 0) {
+            const i64 vin = q.vline - (i64)q.n * S + q.w0;
+#pragma unroll
+            for (int co = 0; co < COT; co++) {
+                if (co < CO) {
+                    float r[SC_V];
+#pragma unroll
+                    for (int v = 0; v < SC_V; v++) r[v] = acc[v][co] + bv[co];
+                    const i64 i = ((i64)q.n * CO + co) * S + vin;
+                    if (ybf)
+                        put<bf16, 4, SC_V>((bf16*)y, i, r, nv, W % SC_V == 0, 0);
+                    else
+                        put<float, 4, SC_V>((float*)y, i, r, nv, W % SC_V == 0, 0);
+                }
+            }
+        }
+    }
+}
+
+// dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. b: f32 (CO). COT = 4 serves CO = 2, 3, 4.
+#define FWD_SMALL_COUT(COT)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                           \
+        conv3d_fwd_small_cout##COT(const void* x, const void* w, const float* b, void* y, int N, int CI, int CO,  \
+                                   int D, int H, int W, int cl, int dt) {                                          \
+        __shared__ __align__(16) float ws[SC_CC * 27 * COT];                                                       \
+        if (dt & 1)                                                                                                \
+            small_cout_body<bf16, COT>(ws, x, w, (dt >> 1) & 1, b, y, (dt >> 2) & 1, N, CI, CO, D, H, W, cl);          \
+        else                                                                                                       \
+            small_cout_body<float, COT>(ws, x, w, (dt >> 1) & 1, b, y, (dt >> 2) & 1, N, CI, CO, D, H, W, cl);         \
+    }
+FWD_SMALL_COUT(1)
+FWD_SMALL_COUT(4)

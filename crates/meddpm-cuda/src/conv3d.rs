@@ -23,13 +23,21 @@
 //!   the last, Cout = 1) can run through the shape padded with zeros to a multiple of 8, which
 //!   cuDNN runs on tensor cores; timed against the plain call on first use (`MEDDPM_CONV_PAD=0/1`
 //!   forbids/forces it). The padded sums are the same sums (the extra terms are exact zeros).
+//! - Few-channel convs (3×3×3, stride 1): the forward of Cin ≤ 4 convs (the first conv, 3 → 64),
+//!   the forward and data gradient of Cout ≤ 4 convs (the last, 64 → 1 or 4) can run through our
+//!   direct kernels (kernels/conv3d.cu: f32 FMA sums, operands read in their own types, no
+//!   conversions), where cuDNN is slow (a generic 12 TFLOP/s kernel for 3 → 64 in bf16, layout
+//!   conversions around the last conv). On first use of a shape and direction both are timed
+//!   (third of three runs each) and the faster is kept; `MEDDPM_SMALL_CONV=0/1` forbids/forces
+//!   ours (A/B benchmarks; [`crate::CudaBackend::set_small_conv`] in tests). The weight gradient of
+//!   Cout ≤ 4 convs is always ours (`small_cout_wgrad`).
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 
 use cudarc::cudnn::sys as nsys;
-use meddpm::{Accum, ConvShape, DType, Layout, Precision};
+use meddpm::{Accum, ConvShape, DType, Dims, Layout, Precision};
 
 use crate::buf::{require_f32, GpuBuf};
 use crate::device::{cudnn_ck, Arg, Device};
@@ -260,6 +268,13 @@ pub(crate) struct ConvCache {
     pub(crate) force_pad: Option<bool>,
     /// Channel-padded forward state per original shape.
     pads: HashMap<ConvShape, Pad>,
+    /// Some(f): always (f = true) or never run our few-channel kernels where they apply
+    /// (`small_fwd_kind`, `small_dgrad`); None: time them against cuDNN on first use.
+    pub(crate) force_small: Option<bool>,
+    /// Per (shape, direction): whether our few-channel kernel timed faster.
+    small: HashMap<(ConvShape, Dir), bool>,
+    /// Per (shape, direction): whether the latest call ran our few-channel kernel.
+    small_used: HashMap<(ConvShape, Dir), bool>,
     identity: ActDesc,
     disk: HashMap<String, Algo>,
     disk_path: Option<PathBuf>,
@@ -330,6 +345,10 @@ impl ConvCache {
             // MEDDPM_CONV_PAD=0/1 forbids/forces the channel padding (A/B benchmarks)
             force_pad: std::env::var("MEDDPM_CONV_PAD").ok().map(|v| v != "0"),
             pads: HashMap::new(),
+            // MEDDPM_SMALL_CONV=0/1 forbids/forces our few-channel kernels (A/B benchmarks)
+            force_small: std::env::var("MEDDPM_SMALL_CONV").ok().map(|v| v != "0"),
+            small: HashMap::new(),
+            small_used: HashMap::new(),
             identity: identity_desc(),
             disk,
             disk_path,
@@ -399,6 +418,12 @@ impl ConvCache {
     /// Whether the forward of `cs` fuses its bias into cuDNN (None: not decided yet).
     pub(crate) fn fused_bias(&self, cs: &ConvShape) -> Option<bool> {
         self.plans.get(cs).and_then(|p| p.fused_bias)
+    }
+
+    /// Whether the latest forward and data gradient of `cs` ran our few-channel kernels (None: no
+    /// such call yet, or the shape is not one of theirs).
+    pub(crate) fn small_used(&self, cs: &ConvShape) -> [Option<bool>; 2] {
+        [Dir::Fwd, Dir::BwdData].map(|d| self.small_used.get(&(*cs, d)).copied())
     }
 
     /// The algorithms chosen so far (for benchmarks and describe()).
@@ -657,7 +682,8 @@ fn operand(dev: &Device, b: &GpuBuf, dt: DType, slot: u8) -> u64 {
     t
 }
 
-/// out = conv(inp, w) + b.
+/// out = conv(inp, w) + b: through our few-channel kernel or cuDNN, whichever timed faster for the
+/// shape (`MEDDPM_SMALL_CONV` / `force_small` override).
 pub(crate) fn forward(
     dev: &Device,
     cache: &mut ConvCache,
@@ -670,6 +696,37 @@ pub(crate) fn forward(
     check_lens(cs, inp.len(), w.len(), out.len(), b.len());
     require_f32("conv3d bias", &[b]);
     *cache.fwd_calls.entry(cs).or_insert(0) += 1;
+    if let Some(kind) = small_fwd_kind(cs) {
+        let cl = cache.layout == Layout::Ndhwc;
+        let ours = match small_decided(cache, cs, Dir::Fwd) {
+            Some(f) => f,
+            None => time_small(dev, cache, cs, Dir::Fwd, |cache, ours| {
+                if ours {
+                    small_forward(dev, kind, out, inp, w, b, cs, cl);
+                } else {
+                    cudnn_forward(dev, cache, out, inp, w, b, cs);
+                }
+            }),
+        };
+        cache.small_used.insert((cs, Dir::Fwd), ours);
+        if ours {
+            small_forward(dev, kind, out, inp, w, b, cs, cl);
+            return;
+        }
+    }
+    cudnn_forward(dev, cache, out, inp, w, b, cs);
+}
+
+/// out = conv(inp, w) + b through cuDNN: operands converted to the compute type where needed.
+fn cudnn_forward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    out: &mut GpuBuf,
+    inp: &GpuBuf,
+    w: &GpuBuf,
+    b: &GpuBuf,
+    cs: ConvShape,
+) {
     let cdt = compute_type(cache.precision);
     let (xp, wp, bp) = (operand(dev, inp, cdt, T_X), operand(dev, w, cdt, T_W), dev.ptr(b));
     // an output of the other type is computed into a temporary and converted at the end
@@ -960,8 +1017,6 @@ fn check_lens(cs: ConvShape, x: usize, w: usize, y: usize, b: usize) {
     );
 }
 
-/// dinp (per Accum), dw += , db += .
-#[allow(clippy::too_many_arguments)]
 /// Whether the weight gradient goes to our kernel (kernels/conv3d.cu) instead of cuDNN: 3×3×3,
 /// stride 1, at most 4 output channels — cuDNN 9.19 runs these on a slow sm80 kernel (13.2 of
 /// 185 ms in a whole-head TF32 training step on the H200).
@@ -1007,6 +1062,186 @@ fn wgrad_small(dev: &Device, dw: &mut GpuBuf, xp: u64, dyp: u64, bf: i32, cs: Co
         (256, 1, 1),
         &[P(pp), P(dev.ptr_mut(dw)), I(x.c as i32), I(cs.cout as i32), I(nchunks as i32), I(cl as i32)],
     );
+}
+
+// ---- few-channel direct convolutions (kernels/conv3d.cu) ------------------------------------------
+
+/// Voxels per thread, output channels per thread of conv3d_small_cin's body, and input channels
+/// per shared-memory chunk of conv3d_fwd_small_cout* (kernels/conv3d.cu SC_V, SC_COT, SC_CC).
+const SC_V: usize = 4;
+const SC_COT: usize = 8;
+const SC_CC: usize = 64;
+/// The most channels on the wide side of our few-channel kernels.
+const SMALL_MAX_C: usize = 1024;
+
+/// Which of our direct forward kernels applies to a conv.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SmallFwd {
+    /// Cin ≤ 4: conv3d_fwd_small_cin (a thread: 4 voxels × 8 output channels).
+    Cin,
+    /// Cout ≤ 4: conv3d_fwd_small_cout1 (Cout 1) or conv3d_fwd_small_cout4 (Cout 2 to 4).
+    Cout,
+}
+
+/// The direct forward kernel that can run `cs`, if any: 3×3×3, stride 1, Cin ≤ 4 (then Cout ≤ 1024)
+/// or else Cout ≤ 4 (then Cin ≤ 1024).
+pub(crate) fn small_fwd_kind(cs: ConvShape) -> Option<SmallFwd> {
+    if cs.k != 3 || cs.stride != 1 || cs.x.c == 0 || cs.cout == 0 {
+        return None;
+    }
+    if cs.x.c <= 4 && cs.cout <= SMALL_MAX_C {
+        Some(SmallFwd::Cin)
+    } else if cs.cout <= 4 && cs.x.c <= SMALL_MAX_C {
+        Some(SmallFwd::Cout)
+    } else {
+        None
+    }
+}
+
+/// Whether our direct kernel can compute the data gradient of `cs`: 3×3×3, stride 1, Cout ≤ 4,
+/// Cin ≤ 1024 (conv3d_dgrad_small_cout: the small-Cin forward body on the transposed, flipped
+/// weights).
+pub(crate) fn small_dgrad(cs: ConvShape) -> bool {
+    cs.k == 3 && cs.stride == 1 && (1..=4).contains(&cs.cout) && (1..=SMALL_MAX_C).contains(&cs.x.c)
+}
+
+/// The kernels' per-pointer type mask: bit 0 the input (x or dy), bit 1 the weights, bit 2 the
+/// output (y or dx); a bit is set for bf16.
+fn small_dt(input: DType, w: DType, out: DType) -> i32 {
+    let b = |d: DType| (d == DType::Bf16) as i32;
+    b(input) | (b(w) << 1) | (b(out) << 2)
+}
+
+/// Voxel groups of a volume (kernels/conv3d.cu `vgroup`): SC_V consecutive voxels of a line.
+fn voxel_groups(x: Dims) -> usize {
+    x.n * x.d * x.h * x.w.div_ceil(SC_V)
+}
+
+/// Grid and block of conv3d_fwd_small_cin / conv3d_dgrad_small_cout for a direct conv with
+/// `cout` outputs over volume `x`: one warp per SC_COT output channels (up to 8 warps), grid y
+/// over blocks of channels, grid x over 32 voxel groups a block (grid-stride, about 8 blocks per SM).
+fn small_cin_launch(x: Dims, cout: usize, sms: u32) -> ((u32, u32, u32), (u32, u32, u32)) {
+    let warps = cout.div_ceil(SC_COT).clamp(1, 8);
+    let gy = cout.div_ceil(warps * SC_COT).max(1);
+    let gx = voxel_groups(x).div_ceil(32).min((sms as usize * 8 / gy).max(1)).max(1);
+    ((gx as u32, gy as u32, 1), ((32 * warps) as u32, 1, 1))
+}
+
+/// Grid and block of conv3d_fwd_small_cout*: 256 threads; a voxel group is one thread (NCDHW) or
+/// SC_CC / VEC lanes (NDHWC, VEC = 8 bf16 / 4 f32 input channels a lane).
+fn small_cout_launch(x: Dims, cl: bool, xdt: DType, sms: u32) -> ((u32, u32, u32), (u32, u32, u32)) {
+    let vec = if xdt == DType::Bf16 { 8 } else { 4 };
+    let per_block = if cl { 256 / (SC_CC / vec) } else { 256 };
+    let gx = voxel_groups(x).div_ceil(per_block).min(sms as usize * 8).max(1);
+    ((gx as u32, 1, 1), (256, 1, 1))
+}
+
+/// out = conv(inp, w) + b through our direct kernel `kind`; every operand in its own type.
+#[allow(clippy::too_many_arguments)]
+fn small_forward(
+    dev: &Device,
+    kind: SmallFwd,
+    out: &mut GpuBuf,
+    inp: &GpuBuf,
+    w: &GpuBuf,
+    b: &GpuBuf,
+    cs: ConvShape,
+    cl: bool,
+) {
+    use Arg::{I, P};
+    let x = cs.x;
+    let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
+    let args = [
+        P(dev.ptr(inp)),
+        P(dev.ptr(w)),
+        P(dev.ptr(b)),
+        P(dev.ptr_mut(out)),
+        I(x.n as i32),
+        I(x.c as i32),
+        I(cs.cout as i32),
+        I(x.d as i32),
+        I(x.h as i32),
+        I(x.w as i32),
+        I(cl as i32),
+        I(dt),
+    ];
+    let sms = dev.info.sms;
+    match kind {
+        SmallFwd::Cin => {
+            let (grid, block) = small_cin_launch(x, cs.cout, sms);
+            dev.launch("conv3d_fwd_small_cin", grid, block, &args);
+        }
+        SmallFwd::Cout => {
+            let (grid, block) = small_cout_launch(x, cl, inp.dtype(), sms);
+            let name = if cs.cout == 1 { "conv3d_fwd_small_cout1" } else { "conv3d_fwd_small_cout4" };
+            dev.launch(name, grid, block, &args);
+        }
+    }
+}
+
+/// dx (type `dxdt`, = or += per `acc`) = the data gradient of a Cout ≤ 4 conv through our direct
+/// kernel, from dy (type `dydt`) and the weights in their own type.
+#[allow(clippy::too_many_arguments)]
+fn small_dgrad_run(
+    dev: &Device,
+    dxp: u64,
+    dxdt: DType,
+    acc: Accum,
+    w: &GpuBuf,
+    dyp: u64,
+    dydt: DType,
+    cs: ConvShape,
+    cl: bool,
+) {
+    use Arg::{I, P};
+    let x = cs.x;
+    let (grid, block) = small_cin_launch(x, x.c, dev.info.sms);
+    let args = [
+        P(dyp),
+        P(dev.ptr(w)),
+        P(dxp),
+        I(x.n as i32),
+        I(cs.cout as i32),
+        I(x.c as i32),
+        I(x.d as i32),
+        I(x.h as i32),
+        I(x.w as i32),
+        I(cl as i32),
+        I(small_dt(dydt, w.dtype(), dxdt)),
+        I((acc == Accum::Add) as i32),
+    ];
+    dev.launch("conv3d_dgrad_small_cout", grid, block, &args);
+}
+
+/// Whether (cs, dir) runs our few-channel kernel, if known without timing: forced by
+/// `MEDDPM_SMALL_CONV` / `set_small_conv`, or decided on an earlier call.
+fn small_decided(cache: &ConvCache, cs: ConvShape, dir: Dir) -> Option<bool> {
+    cache.force_small.or_else(|| cache.small.get(&(cs, dir)).copied())
+}
+
+/// Decide by timing whether (cs, dir) runs our few-channel kernel: `run(cache, ours)` computes the
+/// direction one way or the other (into a target the caller may overwrite); the third of three runs
+/// each is timed (the first cuDNN ones include cudnnFind), the faster is kept for the shape.
+fn time_small(
+    dev: &Device,
+    cache: &mut ConvCache,
+    cs: ConvShape,
+    dir: Dir,
+    mut run: impl FnMut(&mut ConvCache, bool),
+) -> bool {
+    let mut t = [f32::INFINITY; 2];
+    for (i, ours) in [false, true].into_iter().enumerate() {
+        for _ in 0..3 {
+            let e0 = dev.stream.record_event(None).expect("cuEventRecord");
+            run(cache, ours);
+            let e1 = dev.stream.record_event(None).expect("cuEventRecord");
+            e1.synchronize().expect("cuEventSynchronize");
+            t[i] = e0.elapsed_ms(&e1).unwrap_or(f32::INFINITY);
+        }
+    }
+    let on = t[1] < t[0];
+    cache.small.insert((cs, dir), on);
+    on
 }
 
 /// dW += the weight gradient through cuDNN: beta = 1 into the f32 gradient, or (bf16) beta = 0 into
@@ -1058,6 +1293,8 @@ fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: &mut GpuBuf, xp: u64, dy
     }
 }
 
+/// dinp (per Accum) = the data gradient, dw += the weight gradient, db += the bias gradient.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &Device,
     cache: &mut ConvCache,
@@ -1076,58 +1313,193 @@ pub(crate) fn backward(
     // Bias gradient: db[c] += sum over n and voxels of dout (as given).
     crate::elementwise::channel_sums(dev, dout, cs.out(), cl, crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db)));
     let cdt = compute_type(cache.precision);
-    let (xp, wp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, w, cdt, T_W), operand(dev, dout, cdt, T_DY));
+    let (xp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, dout, cdt, T_DY));
 
-    let (one, zero) = (1.0f32, 0.0f32);
     if small_cout_wgrad(cs, cdt) {
         wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, cl);
     } else {
         cudnn_wgrad(dev, cache, dw, xp, dyp, cs);
     }
 
-    // Data gradient (an input gradient of the other type goes through a temporary).
+    // Data gradient: our few-channel kernel or cuDNN (timed on first use, on a scratch target
+    // because dx may accumulate).
     if let Some((dx, acc)) = dinp {
         assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
-        let direct = dx.dtype() == cdt;
-        let (dxp, acc_c) =
-            if direct { (dev.ptr_mut(dx), acc) } else { (dev.temp(dx.len(), cdt, T_DX), Accum::Overwrite) };
-        let a = if cache.plan(cs).algo[1].is_some() || acc_c == Accum::Overwrite {
-            cache.algo(dev, Dir::BwdData, cs, dxp, wp, dyp)
+        let dxdt = dx.dtype();
+        let ours = small_dgrad(cs)
+            && match small_decided(cache, cs, Dir::BwdData) {
+                Some(f) => f,
+                None => {
+                    let mut tmp = dev.alloc(dx.len(), dxdt).unwrap_or_else(|e| panic!("{e}"));
+                    let tp = dev.ptr_mut(&mut tmp);
+                    let f = time_small(dev, cache, cs, Dir::BwdData, |cache, ours| {
+                        if ours {
+                            small_dgrad_run(dev, tp, dxdt, Accum::Overwrite, w, dyp, cdt, cs, cl);
+                        } else {
+                            cudnn_dgrad(dev, cache, tp, dxdt, Accum::Overwrite, w, dyp, cs);
+                        }
+                    });
+                    dev.sync();
+                    drop(tmp);
+                    f
+                }
+            };
+        if small_dgrad(cs) {
+            cache.small_used.insert((cs, Dir::BwdData), ours);
+        }
+        let dxp = dev.ptr_mut(dx);
+        if ours {
+            small_dgrad_run(dev, dxp, dxdt, acc, w, dyp, cdt, cs, cl);
         } else {
-            let mut tmp = dev.alloc(cs.x.numel(), cdt).unwrap_or_else(|e| panic!("{e}"));
-            let tp = dev.ptr_mut(&mut tmp);
-            let a = cache.algo(dev, Dir::BwdData, cs, tp, wp, dyp);
-            dev.sync();
-            drop(tmp);
-            a
-        };
-        let p = cache.plan(cs);
-        let ws = dev.workspace(a.ws);
-        let wsp = ws_ptr(dev, &ws);
-        let beta = if acc_c == Accum::Add { one } else { zero };
-        dev.bind();
-        ck(
-            unsafe {
-                nsys::cudnnConvolutionBackwardData(
-                    dev.cudnn.0,
-                    &one as *const f32 as _,
-                    p.w.0,
-                    wp as _,
-                    p.y.0,
-                    dyp as _,
-                    p.conv[1].0,
-                    bwd_data_algo(a.id),
-                    wsp as _,
-                    a.ws,
-                    &beta as *const f32 as _,
-                    p.x.0,
-                    dxp as _,
-                )
-            },
-            "cudnnConvolutionBackwardData",
-        );
-        if !direct {
-            dev.cast(dev.ptr_mut(dx), dx.dtype(), dxp, cdt, dx.len(), acc == Accum::Add);
+            cudnn_dgrad(dev, cache, dxp, dxdt, acc, w, dyp, cs);
+        }
+    }
+}
+
+/// dx (type `dxdt`; = or += per `acc`) = the data gradient through cuDNN, from dy in the compute
+/// type (an input gradient of the other type goes through a temporary).
+#[allow(clippy::too_many_arguments)]
+fn cudnn_dgrad(
+    dev: &Device,
+    cache: &mut ConvCache,
+    dxp: u64,
+    dxdt: DType,
+    acc: Accum,
+    w: &GpuBuf,
+    dyp: u64,
+    cs: ConvShape,
+) {
+    let cdt = compute_type(cache.precision);
+    let wp = operand(dev, w, cdt, T_W);
+    let n = cs.x.numel();
+    let (one, zero) = (1.0f32, 0.0f32);
+    let direct = dxdt == cdt;
+    let (dxc, acc_c) = if direct { (dxp, acc) } else { (dev.temp(n, cdt, T_DX), Accum::Overwrite) };
+    let a = if cache.plan(cs).algo[1].is_some() || acc_c == Accum::Overwrite {
+        cache.algo(dev, Dir::BwdData, cs, dxc, wp, dyp)
+    } else {
+        let mut tmp = dev.alloc(n, cdt).unwrap_or_else(|e| panic!("{e}"));
+        let tp = dev.ptr_mut(&mut tmp);
+        let a = cache.algo(dev, Dir::BwdData, cs, tp, wp, dyp);
+        dev.sync();
+        drop(tmp);
+        a
+    };
+    let p = cache.plan(cs);
+    let ws = dev.workspace(a.ws);
+    let wsp = ws_ptr(dev, &ws);
+    let beta = if acc_c == Accum::Add { one } else { zero };
+    dev.bind();
+    ck(
+        unsafe {
+            nsys::cudnnConvolutionBackwardData(
+                dev.cudnn.0,
+                &one as *const f32 as _,
+                p.w.0,
+                wp as _,
+                p.y.0,
+                dyp as _,
+                p.conv[1].0,
+                bwd_data_algo(a.id),
+                wsp as _,
+                a.ws,
+                &beta as *const f32 as _,
+                p.x.0,
+                dxc as _,
+            )
+        },
+        "cudnnConvolutionBackwardData",
+    );
+    drop(ws);
+    if !direct {
+        dev.cast(dxp, dxdt, dxc, cdt, n, acc == Accum::Add);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cs(n: usize, cin: usize, d: usize, h: usize, w: usize, cout: usize, k: usize, stride: usize) -> ConvShape {
+        ConvShape::new(Dims::new(n, cin, d, h, w), cout, k, stride)
+    }
+
+    #[test]
+    fn few_channel_kernels_take_only_their_shapes() {
+        // the network's first conv (3 -> 64) and last (64 -> 1 whole-head, 64 -> 4 BraTS)
+        assert_eq!(small_fwd_kind(cs(1, 3, 128, 128, 128, 64, 3, 1)), Some(SmallFwd::Cin));
+        assert_eq!(small_fwd_kind(cs(1, 64, 128, 128, 128, 1, 3, 1)), Some(SmallFwd::Cout));
+        assert_eq!(small_fwd_kind(cs(2, 64, 96, 96, 96, 4, 3, 1)), Some(SmallFwd::Cout));
+        assert!(small_dgrad(cs(1, 64, 128, 128, 128, 1, 3, 1)));
+        assert!(small_dgrad(cs(2, 70, 7, 9, 6, 4, 3, 1)));
+        // few on both sides: the small-Cin kernel
+        assert_eq!(small_fwd_kind(cs(1, 4, 5, 5, 5, 4, 3, 1)), Some(SmallFwd::Cin));
+        assert_eq!(small_fwd_kind(cs(1, 1, 5, 5, 5, 1024, 3, 1)), Some(SmallFwd::Cin));
+        assert_eq!(small_fwd_kind(cs(1, 1024, 5, 5, 5, 3, 3, 1)), Some(SmallFwd::Cout));
+        // not theirs: wide on both sides, too wide, stride 2, 1x1x1, empty channels
+        assert_eq!(small_fwd_kind(cs(1, 5, 5, 5, 5, 5, 3, 1)), None);
+        assert_eq!(small_fwd_kind(cs(1, 64, 12, 12, 12, 64, 3, 1)), None);
+        assert_eq!(small_fwd_kind(cs(1, 3, 5, 5, 5, 1025, 3, 1)), None);
+        assert_eq!(small_fwd_kind(cs(1, 1025, 5, 5, 5, 1, 3, 1)), None);
+        assert_eq!(small_fwd_kind(cs(1, 3, 8, 8, 8, 64, 3, 2)), None);
+        assert_eq!(small_fwd_kind(cs(1, 64, 8, 8, 8, 1, 3, 2)), None);
+        assert_eq!(small_fwd_kind(cs(1, 3, 8, 8, 8, 64, 1, 1)), None);
+        assert_eq!(small_fwd_kind(cs(1, 0, 8, 8, 8, 1, 3, 1)), None);
+        assert!(!small_dgrad(cs(1, 3, 8, 8, 8, 64, 3, 1)), "the first conv's dgrad is cuDNN's");
+        assert!(!small_dgrad(cs(1, 64, 8, 8, 8, 5, 3, 1)));
+        assert!(!small_dgrad(cs(1, 64, 8, 8, 8, 1, 3, 2)));
+        assert!(!small_dgrad(cs(1, 1025, 8, 8, 8, 1, 3, 1)));
+    }
+
+    #[test]
+    fn type_mask_has_one_bit_per_pointer() {
+        use DType::{Bf16, F32};
+        assert_eq!(small_dt(F32, F32, F32), 0);
+        assert_eq!(small_dt(Bf16, F32, F32), 1);
+        assert_eq!(small_dt(F32, Bf16, F32), 2);
+        assert_eq!(small_dt(F32, F32, Bf16), 4);
+        assert_eq!(small_dt(F32, Bf16, Bf16), 6);
+        assert_eq!(small_dt(Bf16, Bf16, Bf16), 7);
+    }
+
+    #[test]
+    fn few_channel_launches_cover_every_channel_and_voxel_group() {
+        let sms = 132;
+        for (x, cout) in [
+            (Dims::new(1, 3, 128, 128, 128), 64),
+            (Dims::new(1, 3, 9, 10, 11), 40),
+            (Dims::new(2, 1, 3, 4, 8), 5),
+            (Dims::new(1, 2, 3, 3, 4), 130),
+            (Dims::new(1, 4, 2, 2, 1), 1024),
+        ] {
+            let ((gx, gy, gz), (bx, by, bz)) = small_cin_launch(x, cout, sms);
+            let warps = bx as usize / 32;
+            assert!(bx % 32 == 0 && (1..=8).contains(&warps) && (by, bz, gz) == (1, 1, 1), "{x} -> {cout}");
+            // the block's channels: warps * SC_COT; the y blocks cover all output channels, none idle
+            let per = warps * SC_COT;
+            assert!(gy as usize * per >= cout && (gy as usize - 1) * per < cout, "{x} -> {cout}: {gy} x {per}");
+            assert!(per <= 64, "the kernel's shared weights hold 64 output channels");
+            // grid x: at least one block, none without a voxel group (the kernel strides over the rest)
+            let groups = voxel_groups(x);
+            assert!(gx >= 1 && (gx as usize - 1) * 32 < groups, "{x}: {gx} blocks for {groups} groups");
+            assert!(gx as usize * gy as usize <= (sms as usize * 8).max(gy as usize), "{x}: grid {gx} x {gy}");
+        }
+        assert_eq!(voxel_groups(Dims::new(2, 3, 5, 6, 7)), 2 * 5 * 6 * 2);
+        assert_eq!(voxel_groups(Dims::new(1, 3, 128, 128, 128)), 128 * 128 * 32);
+        for (x, cl, dt, per_block) in [
+            (Dims::new(1, 64, 128, 128, 128), true, DType::Bf16, 32),
+            (Dims::new(1, 64, 128, 128, 128), true, DType::F32, 16),
+            (Dims::new(1, 64, 128, 128, 128), false, DType::Bf16, 256),
+            (Dims::new(2, 70, 7, 9, 6), true, DType::Bf16, 32),
+            (Dims::new(1, 5, 1, 1, 1), false, DType::F32, 256),
+        ] {
+            let ((gx, gy, _), (bx, _, _)) = small_cout_launch(x, cl, dt, sms);
+            assert_eq!((gy, bx), (1, 256));
+            let groups = voxel_groups(x);
+            assert!(gx >= 1 && (gx as usize - 1) * per_block < groups && gx <= sms * 8, "{x} {cl} {dt:?}: {gx}");
+            if groups <= per_block * sms as usize * 8 {
+                assert!(gx as usize * per_block >= groups, "{x}: one pass covers all groups");
+            }
         }
     }
 }

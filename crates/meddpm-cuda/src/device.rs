@@ -102,6 +102,10 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_wgrad_small3",
     "conv3d_wgrad_small4",
     "conv3d_wgrad_small_finalize",
+    "conv3d_fwd_small_cin",
+    "conv3d_fwd_small_cout1",
+    "conv3d_fwd_small_cout4",
+    "conv3d_dgrad_small_cout",
 ];
 
 /// One kernel argument. Pointers are raw device addresses; `Raw` passes a `#[repr(C)]` struct by

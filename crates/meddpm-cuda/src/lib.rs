@@ -254,6 +254,19 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_pad = mode;
     }
 
+    /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) our direct kernels
+    /// for few-channel convs (conv3d.rs: forward of Cin ≤ 4, forward and data gradient of
+    /// Cout ≤ 4). For tests and benchmarks; `MEDDPM_SMALL_CONV=0/1` sets the same at start-up.
+    pub fn set_small_conv(&self, mode: Option<bool>) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_small = mode;
+    }
+
+    /// Whether the latest [forward, data gradient] of `cs` ran our few-channel kernels (None: no
+    /// such call yet, or not a shape of theirs).
+    pub fn conv_small_used(&self, cs: &ConvShape) -> [Option<bool>; 2] {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_used(cs)
+    }
+
     /// Whether the forward of `cs` runs with the bias fused into cuDNN (None: not decided yet).
     pub fn conv_fused_bias(&self, cs: &ConvShape) -> Option<bool> {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).fused_bias(cs)

@@ -170,6 +170,26 @@ fn large_uploads_through_pinned_buffers() {
 
 // ---- convolution ---------------------------------------------------------------------------
 
+/// Which of our few-channel direct kernels (kernels/conv3d.cu) a conv shape may run through,
+/// decided by hand from the shape: [forward (Cin ≤ 4 or Cout ≤ 4), data gradient (Cout ≤ 4)];
+/// 3×3×3 stride 1 only.
+fn small_expected(cs: ConvShape) -> [bool; 2] {
+    let direct = cs.k == 3 && cs.stride == 1;
+    [direct && (cs.x.c <= 4 || cs.cout <= 4), direct && cs.cout <= 4]
+}
+
+/// After a call with our few-channel kernels forced on/off (`small`), the path the backend reports
+/// for direction `i` (0 forward, 1 data gradient) is the forced one where the shape is theirs.
+fn check_small_path(g: &CudaBackend, cs: ConvShape, small: Option<bool>, i: usize, tag: &str) {
+    let used = g.conv_small_used(&cs)[i];
+    let what = format!("{tag}: {} ran ours: {used:?}", ["forward", "data gradient"][i]);
+    match (small_expected(cs)[i], small) {
+        (false, _) => assert_eq!(used, None, "{what}"),
+        (true, Some(f)) => assert_eq!(used, Some(f), "{what}"),
+        (true, None) => assert!(used.is_some(), "{what}"), // timed: either path
+    }
+}
+
 fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: u64) {
     let cpu = Cpu::new();
     let o = cs.out();
@@ -189,45 +209,60 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
     let (mut dw_c, mut db_c, mut dx_c) = (dw0.clone(), db0.clone(), dx0.clone());
     cpu.conv3d_backward(with_dinp.map(|a| (&mut dx_c, a)), &mut dw_c, &mut db_c, &dy, &x, &w, cs);
     for g in gs {
-        let tag = format!("conv {} -> {} k{} s{} {:?} [{}]", cs.x, cs.cout, k, cs.stride, with_dinp, name(g));
         let (xg, wg, bg, dyg) = (act(g, &x, cs.x), param(g, &w, &wshape), raw(g, &b), act(g, &dy, o));
-        // both bias paths: cuDNN-fused (where the algorithm allows it) and our bias kernel
-        for mode in [Some(true), Some(false), None] {
-            g.set_conv_fused_bias(mode);
-            let mut yg = g.alloc(o.numel()).unwrap();
-            g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
-            check(&format!("{tag} y (fused bias {mode:?})"), &get_act(g, &yg, o), &y_c, mm_frac(g));
-        }
-        // Cin or Cout not a multiple of 4: also through the zero-padded shape (forced on, off, timed);
-        // twice each, so the reused padding scratch is exercised
-        for pad in [Some(true), Some(false), None] {
-            g.set_conv_pad(pad);
-            for rep in 0..2 {
+        // our few-channel kernels forbidden (cuDNN), forced (where the shape is theirs), timed
+        for small in [Some(false), Some(true), None] {
+            g.set_small_conv(small);
+            let tag = format!(
+                "conv {} -> {} k{} s{} {:?} small {small:?} [{}]",
+                cs.x,
+                cs.cout,
+                k,
+                cs.stride,
+                with_dinp,
+                name(g)
+            );
+            // both bias paths: cuDNN-fused (where the algorithm allows it) and our bias kernel
+            for mode in [Some(true), Some(false), None] {
+                g.set_conv_fused_bias(mode);
                 let mut yg = g.alloc(o.numel()).unwrap();
                 g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
-                check(&format!("{tag} y (padded {pad:?}, rep {rep})"), &get_act(g, &yg, o), &y_c, mm_frac(g));
+                check(&format!("{tag} y (fused bias {mode:?})"), &get_act(g, &yg, o), &y_c, mm_frac(g));
             }
-        }
-        g.set_conv_pad(None);
-        // twice: the second call uses the cached algorithm and must accumulate the same way
-        for rep in 0..2 {
-            let (mut dwg, mut dbg, mut dxg) = (param(g, &dw0, &wshape), raw(g, &db0), act(g, &dx0, cs.x));
-            g.conv3d_backward(with_dinp.map(|a| (&mut dxg, a)), &mut dwg, &mut dbg, &dyg, &xg, &wg, cs);
-            // compare the increments (dw0 is O(1), the gradient may be much larger or smaller)
-            let inc = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p - q).collect::<Vec<f32>>();
-            let dw_g = get_param(g, &dwg, &wshape);
-            check(&format!("{tag} dw+= (rep {rep})"), &inc(&dw_g, &dw0), &inc(&dw_c, &dw0), mm_frac(g));
-            check(&format!("{tag} db+= (rep {rep})"), &get_raw(g, &dbg), &db_c, 1e-4);
-            let dx_g = get_act(g, &dxg, cs.x);
-            if with_dinp.is_some() {
-                check(&format!("{tag} dx (rep {rep})"), &inc(&dx_g, &dx0), &inc(&dx_c, &dx0), mm_frac(g));
-                if with_dinp == Some(Accum::Overwrite) {
-                    check(&format!("{tag} dx overwrite (rep {rep})"), &dx_g, &dx_c, mm_frac(g));
+            // Cin or Cout not a multiple of 4: also through the zero-padded shape (forced on, off,
+            // timed); twice each, so the reused padding scratch is exercised
+            for pad in [Some(true), Some(false), None] {
+                g.set_conv_pad(pad);
+                for rep in 0..2 {
+                    let mut yg = g.alloc(o.numel()).unwrap();
+                    g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
+                    check(&format!("{tag} y (padded {pad:?}, rep {rep})"), &get_act(g, &yg, o), &y_c, mm_frac(g));
                 }
-            } else {
-                assert_eq!(dx_g, dx0, "{tag}: dinp None must leave the buffer alone");
+            }
+            g.set_conv_pad(None);
+            check_small_path(g, cs, small, 0, &tag);
+            // twice: the second call uses the cached algorithm and must accumulate the same way
+            for rep in 0..2 {
+                let (mut dwg, mut dbg, mut dxg) = (param(g, &dw0, &wshape), raw(g, &db0), act(g, &dx0, cs.x));
+                g.conv3d_backward(with_dinp.map(|a| (&mut dxg, a)), &mut dwg, &mut dbg, &dyg, &xg, &wg, cs);
+                // compare the increments (dw0 is O(1), the gradient may be much larger or smaller)
+                let inc = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p - q).collect::<Vec<f32>>();
+                let dw_g = get_param(g, &dwg, &wshape);
+                check(&format!("{tag} dw+= (rep {rep})"), &inc(&dw_g, &dw0), &inc(&dw_c, &dw0), mm_frac(g));
+                check(&format!("{tag} db+= (rep {rep})"), &get_raw(g, &dbg), &db_c, 1e-4);
+                let dx_g = get_act(g, &dxg, cs.x);
+                if with_dinp.is_some() {
+                    check(&format!("{tag} dx (rep {rep})"), &inc(&dx_g, &dx0), &inc(&dx_c, &dx0), mm_frac(g));
+                    if with_dinp == Some(Accum::Overwrite) {
+                        check(&format!("{tag} dx overwrite (rep {rep})"), &dx_g, &dx_c, mm_frac(g));
+                    }
+                    check_small_path(g, cs, small, 1, &tag);
+                } else {
+                    assert_eq!(dx_g, dx0, "{tag}: dinp None must leave the buffer alone");
+                }
             }
         }
+        g.set_small_conv(None);
     }
 }
 
@@ -248,6 +283,16 @@ fn conv3d_parity() {
         // (70 = 64 + 6), several chunks, Cout 2 and 4, batch 2
         (ConvShape::new(Dims::new(2, 70, 7, 9, 6), 4, 3, 1), Some(Accum::Add)),
         (ConvShape::new(Dims::new(1, 64, 17, 18, 19), 2, 3, 1), Some(Accum::Overwrite)),
+        // our few-channel forward and data gradient: Cout 1, 3, 4 (W = 8: the 4-voxel vector
+        // accesses), batch 2, Cin past one 64-channel weight chunk; Cin 1, 2, 4 with Cout past one
+        // 64-channel block, Cout not a multiple of 8, and Cin = Cout = 4
+        (ConvShape::new(Dims::new(2, 40, 7, 6, 5), 1, 3, 1), Some(Accum::Add)),
+        (ConvShape::new(Dims::new(2, 40, 7, 6, 5), 4, 3, 1), Some(Accum::Overwrite)),
+        (ConvShape::new(Dims::new(1, 40, 5, 6, 8), 3, 3, 1), Some(Accum::Add)),
+        (ConvShape::new(Dims::new(1, 130, 4, 5, 6), 1, 3, 1), Some(Accum::Add)),
+        (ConvShape::new(Dims::new(2, 2, 5, 6, 8), 20, 3, 1), Some(Accum::Add)),
+        (ConvShape::new(Dims::new(1, 1, 4, 5, 6), 130, 3, 1), Some(Accum::Overwrite)),
+        (ConvShape::new(Dims::new(1, 4, 6, 5, 7), 4, 3, 1), Some(Accum::Overwrite)),
     ];
     for (i, (cs, acc)) in cases.into_iter().enumerate() {
         conv_case(&gs, cs, acc, 100 + 10 * i as u64);

@@ -149,8 +149,29 @@ fn bf16_storage_rounds_to_nearest_even() {
 
 // ---- convolution -----------------------------------------------------------------------------
 
+/// Which of our few-channel direct kernels (kernels/conv3d.cu) a conv shape may run through,
+/// decided by hand from the shape: [forward (Cin ≤ 4 or Cout ≤ 4), data gradient (Cout ≤ 4)];
+/// 3×3×3 stride 1 only.
+fn small_expected(cs: ConvShape) -> [bool; 2] {
+    let direct = cs.k == 3 && cs.stride == 1;
+    [direct && (cs.x.c <= 4 || cs.cout <= 4), direct && cs.cout <= 4]
+}
+
+/// After a call with our few-channel kernels forced on/off (`small`), the path the backend reports
+/// for direction `i` (0 forward, 1 data gradient) is the forced one where the shape is theirs.
+fn check_small_path(g: &CudaBackend, cs: ConvShape, small: Option<bool>, i: usize, tag: &str) {
+    let used = g.conv_small_used(&cs)[i];
+    let what = format!("{tag}: {} ran ours: {used:?}", ["forward", "data gradient"][i]);
+    match (small_expected(cs)[i], small) {
+        (false, _) => assert_eq!(used, None, "{what}"),
+        (true, Some(f)) => assert_eq!(used, Some(f), "{what}"),
+        (true, None) => assert!(used.is_some(), "{what}"), // timed: either path
+    }
+}
+
 /// `f32_io`: the input, output and output gradient are f32 buffers (the network's first and last
-/// convs), converted by the backend around cuDNN.
+/// convs), converted by the backend around cuDNN and read/written as they are by our few-channel
+/// kernels.
 fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io: bool, seed: u64) {
     let cpu = CpuBackend::bf16();
     let o = cs.out();
@@ -171,36 +192,45 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
     let (mut dw_c, mut db_c, mut dx_c) = (dw0.clone(), db0.clone(), dx0.clone());
     cpu.conv3d_backward(with_dinp.map(|a| (&mut dx_c, a)), &mut dw_c, &mut db_c, &dy, &x, &w, cs);
     for g in gs {
-        let tag = format!(
-            "bf16 conv {} -> {} k{} s{} {with_dinp:?} f32 io {f32_io} [{}]",
-            cs.x,
-            cs.cout,
-            k,
-            cs.stride,
-            name(g)
-        );
         let mk = |h: &[f32], d: Dims| if f32_io { f32_act(g, h, d) } else { act(g, h, d) };
         let (xg, wg, bg, dyg) = (mk(&x, cs.x), param(g, &w, &wshape), raw(g, &b), mk(&dy, o));
-        for pad in [Some(true), Some(false), None] {
-            g.set_conv_pad(pad);
-            let mut yg = if f32_io { g.alloc(o.numel()).unwrap() } else { g.alloc_act(o.numel()).unwrap() };
-            g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
-            check(&format!("{tag} y (padded {pad:?})"), &get_act(g, &yg, o), &y_c, BF);
-        }
-        g.set_conv_pad(None);
-        for rep in 0..2 {
-            let (mut dwg, mut dbg, mut dxg) = (param(g, &dw0, &wshape), raw(g, &db0), mk(&dx0, cs.x));
-            g.conv3d_backward(with_dinp.map(|a| (&mut dxg, a)), &mut dwg, &mut dbg, &dyg, &xg, &wg, cs);
-            let inc = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p - q).collect::<Vec<f32>>();
-            let dw_g = get_param(g, &dwg, &wshape);
-            check(&format!("{tag} dw+= (rep {rep})"), &inc(&dw_g, &dw0), &inc(&dw_c, &dw0), BF);
-            check(&format!("{tag} db+= (rep {rep})"), &get_raw(g, &dbg), &db_c, 1e-4);
-            let dx_g = get_act(g, &dxg, cs.x);
-            match with_dinp {
-                Some(_) => check(&format!("{tag} dx (rep {rep})"), &dx_g, &dx_c, BF),
-                None => assert_eq!(dx_g, dx0, "{tag}: dinp None must leave the buffer alone"),
+        // our few-channel kernels forbidden (cuDNN), forced (where the shape is theirs), timed
+        for small in [Some(false), Some(true), None] {
+            g.set_small_conv(small);
+            let tag = format!(
+                "bf16 conv {} -> {} k{} s{} {with_dinp:?} f32 io {f32_io} small {small:?} [{}]",
+                cs.x,
+                cs.cout,
+                k,
+                cs.stride,
+                name(g)
+            );
+            for pad in [Some(true), Some(false), None] {
+                g.set_conv_pad(pad);
+                let mut yg = if f32_io { g.alloc(o.numel()).unwrap() } else { g.alloc_act(o.numel()).unwrap() };
+                g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
+                check(&format!("{tag} y (padded {pad:?})"), &get_act(g, &yg, o), &y_c, BF);
+            }
+            g.set_conv_pad(None);
+            check_small_path(g, cs, small, 0, &tag);
+            for rep in 0..2 {
+                let (mut dwg, mut dbg, mut dxg) = (param(g, &dw0, &wshape), raw(g, &db0), mk(&dx0, cs.x));
+                g.conv3d_backward(with_dinp.map(|a| (&mut dxg, a)), &mut dwg, &mut dbg, &dyg, &xg, &wg, cs);
+                let inc = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p - q).collect::<Vec<f32>>();
+                let dw_g = get_param(g, &dwg, &wshape);
+                check(&format!("{tag} dw+= (rep {rep})"), &inc(&dw_g, &dw0), &inc(&dw_c, &dw0), BF);
+                check(&format!("{tag} db+= (rep {rep})"), &get_raw(g, &dbg), &db_c, 1e-4);
+                let dx_g = get_act(g, &dxg, cs.x);
+                match with_dinp {
+                    Some(_) => {
+                        check(&format!("{tag} dx (rep {rep})"), &dx_g, &dx_c, BF);
+                        check_small_path(g, cs, small, 1, &tag);
+                    }
+                    None => assert_eq!(dx_g, dx0, "{tag}: dinp None must leave the buffer alone"),
+                }
             }
         }
+        g.set_small_conv(None);
     }
 }
 
@@ -211,7 +241,7 @@ fn conv3d_bf16_parity() {
         (ConvShape::new(ODD, 7, 3, 1), Some(Accum::Overwrite), false),
         (ConvShape::new(ODD, 7, 3, 2), Some(Accum::Add), false),
         (ConvShape::new(ODD, 6, 1, 1), Some(Accum::Add), false),
-        // the network's first conv: 3 f32 input channels (padded to 8, converted)
+        // the network's first conv: 3 f32 input channels (padded to 8, converted; or read by ours)
         (ConvShape::new(Dims::new(1, 3, 9, 10, 11), 40, 3, 1), None, true),
         // the last conv: Cout = 1, f32 output and output gradient; our weight-gradient kernel
         (ConvShape::new(Dims::new(1, 40, 9, 10, 11), 1, 3, 1), Some(Accum::Overwrite), false),
@@ -220,6 +250,20 @@ fn conv3d_bf16_parity() {
         (ConvShape::new(Dims::new(2, 96, 6, 6, 6), 192, 1, 1), Some(Accum::Overwrite), false),
         (ConvShape::new(Dims::new(2, 70, 7, 9, 6), 4, 3, 1), Some(Accum::Add), false),
         (ConvShape::new(Dims::new(1, 64, 17, 18, 19), 2, 3, 1), Some(Accum::Overwrite), false),
+        // our few-channel forward and data gradient: a bf16 input for Cin = 3; Cout 1, 3, 4 with
+        // bf16 and f32 operands (W = 8: the 4-voxel vector accesses), batch 2, Cin past one
+        // 64-channel weight chunk; Cin 1, 2, 4 with Cout past one 64-channel block, Cout not a
+        // multiple of 8, and Cin = Cout = 4
+        (ConvShape::new(Dims::new(1, 3, 9, 10, 11), 40, 3, 1), None, false),
+        (ConvShape::new(Dims::new(2, 40, 7, 6, 5), 1, 3, 1), Some(Accum::Add), false),
+        (ConvShape::new(Dims::new(2, 40, 7, 6, 5), 1, 3, 1), Some(Accum::Overwrite), true),
+        (ConvShape::new(Dims::new(2, 40, 7, 6, 5), 4, 3, 1), Some(Accum::Overwrite), false),
+        (ConvShape::new(Dims::new(2, 40, 7, 6, 5), 4, 3, 1), Some(Accum::Add), true),
+        (ConvShape::new(Dims::new(1, 40, 5, 6, 8), 3, 3, 1), Some(Accum::Add), false),
+        (ConvShape::new(Dims::new(1, 130, 4, 5, 6), 1, 3, 1), Some(Accum::Add), false),
+        (ConvShape::new(Dims::new(2, 2, 5, 6, 8), 20, 3, 1), Some(Accum::Add), false),
+        (ConvShape::new(Dims::new(1, 1, 4, 5, 6), 130, 3, 1), Some(Accum::Overwrite), true),
+        (ConvShape::new(Dims::new(1, 4, 6, 5, 7), 4, 3, 1), Some(Accum::Overwrite), false),
     ];
     for (i, (cs, acc, f32_io)) in cases.into_iter().enumerate() {
         conv_case(&gs, cs, acc, f32_io, 100 + 10 * i as u64);

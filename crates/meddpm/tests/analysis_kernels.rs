@@ -166,6 +166,11 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_wgrad_small3", ConvWgrad),
     ("conv3d_wgrad_small4", ConvWgrad),
     ("conv3d_wgrad_small_finalize", ConvWgrad),
+    // our direct forward and data gradient of few-channel convs
+    ("conv3d_fwd_small_cin", ConvForward),
+    ("conv3d_fwd_small_cout1", ConvForward),
+    ("conv3d_fwd_small_cout4", ConvForward),
+    ("conv3d_dgrad_small_cout", ConvDgrad),
 ];
 
 #[test]

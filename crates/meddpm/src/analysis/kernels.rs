@@ -220,6 +220,10 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_wgrad_small3", Category::ConvWgrad),
     ("conv3d_wgrad_small4", Category::ConvWgrad),
     ("conv3d_wgrad_small_finalize", Category::ConvWgrad),
+    ("conv3d_fwd_small_cin", Category::ConvForward),
+    ("conv3d_fwd_small_cout1", Category::ConvForward),
+    ("conv3d_fwd_small_cout4", Category::ConvForward),
+    ("conv3d_dgrad_small_cout", Category::ConvDgrad),
 ];
 
 /// The category of one of our own NVRTC kernels, by exact name ([`OUR_KERNELS`]); `None` for any
