@@ -94,6 +94,10 @@ pub struct BenchArgs {
     /// Launch every kernel from the host instead of replaying the U-Net's passes as CUDA graphs.
     #[arg(long)]
     pub no_graphs: bool,
+    /// Upload each training batch at the start of its own step instead of staging it during the
+    /// step before (the A/B switch of the overlapped input).
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Skip the training measurement.
     #[arg(long)]
     pub no_train: bool,
@@ -134,6 +138,8 @@ pub struct Row {
     pub layout: String,
     /// U-Net passes replayed as CUDA graphs.
     pub graphs: bool,
+    /// Training batches staged during the step before (overlapped input).
+    pub overlap: bool,
     pub train_ms: Option<f64>,
     pub train_all_ms: Vec<f64>,
     pub opt_ms: Option<f64>,
@@ -226,7 +232,16 @@ fn measure<B: Backend>(
         for i in 0..a.warmup + a.iters {
             be.sync();
             let t0 = Instant::now();
-            let loss = tr.micro_step(be, &image, &cond);
+            // as in training: this batch was staged during the previous step, and the next one
+            // goes up while this one runs (Trainer::run_staged)
+            let loss = if a.no_overlap {
+                tr.micro_step(be, &image, &cond)
+            } else {
+                if !tr.is_staged() {
+                    tr.stage(be, &image, &cond)?;
+                }
+                tr.run_staged(be, None, Some(&mut || Ok((image.clone(), cond.clone()))))?
+            };
             let t1 = Instant::now();
             tr.opt_step(be);
             be.sync();
@@ -405,7 +420,7 @@ fn print_table(rows: &[Row], whole_head: bool) {
         );
     }
     println!(
-        "times: median of CUDA-synchronised wall times; train = micro_step (incl. the batch upload) + opt_step; \
+        "times: median of CUDA-synchronised wall times; train = micro_step (the next batch staged meanwhile) + opt_step; \
          mem = total − free (cudaMemGetInfo) after training, whole process. torch columns: ms (torch / ours)."
     );
 }
@@ -455,6 +470,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     r.precision = p.name().into();
                     r.layout = l.name().into();
                     r.graphs = !a.no_graphs;
+                    r.overlap = !a.no_overlap;
                     if whole_head && p == Prec::Tf32 {
                         r.fwd_pct_of_floor = Some(100.0 * FLOOR_FWD_MS / r.fwd_ms);
                         r.train_pct_of_floor = r.train_ms.map(|t| 100.0 * FLOOR_TRAIN_MS / t);

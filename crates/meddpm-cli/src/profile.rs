@@ -314,12 +314,15 @@ fn cuda_steps(
         tr.micro_step(be, &img, &cond);
         tr.opt_step(be);
     }
+    // as in training: each step's batch was staged during the step before (Trainer::run_staged)
+    tr.stage(be, &img, &cond)?;
     let mut train = || {
         if wrap {
             be.push_range("profile");
         }
         be.push_range("train");
-        tr.micro_step(be, &img, &cond);
+        // the host data is the right size, so staging cannot fail
+        tr.run_staged(be, None, Some(&mut || Ok((img.clone(), cond.clone())))).expect("staged step");
         be.push_range("optimizer");
         tr.opt_step(be);
         be.pop_range();

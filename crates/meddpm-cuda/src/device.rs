@@ -4,7 +4,8 @@
 //!
 //! Why one stream: the [`meddpm::Backend`] contract is a sequence of dependent ops, so a single
 //! in-order stream gives every ordering for free; cudarc's per-buffer event tracking is switched
-//! off (it would record two events per kernel argument).
+//! off (it would record two events per kernel argument). The one exception is the copy stream of
+//! staged batch uploads (`Backend::stage_act`), joined to the main stream by an event.
 //!
 //! Libraries are loaded at run time (cudarc `dynamic-loading`), which panics when a library is
 //! missing: [`Device::new`] first checks each library is loadable and turns any panic into a clear
@@ -167,6 +168,9 @@ impl Drop for BlasHandle {
 pub(crate) struct Device {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
+    /// The side stream of staged uploads (`Backend::stage_act`): the next batch's copy runs
+    /// beside the current step; the main stream waits for it by event.
+    pub(crate) copy_stream: Arc<CudaStream>,
     pub(crate) cudnn: CudnnHandle,
     pub(crate) blas: BlasHandle,
     funcs: HashMap<&'static str, CudaFunction>,
@@ -359,6 +363,7 @@ impl Device {
         // One in-order stream per backend; we order everything ourselves.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| format!("cuStreamCreate: {e}"))?;
+        let copy_stream = ctx.new_stream().map_err(|e| format!("cuStreamCreate: {e}"))?;
         let cc = ctx.compute_capability().map_err(|e| e.to_string())?;
         let sms = ctx
             .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -421,6 +426,7 @@ impl Device {
         Ok(Device {
             ctx,
             stream,
+            copy_stream,
             cudnn,
             blas,
             funcs,
@@ -555,6 +561,7 @@ impl Device {
 
     pub(crate) fn sync(&self) {
         self.stream.synchronize().unwrap_or_else(|e| panic!("CUDA stream synchronize: {e}"));
+        self.copy_stream.synchronize().unwrap_or_else(|e| panic!("CUDA stream synchronize: {e}"));
     }
 }
 

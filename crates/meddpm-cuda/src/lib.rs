@@ -113,6 +113,9 @@ struct Pinned {
 
 struct PinnedSlot {
     len: usize,
+    /// The turn of its last use: of the two buffers of a length the older is refilled, and a
+    /// staged upload that finds no room evicts the least recently used buffer of another length.
+    used: usize,
     /// Host address of `mem` (kept as an integer so the backend stays `Send + Sync`).
     addr: usize,
     _mem: PinnedHostSlice<f32>,
@@ -138,34 +141,53 @@ impl CudaBackend {
     /// Upload through a page-locked buffer ([`Pinned`]); `false` when the copy is small, the
     /// buffers are exhausted or page-locked memory cannot be had (the caller copies directly).
     fn upload_pinned(&self, host: &[f32], dst: &mut GpuBuf) -> bool {
-        let n = host.len();
+        self.pinned_copy(host.len(), |buf| buf.copy_from_slice(host), dst, false)
+    }
+
+    /// Fill a page-locked buffer of `n` floats with `fill` and copy it to `dst`: on the main
+    /// stream, or (`side`, a staged upload) on the copy stream with the main stream made to wait
+    /// for it. Plain uploads of a new length give up when the buffers are all taken (parameter
+    /// uploads come in many lengths, once); staged ones evict an old length (a training batch
+    /// comes every step and must never take the slow pageable way).
+    fn pinned_copy(&self, n: usize, fill: impl FnOnce(&mut [f32]), dst: &mut GpuBuf, side: bool) -> bool {
         if n < Pinned::MIN_LEN || dst.dtype() != DType::F32 {
             return false;
         }
         let mut g = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        g.turn += 1;
+        let turn = g.turn;
         let have = g.slots.iter().filter(|s| s.len == n).count();
         for _ in have..2 {
             if g.slots.len() >= Pinned::MAX_SLOTS {
-                return false;
+                let lru = g.slots.iter().enumerate().filter(|(_, s)| s.len != n).min_by_key(|(_, s)| s.used);
+                let Some(i) = lru.map(|(i, _)| i).filter(|_| side) else { return false };
+                let old = g.slots.swap_remove(i);
+                // no buffer is freed while a copy still reads it
+                let _ = old.done.synchronize();
             }
             // SAFETY: the buffer is written (below) before it is read.
             let Ok(mut mem) = (unsafe { self.dev.ctx.alloc_pinned::<f32>(n) }) else { return false };
             let Ok(ptr) = mem.as_mut_ptr() else { return false };
             let Ok(done) = self.dev.ctx.new_event(None) else { return false };
-            g.slots.push(PinnedSlot { len: n, addr: ptr as usize, _mem: mem, done });
+            g.slots.push(PinnedSlot { len: n, used: 0, addr: ptr as usize, _mem: mem, done });
         }
-        let turn = g.turn;
-        g.turn += 1;
-        let slot = g.slots.iter().filter(|s| s.len == n).nth(turn % 2).expect("two slots of this length");
+        let slot = g.slots.iter_mut().filter(|s| s.len == n).min_by_key(|s| s.used).expect("two slots of this length");
+        slot.used = turn;
         slot.done.synchronize().unwrap_or_else(|e| panic!("upload: waiting for a staging buffer: {e}"));
         // SAFETY: `addr` is a live page-locked allocation of `n` floats (owned by `_mem`) that no
         // copy reads any more (its event completed); the async copy below reads it until `done`.
         let buf = unsafe { std::slice::from_raw_parts_mut(slot.addr as *mut f32, n) };
-        buf.copy_from_slice(host);
+        fill(buf);
         let dp = self.dev.ptr_mut(dst);
-        unsafe { cudarc::driver::result::memcpy_htod_async(dp, &buf[..], self.dev.stream.cu_stream()) }
+        let stream = if side { &self.dev.copy_stream } else { &self.dev.stream };
+        self.dev.bind();
+        unsafe { cudarc::driver::result::memcpy_htod_async(dp, &buf[..], stream.cu_stream()) }
             .unwrap_or_else(|e| panic!("upload: {e}"));
-        slot.done.record(&self.dev.stream).unwrap_or_else(|e| panic!("upload: {e}"));
+        slot.done.record(stream).unwrap_or_else(|e| panic!("upload: {e}"));
+        if side {
+            // everything queued on the main stream from now on sees `dst` filled
+            self.dev.stream.wait(&slot.done).unwrap_or_else(|e| panic!("upload: joining the copy stream: {e}"));
+        }
         true
     }
 
@@ -296,10 +318,12 @@ impl CudaBackend {
 fn to_ndhwc(src: &[f32], x: Dims, dst: &mut [f32]) {
     let (c, s) = (x.c, x.s());
     for n in 0..x.n {
-        for ch in 0..c {
-            let from = &src[(n * c + ch) * s..(n * c + ch + 1) * s];
-            for (v, &val) in from.iter().enumerate() {
-                dst[(n * s + v) * c + ch] = val;
+        let from = &src[n * c * s..(n + 1) * c * s];
+        // destination in order (one write stream: it may be write-combined page-locked memory),
+        // the c source planes read in step
+        for (v, px) in dst[n * s * c..(n + 1) * s * c].chunks_exact_mut(c).enumerate() {
+            for (ch, o) in px.iter_mut().enumerate() {
+                *o = from[ch * s + v];
             }
         }
     }
@@ -417,6 +441,18 @@ impl Backend for CudaBackend {
             self.upload(&t, dst);
         } else {
             self.upload(host_ncdhw, dst);
+        }
+    }
+    fn stage_act(&self, host_ncdhw: &[f32], x: Dims, dst: &mut Self::Buf) {
+        assert_eq!(host_ncdhw.len(), x.numel(), "stage_act {x}: host length {}", host_ncdhw.len());
+        let cl = self.cl() && x.c > 1;
+        let fill = |buf: &mut [f32]| match cl {
+            true => to_ndhwc(host_ncdhw, x, buf),
+            false => buf.copy_from_slice(host_ncdhw),
+        };
+        // the layout change is written straight into the page-locked buffer
+        if !self.pinned_copy(x.numel(), fill, dst, true) {
+            self.upload_act(host_ncdhw, x, dst);
         }
     }
     fn download_act(&self, src: &Self::Buf, x: Dims, host_ncdhw: &mut [f32]) {

@@ -168,6 +168,35 @@ fn large_uploads_through_pinned_buffers() {
     }
 }
 
+/// Staged uploads (`Backend::stage_act`, the trainer's next batch) run on a side stream beside
+/// queued work: queued after a long chain of kernels, each must still arrive intact (both
+/// layouts, through the page-locked path and the small direct one), and work queued after the
+/// call must see it; a buffer staged into again (next turn) must hold the new data.
+#[test]
+fn staged_uploads_overlap_and_are_ordered() {
+    let Some(gs) = gpus() else { return };
+    for g in &gs {
+        let x = Dims::new(1, 2, 64, 64, 65); // 2 channels: the layout change happens on the host
+        let small = Dims::new(1, 2, 3, 4, 5);
+        let (busy, mut busy_out) = (raw(g, &rnd(1 << 24, 540, 1.0)), g.alloc(1 << 24).unwrap());
+        for turn in 0..3u64 {
+            // keep the main stream busy (a few ms), so the side copy runs beside queued work
+            for _ in 0..200 {
+                g.silu_forward(&mut busy_out, &busy);
+            }
+            let (h, hs) = (rnd(x.numel(), 520 + turn, 1.0), rnd(small.numel(), 530 + turn, 1.0));
+            let (mut d, mut ds) = (g.alloc(x.numel()).unwrap(), g.alloc(small.numel()).unwrap());
+            g.stage_act(&h, x, &mut d);
+            g.stage_act(&hs, small, &mut ds);
+            // main-stream work after the call reads what was staged
+            let mut c = g.alloc(x.numel()).unwrap();
+            g.copy(&mut c, &d);
+            assert!(get_act(g, &c, x) == h, "{}: staged upload, turn {turn}", name(g));
+            assert!(get_act(g, &ds, small) == hs, "{}: small staged upload, turn {turn}", name(g));
+        }
+    }
+}
+
 // ---- convolution ---------------------------------------------------------------------------
 
 /// Which of our few-channel direct kernels (kernels/conv3d.cu) a conv shape may run through,

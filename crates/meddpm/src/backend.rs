@@ -212,6 +212,14 @@ pub trait Backend {
     fn download(&self, src: &Self::Buf, host: &mut [f32]);
     /// Host NCDHW activation → device in the backend's layout.
     fn upload_act(&self, host_ncdhw: &[f32], x: Dims, dst: &mut Self::Buf);
+    /// [`Backend::upload_act`] that may overlap the work already queued: the copy runs beside it
+    /// and everything queued after this call sees `dst` filled. The host slice may go away on
+    /// return. Contract: no work queued since the host last waited for the device
+    /// ([`Backend::sync`], a download) reads or writes `dst` (the trainer's double-buffered batch,
+    /// `Trainer::stage`). Default: a plain `upload_act`.
+    fn stage_act(&self, host_ncdhw: &[f32], x: Dims, dst: &mut Self::Buf) {
+        self.upload_act(host_ncdhw, x, dst)
+    }
     /// Device activation in the backend's layout → host NCDHW.
     fn download_act(&self, src: &Self::Buf, x: Dims, host_ncdhw: &mut [f32]);
     /// Host parameter in PyTorch's layout (`torch_shape`) → device in the backend's layout

@@ -200,3 +200,43 @@ fn checkpoint_errors_name_the_problem() {
     assert!(!dir.join("tiny.safetensors.tmp").exists());
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `train_step` stages each batch one micro-step ahead (the GPU uploads it beside the running
+/// step); the batches must still be used in order, each exactly once, and the result must be
+/// bit-identical to plain micro-steps on the same sequence — also when the batches differ.
+#[test]
+fn staged_batches_are_used_in_order() {
+    let be = CpuBackend::new();
+    let cfg = UNetConfig::tiny();
+    let (img, cond) = phantom_batch(&cfg);
+    let batch = |k: usize| -> (Vec<f32>, Vec<f32>) {
+        let s = 1.0 + 0.25 * k as f32;
+        (img.iter().map(|v| v * s).collect(), cond.iter().map(|v| v * s).collect())
+    };
+    let mut a = Trainer::new(&be, &cfg, &tc(9)).unwrap();
+    let mut fetched = 0;
+    let mut next = || {
+        fetched += 1;
+        Ok(batch(fetched - 1))
+    };
+    let la: Vec<f32> = (0..3).map(|_| a.train_step(&be, &mut next).unwrap()).collect();
+    // 3 steps × grad_accum 2 batches used, and one more staged for the next step
+    assert_eq!(fetched, 7);
+    assert!(a.is_staged());
+    let mut b = Trainer::new(&be, &cfg, &tc(9)).unwrap();
+    let mut lb = Vec::new();
+    for s in 0..3 {
+        let mut sum = 0.0;
+        for m in 0..2 {
+            let (i, c) = batch(2 * s + m);
+            sum += b.micro_step(&be, &i, &c);
+        }
+        b.opt_step(&be);
+        lb.push(sum / 2.0);
+    }
+    assert_eq!(la, lb);
+    assert_eq!(all_state(&be, &a), all_state(&be, &b));
+    // a wrong-sized batch is an error naming what was expected, not a panic
+    let err = a.stage(&be, &img[1..], &cond).unwrap_err().to_string();
+    assert!(err.contains("image") && err.contains(&img.len().to_string()), "{err}");
+}

@@ -110,6 +110,10 @@ impl<B: Backend> Backend for Timed<B> {
         let n = host_ncdhw.len() as f64;
         self.rec("upload_act", Category::Memory, None, n, || self.inner.upload_act(host_ncdhw, x, dst))
     }
+    fn stage_act(&self, host_ncdhw: &[f32], x: Dims, dst: &mut Self::Buf) {
+        let n = host_ncdhw.len() as f64;
+        self.rec("stage_act", Category::Memory, None, n, || self.inner.stage_act(host_ncdhw, x, dst))
+    }
     fn download_act(&self, src: &Self::Buf, x: Dims, host_ncdhw: &mut [f32]) {
         let n = host_ncdhw.len() as f64;
         self.rec("download_act", Category::Memory, None, n, || self.inner.download_act(src, x, host_ncdhw))

@@ -11,6 +11,12 @@
 //! sample) whatever W is, so W ranks × batch b draw exactly what one rank × batch W·b draws; the loss
 //! is divided by the global batch W·b and the gradients averaged over ranks, which makes the
 //! averaged gradient equal the single-process one (up to summation order).
+//!
+//! Overlapped input: the batch buffers are doubled. [`Trainer::train_step`] takes the next batch
+//! from `next` and stages it (`Backend::stage_act`, a side-stream copy on the GPU) while the GPU
+//! runs the current micro-step, so a step never waits for its own upload. A staged batch counts
+//! nowhere (`samples`, `draws`) until its micro-step runs, so a checkpoint never skips it: the
+//! loader of a resumed run starts at `samples` and fetches it again.
 //! Reference quirks kept on purpose: the loss is divided by `grad_accum` *and* by the batch size
 //! before backward; the EMA copies the online weights every `ema_every` steps until `ema_start`,
 //! then averages with `ema_decay` every `ema_every` steps; Adam has no weight decay.
@@ -90,6 +96,9 @@ impl TrainConfig {
 /// A hook told as each layer's backward is queued: (layer index, all parameter gradients).
 pub type LayerDone<'a, B> = dyn FnMut(usize, &mut [<B as Backend>::Buf]) + 'a;
 
+/// Where the trainer gets its next batch: host NCDHW (image, cond), or the loader's error.
+pub type NextBatch<'a> = dyn FnMut() -> Result<(Vec<f32>, Vec<f32>)> + 'a;
+
 /// Model + optimiser state + EMA + the buffers of one micro-step, all planned at construction.
 pub struct Trainer<B: Backend> {
     pub net: UNet<B>,
@@ -108,8 +117,12 @@ pub struct Trainer<B: Backend> {
     /// This process's rank and the number of data-parallel ranks (0 and 1 for a plain run).
     pub rank: usize,
     pub world: usize,
+    /// The batch of the micro-step being run, and the next one (staged while it runs).
     x0: B::Buf,
     cond: B::Buf,
+    next_x0: B::Buf,
+    next_cond: B::Buf,
+    staged: bool,
     eps: B::Buf,
     xt: B::Buf,
     loss: B::Buf,
@@ -131,6 +144,9 @@ impl<B: Backend> Trainer<B> {
         Ok(Trainer {
             x0: be.alloc(img.numel())?,
             cond: be.alloc(cond.numel())?,
+            next_x0: be.alloc(img.numel())?,
+            next_cond: be.alloc(cond.numel())?,
+            staged: false,
             eps: be.alloc(img.numel())?,
             xt: be.alloc(img.numel())?,
             loss: be.alloc(1)?,
@@ -159,12 +175,13 @@ impl<B: Backend> Trainer<B> {
     }
 
     /// Bytes of everything the trainer planned: the U-Net's buffers ([`crate::model::MemPlan`]),
-    /// the EMA weights and Adam moments, and the batch buffers (x0, cond, ε, x_t, loss; f32).
+    /// the EMA weights and Adam moments, and the batch buffers (x0 and cond twice, ε, x_t, loss;
+    /// f32).
     pub fn plan_bytes(&self) -> usize {
         let p = self.net.param_count() * 4;
         let img = self.net.output_dims().numel();
         let cond = self.net.input_dims().with_c(self.net.cfg.cond_channels()).numel();
-        self.net.mem.total() + 3 * p + 4 * (3 * img + cond + 1)
+        self.net.mem.total() + 3 * p + 4 * (4 * img + 2 * cond + 1)
     }
 
     /// The timesteps of the batch whose first element is global sample `first`.
@@ -178,27 +195,62 @@ impl<B: Backend> Trainer<B> {
         self.samples + (self.rank * self.tc.batch) as u64
     }
 
-    /// One forward/backward on a batch (host NCDHW: image (N, out_ch, D, H, W), cond
-    /// (N, cond_ch, D, H, W)); gradients accumulate. Returns the unscaled mean loss.
-    pub fn micro_step(&mut self, be: &B, image: &[f32], cond: &[f32]) -> f32 {
-        self.micro_step_with(be, image, cond, None)
+    /// Whether a batch is staged for the next micro-step ([`Trainer::stage`]).
+    pub fn is_staged(&self) -> bool {
+        self.staged
     }
 
-    /// [`Trainer::micro_step`]; with `done`, it is called as each layer's backward is queued
-    /// ([`UNet::backward_with`], launched from the host), without it the backward may be a
-    /// replayed graph ([`UNet::backward`]).
-    fn micro_step_with(&mut self, be: &B, image: &[f32], cond: &[f32], done: Option<&mut LayerDone<'_, B>>) -> f32 {
+    /// Upload the next micro-step's batch (host NCDHW: image (N, out_ch, D, H, W), cond
+    /// (N, cond_ch, D, H, W)) beside the work already queued; replaces a batch staged before.
+    pub fn stage(&mut self, be: &B, image: &[f32], cond: &[f32]) -> Result<()> {
         let img = self.net.output_dims();
         let cd = self.net.input_dims().with_c(self.net.cfg.cond_channels());
+        for (what, got, d) in [("image", image.len(), img), ("cond", cond.len(), cd)] {
+            if got != d.numel() {
+                return Err(Error::Config(format!(
+                    "training batch {what}: {got} values, the model takes {} ({d}, NCDHW)",
+                    d.numel()
+                )));
+            }
+        }
+        // The contract of stage_act: the host has waited for the device since the last
+        // micro-step that read these buffers (each micro-step ends downloading its loss).
+        be.stage_act(image, img, &mut self.next_x0);
+        be.stage_act(cond, cd, &mut self.next_cond);
+        self.staged = true;
+        Ok(())
+    }
+
+    /// One forward/backward on a batch (host NCDHW, see [`Trainer::stage`]); gradients
+    /// accumulate. Returns the unscaled mean loss.
+    pub fn micro_step(&mut self, be: &B, image: &[f32], cond: &[f32]) -> f32 {
+        self.stage(be, image, cond).unwrap_or_else(|e| panic!("micro_step: {e}"));
+        self.run_staged(be, None, None).expect("no prefetch, no error")
+    }
+
+    /// The micro-step on the staged batch. While the GPU runs it, `prefetch` (when given) supplies
+    /// the next batch, which is staged. With `done`, it is called as each layer's backward is
+    /// queued ([`UNet::backward_with`], launched from the host); without it the backward may be
+    /// a replayed graph ([`UNet::backward`]).
+    pub fn run_staged(
+        &mut self,
+        be: &B,
+        done: Option<&mut LayerDone<'_, B>>,
+        prefetch: Option<&mut NextBatch<'_>>,
+    ) -> Result<f32> {
+        assert!(self.staged, "run_staged: no batch staged (Trainer::stage)");
+        std::mem::swap(&mut self.x0, &mut self.next_x0);
+        std::mem::swap(&mut self.cond, &mut self.next_cond);
+        self.staged = false;
+        let img = self.net.output_dims();
         let first = self.first_sample();
         let ts = self.timesteps_at(first);
         let (a, b): (Vec<f32>, Vec<f32>) = ts.iter().map(|&t| self.sched.q_coefs(t)).unzip();
-        be.upload_act(image, img, &mut self.x0);
-        be.upload_act(cond, cd, &mut self.cond);
         let per_sample = (img.numel() / img.n) as u64;
         be.randn(&mut self.eps, Philox::new(self.tc.seed, STREAM_NOISE), first * per_sample, img);
         be.q_sample(&mut self.xt, &self.x0, &self.eps, &a, &b, img);
-        be.concat_channels(self.net.input_mut(), &self.xt, &self.cond, img, img.c, cd.c);
+        let cc = self.net.cfg.cond_channels();
+        be.concat_channels(self.net.input_mut(), &self.xt, &self.cond, img, img.c, cc);
         let tf: Vec<f32> = ts.iter().map(|&t| t as f32).collect();
         self.net.forward(be, &tf);
         let (out, dout) = self.net.output_and_grad();
@@ -212,9 +264,12 @@ impl<B: Backend> Trainer<B> {
         }
         self.draws += 1;
         self.samples += (self.world * self.tc.batch) as u64;
+        // the next batch goes up while the GPU works through this one
+        let fetched = prefetch.map(|next| next().and_then(|(i, c)| self.stage(be, &i, &c)));
         let mut l = [0f32];
         be.download(&self.loss, &mut l);
-        l[0]
+        fetched.transpose()?;
+        Ok(l[0])
     }
 
     /// Adam on every parameter, zero the gradients, then the reference EMA rule; step += 1.
@@ -246,8 +301,12 @@ impl<B: Backend> Trainer<B> {
     {
         let mut sum = 0.0;
         for _ in 0..self.tc.grad_accum {
-            let (img, cond) = next()?;
-            sum += self.micro_step(be, &img, &cond);
+            if !self.staged {
+                let (img, cond) = next()?;
+                self.stage(be, &img, &cond)?;
+            }
+            // always one batch ahead, across optimizer steps too
+            sum += self.run_staged(be, None, Some(&mut next))?;
         }
         self.opt_step(be);
         Ok(sum / self.tc.grad_accum as f32)
@@ -271,11 +330,15 @@ impl<B: Backend> Trainer<B> {
         }
         let mut sum = 0.0;
         for k in 0..self.tc.grad_accum {
-            let (img, cond) = next()?;
+            if !self.staged {
+                let (img, cond) = next()?;
+                self.stage(be, &img, &cond)?;
+            }
             sum += if k + 1 == self.tc.grad_accum {
-                self.micro_step_with(be, &img, &cond, Some(&mut |layer, grads| sync.layer_done(be, layer, grads)))
+                let mut hook = |layer, grads: &mut [B::Buf]| sync.layer_done(be, layer, grads);
+                self.run_staged(be, Some(&mut hook), Some(&mut next))?
             } else {
-                self.micro_step(be, &img, &cond)
+                self.run_staged(be, None, Some(&mut next))?
             };
         }
         sync.finish(be, &mut self.net.grads)?;

@@ -279,6 +279,7 @@ impl Session<'_> {
         let every = self.record.checkpoint_every;
         // with ranks: the stop all of them agreed on after the last step
         let mut agreed_stop = false;
+        let (ga, staged_at_start, mut fetched) = (tr.tc.grad_accum as u64, tr.is_staged() as u64, 0u64);
         let mut outcome = loop {
             if tr.step >= self.record.steps {
                 break Outcome::Finished;
@@ -286,10 +287,13 @@ impl Session<'_> {
             if agreed_stop || (ranks.is_none() && self.stop.requested()) {
                 break Outcome::Stopped;
             }
-            let poison = self.faults.nan_at_step == Some(tr.step + 1);
+            // The trainer fetches one batch ahead (it stages the next while the GPU runs the
+            // current one), so a batch's step follows from how many came before it.
             let batches = || {
                 let (mut img, cond) = next()?;
-                if poison {
+                let step = start + 1 + (fetched + staged_at_start) / ga;
+                fetched += 1;
+                if self.faults.nan_at_step == Some(step) {
                     img.fill(f32::NAN);
                 }
                 Ok((img, cond))
