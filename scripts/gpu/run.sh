@@ -10,8 +10,9 @@
 #   profile  CUPTI kernel breakdown, optimization matrix, ncu counters, PyTorch comparison
 #   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
 #   study    scripts/gpu/study.sh $STUDY (demo model, sampler study, whole-head 20-step timing, BraTS)
-#   prof     the CUPTI breakdown of one whole-head training and sampling step for each precision in
-#            PROF_MATH (default bf16), NDHWC, no counters (a minute each)
+#   prof     the CUPTI breakdown of one training and sampling step for each preset in PROF_PRESETS
+#            (default whole-head) and precision in PROF_MATH (default bf16), NDHWC, no counters
+#            (a minute each)
 # BENCH_ARGS (default --torch) are extra arguments of the bench part.
 # Each part writes $OUT/<part>.tar.gz (its full results) and one line to $OUT/summary.txt.
 set -uo pipefail
@@ -53,11 +54,11 @@ for part in "$@"; do
     study)   BIN="$BIN/meddpm" OUT="$RES" bash scripts/gpu/study.sh ${STUDY:-demo samplers wholehead brats} ;;
     prof)
       CUPTI=$(dirname "$(find "$SP/nvidia" /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")
-      for m in ${PROF_MATH:-bf16}; do
-        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$CUPTI" timeout 300 "$BIN/meddpm" profile --device cuda --preset whole-head \
-          --math "$m" --layout ndhwc --warmup 1 --repeats 3 --out "$RES/whole-head-$m-ndhwc"
-        grep -A16 "### By category" "$RES/whole-head-$m-ndhwc/report.md" | head -18
-      done ;;
+      for p in ${PROF_PRESETS:-whole-head}; do for m in ${PROF_MATH:-bf16}; do
+        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$CUPTI" timeout 300 "$BIN/meddpm" profile --device cuda --preset "$p" \
+          --math "$m" --layout ndhwc --warmup 1 --repeats 3 --out "$RES/$p-$m-ndhwc"
+        grep -A16 "### By category" "$RES/$p-$m-ndhwc/report.md" | head -18
+      done; done ;;
     *) echo "unknown part $part" ;;
   esac >"$RES/console.log" 2>&1
   rc=$?

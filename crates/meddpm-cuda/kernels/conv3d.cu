@@ -2,8 +2,8 @@
 // the U-Net's first conv (Cin = 3 -> 64) and last (64 -> 1 whole-head, 64 -> 4 BraTS). cuDNN is slow
 // on these (no tensor-core kernel fits 3 or 1 channels; layout conversions around the generic ones),
 // while they are nearly memory-bound, so they are done here with f32 FMA arithmetic, twins of the
-// CPU reference (src/cpu/conv3d.rs). conv3d.rs decides per shape, by timing on first use, whether
-// ours or cuDNN runs (MEDDPM_SMALL_CONV).
+// CPU reference (src/cpu/conv3d.rs). They run wherever they apply (MEDDPM_SMALL_CONV=0 forbids
+// them, =auto times them against cuDNN per shape; conv3d.rs).
 //   off(t) = (kd - 1, kh - 1, kw - 1) for tap t = kd*9 + kh*3 + kw.
 //
 // ---- weight gradient of Cout <= 4 convs ----------------------------------------------------------

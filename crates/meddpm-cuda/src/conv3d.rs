@@ -27,10 +27,14 @@
 //!   the forward and data gradient of Cout ≤ 4 convs (the last, 64 → 1 or 4) can run through our
 //!   direct kernels (kernels/conv3d.cu: f32 FMA sums, operands read in their own types, no
 //!   conversions), where cuDNN is slow (a generic 12 TFLOP/s kernel for 3 → 64 in bf16, layout
-//!   conversions around the last conv). On first use of a shape and direction both are timed
-//!   (third of three runs each) and the faster is kept; `MEDDPM_SMALL_CONV=0/1` forbids/forces
-//!   ours (A/B benchmarks; [`crate::CudaBackend::set_small_conv`] in tests). The weight gradient of
-//!   Cout ≤ 4 convs is always ours (`small_cout_wgrad`).
+//!   conversions around the last conv). They are the default where they apply:
+//!   `MEDDPM_SMALL_CONV=0` forbids them, `=auto` times both on first use of a shape and direction
+//!   and keeps the faster ([`crate::CudaBackend::set_small_conv`] in tests). Measured end to end on
+//!   the H200 (docs/perf/h200-2026-11-30d/small-conv-ab/), always-ours beat the per-shape timing
+//!   in all six whole-head precision × layout configurations (e.g. bf16 NDHWC 62.8 vs 64.4 ms per
+//!   training step, 21.4 vs 22.2 ms per forward): the isolated timing picked cuDNN where ours is
+//!   faster inside the step. The weight gradient of Cout ≤ 4 convs is always ours
+//!   (`small_cout_wgrad`).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -269,7 +273,8 @@ pub(crate) struct ConvCache {
     /// Channel-padded forward state per original shape.
     pads: HashMap<ConvShape, Pad>,
     /// Some(f): always (f = true) or never run our few-channel kernels where they apply
-    /// (`small_fwd_kind`, `small_dgrad`); None: time them against cuDNN on first use.
+    /// (`small_fwd_kind`, `small_dgrad`; the default is Some(true)); None: time them against
+    /// cuDNN on first use.
     pub(crate) force_small: Option<bool>,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
@@ -345,8 +350,13 @@ impl ConvCache {
             // MEDDPM_CONV_PAD=0/1 forbids/forces the channel padding (A/B benchmarks)
             force_pad: std::env::var("MEDDPM_CONV_PAD").ok().map(|v| v != "0"),
             pads: HashMap::new(),
-            // MEDDPM_SMALL_CONV=0/1 forbids/forces our few-channel kernels (A/B benchmarks)
-            force_small: std::env::var("MEDDPM_SMALL_CONV").ok().map(|v| v != "0"),
+            // our few-channel kernels by default; MEDDPM_SMALL_CONV=0 forbids them, =auto times
+            // them against cuDNN per shape (A/B benchmarks)
+            force_small: match std::env::var("MEDDPM_SMALL_CONV").as_deref() {
+                Ok("auto") => None,
+                Ok("0") => Some(false),
+                _ => Some(true),
+            },
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -1220,8 +1230,9 @@ fn small_decided(cache: &ConvCache, cs: ConvShape, dir: Dir) -> Option<bool> {
 }
 
 /// Decide by timing whether (cs, dir) runs our few-channel kernel: `run(cache, ours)` computes the
-/// direction one way or the other (into a target the caller may overwrite); the third of three runs
-/// each is timed (the first cuDNN ones include cudnnFind), the faster is kept for the shape.
+/// direction one way or the other (into a target the caller may overwrite); the best of five runs
+/// each, interleaved, is compared (the first cuDNN one includes cudnnFind), the faster is kept for
+/// the shape.
 fn time_small(
     dev: &Device,
     cache: &mut ConvCache,
@@ -1229,14 +1240,17 @@ fn time_small(
     dir: Dir,
     mut run: impl FnMut(&mut ConvCache, bool),
 ) -> bool {
+    // the best of 5 runs each, interleaved (clock ramps and cuDNN's first-call setup fall on
+    // both sides; the first whole-head measurement kept the last of 3 in a row and chose
+    // cuDNN where ours was faster)
     let mut t = [f32::INFINITY; 2];
-    for (i, ours) in [false, true].into_iter().enumerate() {
-        for _ in 0..3 {
+    for _ in 0..5 {
+        for (i, ours) in [false, true].into_iter().enumerate() {
             let e0 = dev.stream.record_event(None).expect("cuEventRecord");
             run(cache, ours);
             let e1 = dev.stream.record_event(None).expect("cuEventRecord");
             e1.synchronize().expect("cuEventSynchronize");
-            t[i] = e0.elapsed_ms(&e1).unwrap_or(f32::INFINITY);
+            t[i] = t[i].min(e0.elapsed_ms(&e1).unwrap_or(f32::INFINITY));
         }
     }
     let on = t[1] < t[0];

@@ -276,9 +276,10 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_pad = mode;
     }
 
-    /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) our direct kernels
-    /// for few-channel convs (conv3d.rs: forward of Cin ≤ 4, forward and data gradient of
-    /// Cout ≤ 4). For tests and benchmarks; `MEDDPM_SMALL_CONV=0/1` sets the same at start-up.
+    /// Use (Some(true), the default), forbid (Some(false)) or auto-select by timing (None) our
+    /// direct kernels for few-channel convs (conv3d.rs: forward of Cin ≤ 4, forward and data
+    /// gradient of Cout ≤ 4). For tests and benchmarks; `MEDDPM_SMALL_CONV=1/0/auto` sets the
+    /// same at start-up.
     pub fn set_small_conv(&self, mode: Option<bool>) {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_small = mode;
     }

@@ -291,7 +291,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
                 }
             }
         }
-        g.set_small_conv(None);
+        g.set_small_conv(Some(true)); // the default
     }
 }
 

@@ -230,7 +230,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
                 }
             }
         }
-        g.set_small_conv(None);
+        g.set_small_conv(Some(true)); // the default
     }
 }
 
