@@ -171,7 +171,8 @@ fn large_uploads_through_pinned_buffers() {
 /// Staged uploads (`Backend::stage_act`, the trainer's next batch) run on a side stream beside
 /// queued work: queued after a long chain of kernels, each must still arrive intact (both
 /// layouts, through the page-locked path and the small direct one), and work queued after the
-/// call must see it; a buffer staged into again (next turn) must hold the new data.
+/// call must see it, also when that work starts at once; a buffer staged into again (next turn)
+/// must hold the new data.
 #[test]
 fn staged_uploads_overlap_and_are_ordered() {
     let Some(gs) = gpus() else { return };
@@ -194,6 +195,15 @@ fn staged_uploads_overlap_and_are_ordered() {
             assert!(get_act(g, &c, x) == h, "{}: staged upload, turn {turn}", name(g));
             assert!(get_act(g, &ds, small) == hs, "{}: small staged upload, turn {turn}", name(g));
         }
+        // an idle main stream and a large copy (tens of ms over PCIe): a device copy queued right
+        // after the call must still wait for it (without the event join it would read zeros)
+        let big = Dims::new(1, 1, 256, 256, 512);
+        let hb = rnd(big.numel(), 550, 1.0);
+        let (mut d, mut c) = (g.alloc(big.numel()).unwrap(), g.alloc(big.numel()).unwrap());
+        g.sync();
+        g.stage_act(&hb, big, &mut d);
+        g.copy(&mut c, &d);
+        assert!(get_raw(g, &c) == hb, "{}: a copy queued after a staged upload ran before it", name(g));
     }
 }
 
