@@ -8,6 +8,8 @@
 #   torch    full-size .pt import: PyTorch vs meddpm forward (scripts/gpu/torch_full.sh)
 #   evalcfg  train the demo on the GPU, sample under every precision × layout, quality verdicts
 #   profile  CUPTI kernel breakdown, optimization matrix, ncu counters, PyTorch comparison
+#   ab       A/B of the overlapped input (bench --no-overlap) and of the few-channel convs
+#            (MEDDPM_SMALL_CONV=1 vs auto), whole-head, alternated in one call
 #   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
 #   study    scripts/gpu/study.sh $STUDY (demo model, sampler study, whole-head 20-step timing, BraTS)
 #   prof     the CUPTI breakdown of one training and sampling step for each preset in PROF_PRESETS
@@ -47,6 +49,17 @@ for part in "$@"; do
       if [ -n "${PRIMITIVES:-}" ]; then timeout 240 "$BIN/bench_primitives" "$RES" 5 >"$RES/bench_primitives.log" 2>&1; fi ;;
     bench)
       "$BIN/meddpm" bench --device cuda --preset whole-head --json "$RES/bench.json" ${BENCH_ARGS---torch} ;;
+    ab)
+      # A/B switches in one call, alternated twice: overlapped input on/off (whole-head bf16
+      # NDHWC), then the few-channel convs always ours / timed per shape (bf16 and TF32)
+      for i in 1 2; do for f in "" --no-overlap; do
+        "$BIN/meddpm" bench --device cuda --preset whole-head --precision bf16 --layout ndhwc --iters 9 $f 2>&1 \
+          | grep -E '^cuda:0' | sed "s/^/[overlap ${f:-on}] /"
+      done; done
+      for v in 1 auto; do
+        MEDDPM_SMALL_CONV=$v "$BIN/meddpm" bench --device cuda --preset whole-head --precision bf16,tf32 --layout ndhwc \
+          --iters 7 --json "$RES/small-$v.json" 2>&1 | grep -E '^cuda:0' | sed "s/^/[small conv $v] /"
+      done ;;
     nvtx)    BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/nvtx_probe.sh ;;
     torch)   TEST_BIN="$BIN/torch_full" BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/torch_full.sh ;;
     evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;
