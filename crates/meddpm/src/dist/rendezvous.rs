@@ -130,6 +130,20 @@ pub fn join(cfg: &RendezvousConfig, payload: std::result::Result<Vec<u8>, String
     }
 }
 
+/// After a failed rendezvous: ranks already connected but not yet accepted (in the listen
+/// backlog) are told the reason too. Closing the listener would reset their connections, and they
+/// would only learn that rank 0 went away. Their hello is read first, so that closing sends a
+/// clean end of stream after the message rather than a reset that could discard it.
+fn tell_backlog(listener: &TcpListener, msg: &str) {
+    while let Ok((mut s, _)) = listener.accept() {
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut h = [0u8; HELLO_LEN];
+        let _ = s.read_exact(&mut h);
+        let _ = write_msg(&mut s, 1, msg.as_bytes());
+    }
+}
+
 /// Rank 0 on an already bound listener (tests bind port 0 and hand the port to the others).
 pub fn serve(
     listener: TcpListener,
@@ -149,6 +163,7 @@ pub fn serve(
         if let Some(s) = extra {
             let _ = write_msg(s, 1, msg.as_bytes());
         }
+        tell_backlog(&listener, &msg);
         err(msg)
     };
     let mut count = 1;
