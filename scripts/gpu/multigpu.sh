@@ -14,7 +14,8 @@
 #   stop       `train --gpus 2` interrupted (SIGINT to the launcher): both ranks stop after the same
 #              step, rank 0's checkpoint holds it; then SIGTERM to rank 1 alone, same check
 #   sample     `sample --gpus 2` vs one GPU: the same volume files (bytes), one timing file
-#   bench      `meddpm bench --gpus 2` (whole-head, bf16 and tf32, NDHWC): step on 1 GPU vs 2, efficiency
+#   bench      `meddpm bench --gpus 2` (whole-head, bf16 and tf32, NDHWC): step on 1 GPU vs 2, efficiency,
+#              and the share of the all-reduce kernels' time other kernels hide (CUPTI, rank 0)
 #   scaling    whole-head 128³, batch 1 per GPU, TF32: steps/s on 1 GPU (--gpus 1) and on 2
 #              (the global batch doubles: efficiency = steps/s(2) / steps/s(1))
 # Library path as scripts/gpu/run.sh, plus a private `libnccl.so` link: cudarc looks for that name
@@ -33,6 +34,9 @@ mkdir -p "$LIBDIR"
 ln -sf "$SP/nvidia/cudnn/lib/libcudnn.so.9" "$LIBDIR/libcudnn.so"
 ln -sf "$SP/nvidia/nccl/lib/libnccl.so.2" "$LIBDIR/libnccl.so"
 export LD_LIBRARY_PATH="$LIBDIR:$SP/nvidia/cudnn/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# CUPTI, for the all-reduce overlap `bench --gpus` measures on rank 0
+CUPTI=$(dirname "$(find "$SP/nvidia" /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$CUPTI"
 export MEDDPM_CACHE_DIR=${MEDDPM_CACHE_DIR:-/tmp/meddpm-cache}
 M="$BIN/meddpm"
 sum() { echo "$*" | tee -a "$OUT/summary.txt"; }
@@ -123,7 +127,7 @@ sum "sample --gpus 2: exit $? — files $(ls "$RES/s2" | tr '\n' ' ') — differ
 bench() {
 timeout 500 "$M" bench --preset whole-head --precision bf16,tf32 --layout ndhwc --iters 10 --warmup 3 --gpus 2 \
   --json "$OUT/bench-gpus2.json" >"$RES/bench.log" 2>&1
-sum "bench --gpus 2: exit $? — $(grep -E '^(bf16|tf32) ' "$RES/bench.log" | tr '\n' ';')"
+sum "bench --gpus 2: exit $? — $(grep -E '^(bf16|tf32) |all-reduce' "$RES/bench.log" | tr '\n' ';')"
 }
 
 # whole-head 128³ on the built-in demo pairs; the first steps include cudnnFind

@@ -9,6 +9,7 @@
 
 use crate::run::{open_dataset, start_trainer, train_on, BackendArgs, Device, Plan, RankCtx, RunConfig, TrainArgs};
 use anyhow::{bail, Context, Result};
+use meddpm::analysis::breakdown::{comm_overlap, CommOverlap};
 use meddpm::diffusion::TrainConfig;
 use meddpm::dist::rendezvous::{self, RendezvousConfig, Watch, WatchConfig};
 use meddpm::dist::spawn::{count_signals, free_port, local_rank_envs, run_local, strip_gpus_arg, GpuSelection};
@@ -17,6 +18,7 @@ use meddpm::eval::samplers::SampleTiming;
 use meddpm::model::UNetConfig;
 use meddpm::{Backend, Layout, Precision};
 use meddpm_cuda::collective::{exit_on_lost, CommSlot, NcclSync};
+use meddpm_cuda::cupti;
 use meddpm_cuda::nccl::UniqueId;
 use meddpm_cuda::CudaBackend;
 use std::path::{Path, PathBuf};
@@ -215,9 +217,14 @@ pub fn merge_timing(out: &Path, world: usize) -> Result<()> {
     Ok(())
 }
 
+/// Synced steps of `bench --gpus` whose kernel timeline rank 0 records (CUPTI) for the overlap.
+const COMM_STEPS: usize = 3;
+
 /// One rank of `bench --gpus`: for each precision × layout, a fresh backend, trainer (batch 1,
 /// no accumulation) and NCCL communicator; one-GPU steps, then synced steps
-/// (`meddpm::dist::scaling::measure`). Rank 0 prints the table and writes `--json`.
+/// (`meddpm::dist::scaling::measure`), then [`COMM_STEPS`] synced steps under CUPTI on rank 0 for
+/// how much of the all-reduce other kernels hide (`analysis::breakdown::comm_overlap`). Rank 0
+/// prints the table and writes `--json`.
 pub fn bench_rank(a: &crate::bench::BenchArgs, env: DistEnv) -> Result<()> {
     use crate::bench::{host_data, BenchDevice, Lay};
     use meddpm::dist::scaling::{measure, Scaling};
@@ -243,7 +250,7 @@ pub fn bench_rank(a: &crate::bench::BenchArgs, env: DistEnv) -> Result<()> {
     let (ids, watch, slot) = join(&env, hash, timeout, configs.len())?;
     let lead = env.rank == 0;
     let tc = TrainConfig { batch: 1, grad_accum: 1, ..TrainConfig::default() };
-    let mut rows: Vec<(String, Scaling)> = Vec::new();
+    let mut rows: Vec<(String, Scaling, Option<CommOverlap>)> = Vec::new();
     for ((p, l, name), id) in configs.iter().zip(&ids) {
         let be = CudaBackend::new(env.local_rank, *p, *l)
             .with_context(|| format!("rank {}: opening cuda:{} (LOCAL_RANK)", env.rank, env.local_rank))?;
@@ -259,25 +266,48 @@ pub fn bench_rank(a: &crate::bench::BenchArgs, env: DistEnv) -> Result<()> {
         let (image, cond) = (host_data(img.numel(), seed + 1), host_data(cd.numel(), seed + 2));
         let (s, _, _) = measure(&be, &mut tr, &mut sync, a.warmup, a.iters, || Ok((image.clone(), cond.clone())))
             .with_context(|| format!("rank {}: {name}", env.rank))?;
+        // Then a few more synced steps on every rank (the collectives must match), rank 0's under
+        // CUPTI: how much of the all-reduce kernels' time other kernels ran beside them.
+        let collector = if lead { Some(cupti::Collector::start()) } else { None };
+        for _ in 0..COMM_STEPS {
+            tr.train_step_synced(&be, || Ok((image.clone(), cond.clone())), &mut sync)
+                .with_context(|| format!("rank {}: {name}: overlap steps", env.rank))?;
+        }
+        be.sync();
+        let comm = collector.map(|c| {
+            let records: Vec<_> = c?.finish()?.activities.iter().map(|a| a.to_record()).collect();
+            comm_overlap(&records).ok_or_else(|| "no NCCL kernel in the CUPTI timeline".to_string())
+        });
         if lead {
             eprintln!(
                 "bench: {name}: one GPU {:.2} ms, {} GPUs {:.2} ms per step: {:.2}× the throughput, {:.1} % efficiency",
                 s.one_gpu_ms, s.world, s.dp_ms, s.speedup, s.efficiency_pct
             );
+            match &comm {
+                Some(Ok(c)) => eprintln!(
+                    "bench: {name}: all-reduce kernels {:.2} ms per step, {:.1} % of it with other kernels running \
+                     (CUPTI on rank 0, {COMM_STEPS} steps)",
+                    c.comm_ns as f64 / 1e6 / COMM_STEPS as f64,
+                    c.hidden_pct
+                ),
+                Some(Err(e)) => eprintln!("bench: {name}: all-reduce overlap not measured: {e}"),
+                None => {}
+            }
         }
-        rows.push((name.clone(), s));
+        rows.push((name.clone(), s, comm.and_then(|c| c.ok())));
     }
     watch.close();
     if !lead {
         return Ok(());
     }
     println!(
-        "\n{:<12} {:>6} {:>12} {:>12} {:>9} {:>11}",
-        "config", "GPUs", "1 GPU ms", "N GPUs ms", "speedup", "efficiency"
+        "\n{:<12} {:>6} {:>12} {:>12} {:>9} {:>11} {:>15}",
+        "config", "GPUs", "1 GPU ms", "N GPUs ms", "speedup", "efficiency", "all-reduce hid"
     );
-    for (name, s) in &rows {
+    for (name, s, c) in &rows {
+        let hid = c.as_ref().map_or("-".to_string(), |c| format!("{:.1}%", c.hidden_pct));
         println!(
-            "{name:<12} {:>6} {:>12.2} {:>12.2} {:>8.2}× {:>10.1}%",
+            "{name:<12} {:>6} {:>12.2} {:>12.2} {:>8.2}× {:>10.1}% {hid:>15}",
             s.world, s.one_gpu_ms, s.dp_ms, s.speedup, s.efficiency_pct
         );
     }
@@ -292,8 +322,21 @@ pub fn bench_rank(a: &crate::bench::BenchArgs, env: DistEnv) -> Result<()> {
             config: &'a str,
             #[serde(flatten)]
             scaling: &'a Scaling,
+            /// All-reduce kernel time and the part of it other kernels ran beside (rank 0, CUPTI).
+            comm_ns: Option<u64>,
+            comm_hidden_ns: Option<u64>,
+            comm_hidden_pct: Option<f64>,
         }
-        let rows: Vec<Row> = rows.iter().map(|(c, s)| Row { config: c, scaling: s }).collect();
+        let rows: Vec<Row> = rows
+            .iter()
+            .map(|(c, s, o)| Row {
+                config: c,
+                scaling: s,
+                comm_ns: o.as_ref().map(|o| o.comm_ns),
+                comm_hidden_ns: o.as_ref().map(|o| o.hidden_ns),
+                comm_hidden_pct: o.as_ref().map(|o| o.hidden_pct),
+            })
+            .collect();
         let rep = serde_json::json!({ "model": cfg, "iters": a.iters, "warmup": a.warmup, "rows": rows });
         meddpm::checkpoint::write_atomic(path, serde_json::to_string_pretty(&rep)?.as_bytes())?;
         eprintln!("bench: wrote {}", path.display());
