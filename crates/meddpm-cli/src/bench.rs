@@ -233,14 +233,11 @@ fn measure<B: Backend>(
             be.sync();
             let t0 = Instant::now();
             // as in training: this batch was staged during the previous step, and the next one
-            // goes up while this one runs (Trainer::run_staged)
+            // goes up while this one runs (Trainer::micro_step_ahead)
             let loss = if a.no_overlap {
                 tr.micro_step(be, &image, &cond)
             } else {
-                if !tr.is_staged() {
-                    tr.stage(be, &image, &cond)?;
-                }
-                tr.run_staged(be, None, Some(&mut || Ok((image.clone(), cond.clone()))))?
+                tr.micro_step_ahead(be, &mut || Ok((image.clone(), cond.clone())))?
             };
             let t1 = Instant::now();
             tr.opt_step(be);

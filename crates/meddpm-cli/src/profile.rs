@@ -314,7 +314,7 @@ fn cuda_steps(
         tr.micro_step(be, &img, &cond);
         tr.opt_step(be);
     }
-    // as in training: each step's batch was staged during the step before (Trainer::run_staged)
+    // as in training: each step's batch was staged during the step before (Trainer::micro_step_ahead)
     tr.stage(be, &img, &cond)?;
     let mut train = || {
         if wrap {
@@ -322,7 +322,7 @@ fn cuda_steps(
         }
         be.push_range("train");
         // the host data is the right size, so staging cannot fail
-        tr.run_staged(be, None, Some(&mut || Ok((img.clone(), cond.clone())))).expect("staged step");
+        tr.micro_step_ahead(be, &mut || Ok((img.clone(), cond.clone()))).expect("staged step");
         be.push_range("optimizer");
         tr.opt_step(be);
         be.pop_range();

@@ -6,7 +6,7 @@
 //!
 //! Over the CPU backend this is `meddpm profile --device cpu`; over [`super::timed::NullBackend`]
 //! it counts the calls, FLOPs and bytes of any preset without computing (the roofline input).
-//! The training step is exactly `Trainer::run_staged` + `Trainer::opt_step` (spec §3.2); the
+//! The training step is exactly `Trainer::micro_step_ahead` + `Trainer::opt_step` (spec §3.2); the
 //! sampling step is one iteration of `Sampler::sample` (spec §3.3) at t = T/2.
 
 use super::kernels::KernelRecord;
@@ -84,10 +84,7 @@ pub fn profile_unet<B: Backend>(be: &Timed<B>, cfg: &UNetConfig, o: &Options) ->
             be.push_range("train");
             let t0 = Instant::now();
             // as in training: the batch was staged before, the next one goes up meanwhile
-            if !tr.is_staged() {
-                tr.stage(be, &img, &cond)?;
-            }
-            tr.run_staged(be, None, Some(&mut || Ok((img.clone(), cond.clone()))))?;
+            tr.micro_step_ahead(be, &mut || Ok((img.clone(), cond.clone())))?;
             be.push_range("optimizer");
             tr.opt_step(be);
             be.pop_range();

@@ -228,6 +228,22 @@ impl<B: Backend> Trainer<B> {
         self.run_staged(be, None, None).expect("no prefetch, no error")
     }
 
+    /// One micro-step as training runs it, one batch ahead: the batch staged before (or, on a
+    /// first call, the one `next` gives now), while the following one from `next` is staged as
+    /// this one runs ([`Trainer::run_staged`]).
+    pub fn micro_step_ahead(&mut self, be: &B, next: &mut NextBatch<'_>) -> Result<f32> {
+        self.run_ahead(be, None, next)
+    }
+
+    /// [`Trainer::micro_step_ahead`] with the backward hook of [`Trainer::run_staged`].
+    fn run_ahead(&mut self, be: &B, done: Option<&mut LayerDone<'_, B>>, next: &mut NextBatch<'_>) -> Result<f32> {
+        if !self.staged {
+            let (img, cond) = next()?;
+            self.stage(be, &img, &cond)?;
+        }
+        self.run_staged(be, done, Some(next))
+    }
+
     /// The micro-step on the staged batch. While the GPU runs it, `prefetch` (when given) supplies
     /// the next batch, which is staged. With `done`, it is called as each layer's backward is
     /// queued ([`UNet::backward_with`], launched from the host); without it the backward may be
@@ -301,12 +317,8 @@ impl<B: Backend> Trainer<B> {
     {
         let mut sum = 0.0;
         for _ in 0..self.tc.grad_accum {
-            if !self.staged {
-                let (img, cond) = next()?;
-                self.stage(be, &img, &cond)?;
-            }
             // always one batch ahead, across optimizer steps too
-            sum += self.run_staged(be, None, Some(&mut next))?;
+            sum += self.run_ahead(be, None, &mut next)?;
         }
         self.opt_step(be);
         Ok(sum / self.tc.grad_accum as f32)
@@ -330,15 +342,11 @@ impl<B: Backend> Trainer<B> {
         }
         let mut sum = 0.0;
         for k in 0..self.tc.grad_accum {
-            if !self.staged {
-                let (img, cond) = next()?;
-                self.stage(be, &img, &cond)?;
-            }
             sum += if k + 1 == self.tc.grad_accum {
                 let mut hook = |layer, grads: &mut [B::Buf]| sync.layer_done(be, layer, grads);
-                self.run_staged(be, Some(&mut hook), Some(&mut next))?
+                self.run_ahead(be, Some(&mut hook), &mut next)?
             } else {
-                self.run_staged(be, None, Some(&mut next))?
+                self.run_ahead(be, None, &mut next)?
             };
         }
         sync.finish(be, &mut self.net.grads)?;
