@@ -98,6 +98,27 @@ __device__ __forceinline__ float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
+// Where the result is stored in bf16 (8-bit mantissa), the hardware exp2 and reciprocal
+// (relative error ~1e-6) replace expf and the IEEE division: the fused GroupNorm+SiLU passes
+// were limited by them, not by memory. f32 storage keeps the accurate functions.
+template <typename T>
+struct FastMath {
+    static constexpr bool on = false;
+};
+template <>
+struct FastMath<bf16> {
+    static constexpr bool on = true;
+};
+template <typename T>
+__device__ __forceinline__ float sigmoid_t(float x) {
+    return FastMath<T>::on ? __frcp_rn(1.0f + __expf(-x)) : sigmoid_f(x);
+}
+template <typename T>
+__device__ __forceinline__ float silu_grad_t(float x) {
+    float s = sigmoid_t<T>(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

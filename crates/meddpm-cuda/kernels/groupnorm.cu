@@ -92,17 +92,26 @@ __device__ void gn_apply_t(const void* xv, const float* mean, const float* rstd,
         sc[j] = rstd[ng] * gamma[c];
         sh[j] = beta[c] - mean[ng] * sc[j];
     }
-    for (i64 v = r.start; v < r.nvec; v += r.step) {
-        i64 i = r.base + v * V;
-        float a[V];
-        ldv<V>(x, i, a);
+    // two vectors per iteration, both loads issued before any store: twice the bytes in flight
+    // per thread (one at a time reached ~2.6 TB/s on an H200)
+    for (i64 v = r.start; v < r.nvec; v += 2 * r.step) {
+        float a[2][V];
+        bool two = v + r.step < r.nvec;
 #pragma unroll
-        for (int j = 0; j < V; j++) a[j] = a[j] * sc[j] + sh[j];
-        if (out) stv<V>(out, i, a);
-        if (act) {
+        for (int u = 0; u < 2; u++)
+            if (u == 0 || two) ldv<V>(x, r.base + (v + u * r.step) * V, a[u]);
 #pragma unroll
-            for (int j = 0; j < V; j++) a[j] = a[j] * sigmoid_f(a[j]);
-            stv<V>(act, i, a);
+        for (int u = 0; u < 2; u++) {
+            if (u == 1 && !two) break;
+            i64 i = r.base + (v + u * r.step) * V;
+#pragma unroll
+            for (int j = 0; j < V; j++) a[u][j] = a[u][j] * sc[j] + sh[j];
+            if (out) stv<V>(out, i, a[u]);
+            if (act) {
+#pragma unroll
+                for (int j = 0; j < V; j++) a[u][j] = a[u][j] * sigmoid_t<T>(a[u][j]);
+                stv<V>(act, i, a[u]);
+            }
         }
     }
 }
@@ -142,7 +151,7 @@ __device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* m
         ldv<V>(x, i, xs);
         if (beta) {
 #pragma unroll
-            for (int j = 0; j < V; j++) g[j] *= silu_grad(xs[j] * sc[j] + sh[j]);
+            for (int j = 0; j < V; j++) g[j] *= silu_grad_t<T>(xs[j] * sc[j] + sh[j]);
         }
         if (accum) ldv<V>(dx, i, o);
 #pragma unroll

@@ -35,7 +35,7 @@ __device__ __forceinline__ void gn_chan(const GnBwdIn& p, int n, int c, int C, f
     sh = p.beta ? p.beta[c] - mu * sc : 0.0f;
 }
 
-template <int OP>
+template <typename T, int OP>
 __device__ __forceinline__ void chan_acc1(float a, float b, bool silu, float mu, float sc, float sh, float shift,
                                           float& s, float& q) {
     if (OP == OP_STATS) {
@@ -43,7 +43,7 @@ __device__ __forceinline__ void chan_acc1(float a, float b, bool silu, float mu,
         s += v;
         q += v * v;
     } else if (OP == OP_GNBWD) {
-        float g = silu ? a * silu_grad(b * sc + sh) : a;
+        float g = silu ? a * silu_grad_t<T>(b * sc + sh) : a;
         s += g;
         q += g * (b - mu);
     } else {
@@ -79,7 +79,7 @@ __device__ void chan_partial_ncdhw_t(const void* av, const void* bv, GnBwdIn gp,
     float s = 0.0f, q = 0.0f;
 #pragma unroll 4
     for (i64 v = v0 + threadIdx.x; v < v1; v += blockDim.x)
-        chan_acc1<OP>(ld(a, base + v), OP == OP_GNBWD ? ld(b, base + v) : 0.0f, silu, mu, sc, shf, shift, s, q);
+        chan_acc1<T, OP>(ld(a, base + v), OP == OP_GNBWD ? ld(b, base + v) : 0.0f, silu, mu, sc, shf, shift, s, q);
     s = block_sum(s, sh);
     q = block_sum(q, sh);
     if (threadIdx.x == 0) chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, s, q, v1 - v0, shift);
@@ -116,7 +116,7 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
             if (OP == OP_GNBWD) ldv<VEC>(b, base, vb);
 #pragma unroll
             for (int j = 0; j < VEC; j++)
-                chan_acc1<OP>(va[j], OP == OP_GNBWD ? vb[j] : 0.0f, silu, mu[j], sc[j], shf[j], shift[j], s[j], q[j]);
+                chan_acc1<T, OP>(va[j], OP == OP_GNBWD ? vb[j] : 0.0f, silu, mu[j], sc[j], shf[j], shift[j], s[j], q[j]);
         }
 #pragma unroll
         for (int j = 0; j < VEC; j++) {

@@ -60,10 +60,51 @@ pub(crate) fn forward(
             F(EPS),
         ],
     );
-    let v = row_vec(x, cl, bf);
-    let (grid, block) = row_launch(dev, x, v, cl);
     let op_ = out.map(|o| dev.ptr_mut(o)).unwrap_or(0);
     let ap = act.map(|a| dev.ptr_mut(a)).unwrap_or(0);
+    apply(dev, xp, mp, rp, gamma, beta, op_, ap, x, groups, cl, bf);
+}
+
+/// `act` = silu(GN(inp)) from statistics saved by [`forward`] (the backward's recomputation of a
+/// convolution's input): only the elementwise pass, bit for bit what the forward wrote.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn recompute(
+    dev: &Device,
+    act: &mut GpuBuf,
+    mean: &GpuBuf,
+    rstd: &GpuBuf,
+    inp: &GpuBuf,
+    gamma: &GpuBuf,
+    beta: &GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    check(x, groups, inp.len(), gamma.len(), mean.len());
+    assert!(act.len() == x.numel() && rstd.len() == mean.len(), "groupnorm recompute {x}: lengths");
+    let bf = same_bf("groupnorm recompute", &[inp, act]);
+    let (xp, mp, rp, ap) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr_mut(act));
+    apply(dev, xp, mp, rp, gamma, beta, 0, ap, x, groups, cl, bf);
+}
+
+/// The elementwise stage (kernel gn_apply): out = GN(x) and/or act = silu(GN(x)) (0: not written).
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    dev: &Device,
+    xp: u64,
+    mp: u64,
+    rp: u64,
+    gamma: &GpuBuf,
+    beta: &GpuBuf,
+    op_: u64,
+    ap: u64,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+    bf: i32,
+) {
+    let v = row_vec(x, cl, bf);
+    let (grid, block) = row_launch(dev, x, v, cl);
     let args = [
         P(xp),
         P(mp),

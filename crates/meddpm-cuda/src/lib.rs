@@ -615,6 +615,19 @@ impl Backend for CudaBackend {
     ) {
         groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, gamma, beta, x, groups, self.cl());
     }
+    fn groupnorm_silu_recompute(
+        &self,
+        out: &mut Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        inp: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        groupnorm::recompute(&self.dev, out, mean, rstd, inp, gamma, beta, x, groups, self.cl());
+    }
     fn groupnorm_silu_backward(
         &self,
         dinp: (&mut Self::Buf, Accum),

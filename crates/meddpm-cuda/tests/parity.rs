@@ -357,6 +357,10 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
             #[rustfmt::skip]
             g.groupnorm_silu_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, &bg, x, groups);
             check(&format!("{tag} silu out"), &get_act(g, &ag, x), &a_c, 1e-4);
+            // the backward's recomputation from the saved statistics: the forward's output, bit for bit
+            let mut a2 = g.alloc(x.numel()).unwrap();
+            g.groupnorm_silu_recompute(&mut a2, &mg, &rg, &xg, &gg, &bg, x, groups);
+            assert!(get_act(g, &a2, x) == get_act(g, &ag, x), "{tag}: recompute differs from the forward");
         } else {
             g.groupnorm_forward(&mut yg, &mut mg, &mut rg, &xg, &gg, &bg, x, groups);
             g.groupnorm_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, x, groups);
@@ -380,6 +384,8 @@ fn groupnorm_parity() {
         (Dims::new(1, 96, 9, 9, 9), 32, false, Accum::Add),
         (Dims::new(1, 512, 4, 4, 4), 32, true, Accum::Overwrite), // widest decoder concat
         (Dims::new(3, 8, 3, 3, 3), 4, true, Accum::Add),
+        (Dims::new(1, 16, 64, 64, 64), 8, true, Accum::Add), // ~1024 chunks in NDHWC, 256 per channel in NCDHW
+        (Dims::new(2, 32, 40, 40, 40), 32, false, Accum::Overwrite),
         (Dims::new(1, 576, 3, 4, 5), 32, true, Accum::Add), // decoder concat wider than 512
     ];
     for (i, (x, groups, fused, acc)) in cases.into_iter().enumerate() {

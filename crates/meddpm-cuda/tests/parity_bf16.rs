@@ -206,7 +206,13 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
                 let dx_g = get_act(g, &dxg, cs.x);
                 match with_dinp {
                     Some(_) => {
-                        check(&format!("{tag} dx (rep {rep})"), &dx_g, &dx_c, BF);
+                        // cuDNN's bf16 data gradient onto one or a few input channels from
+                        // many output channels (K = Cout·27 terms per element) is not
+                        // deterministic: two reps on the H200 differ by up to 5 bf16 ulps
+                        // (parity_bf16.txt, 1x1x4x5x6 -> 130): it rounds partial sums. Twice
+                        // the bf16 tolerance there; every other shape keeps BF.
+                        let tol = if cs.x.c <= 4 && cs.cout >= 64 { 2.0 * BF } else { BF };
+                        check(&format!("{tag} dx (rep {rep})"), &dx_g, &dx_c, tol);
                         check_small_path(g, cs, small, 1, &tag);
                     }
                     None => assert_eq!(dx_g, dx0, "{tag}: dinp None must leave the buffer alone"),
@@ -291,6 +297,10 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
             #[rustfmt::skip]
             g.groupnorm_silu_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, &bg, x, groups);
             check(&format!("{tag} silu out"), &get_act(g, &ag, x), &a_c, BF);
+            // the backward's recomputation from the saved statistics: the forward's output, bit for bit
+            let mut a2 = g.alloc_act(x.numel()).unwrap();
+            g.groupnorm_silu_recompute(&mut a2, &mg, &rg, &xg, &gg, &bg, x, groups);
+            assert!(get_act(g, &a2, x) == get_act(g, &ag, x), "{tag}: recompute differs from the forward");
         } else {
             g.groupnorm_forward(&mut yg, &mut mg, &mut rg, &xg, &gg, &bg, x, groups);
             g.groupnorm_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, x, groups);
@@ -314,6 +324,8 @@ fn groupnorm_bf16_parity() {
         (Dims::new(1, 64, 24, 20, 18), 32, true, Accum::Overwrite),
         (Dims::new(1, 96, 9, 9, 9), 32, false, Accum::Add),
         (Dims::new(3, 8, 3, 3, 3), 4, true, Accum::Add),
+        (Dims::new(1, 16, 64, 64, 64), 8, true, Accum::Add), // ~1024 chunks in NDHWC, 256 per channel in NCDHW
+        (Dims::new(2, 32, 40, 40, 40), 32, false, Accum::Overwrite),
         (Dims::new(1, 576, 3, 4, 5), 32, true, Accum::Add),
     ];
     for (i, (x, groups, fused, acc)) in cases.into_iter().enumerate() {

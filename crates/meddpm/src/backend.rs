@@ -313,6 +313,21 @@ pub trait Backend {
         x: Dims,
         groups: usize,
     );
+    /// `out` = silu(GN(inp)) with the statistics a [`Backend::groupnorm_silu_forward`] of the same
+    /// `inp` saved: the same values that forward wrote (the backward's recomputation of a
+    /// convolution's input; on the GPU one elementwise pass, no statistics pass).
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_recompute(
+        &self,
+        out: &mut Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        inp: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    );
     /// Backward of [`Backend::groupnorm_silu_forward`]: dinp (per `Accum`), dgamma += , dbeta += .
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_backward(

@@ -236,6 +236,22 @@ impl<B: Backend> Backend for Timed<B> {
             self.inner.groupnorm_silu_forward(out, mean, rstd, inp, gamma, beta, x, groups)
         })
     }
+    fn groupnorm_silu_recompute(
+        &self,
+        out: &mut Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        inp: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        let e = self.l(out) + self.l(mean) + self.l(rstd) + self.l(inp) + self.l(gamma) + self.l(beta);
+        self.rec("groupnorm_silu_recompute", Category::Normalization, None, e, || {
+            self.inner.groupnorm_silu_recompute(out, mean, rstd, inp, gamma, beta, x, groups)
+        })
+    }
     fn groupnorm_silu_backward(
         &self,
         dinp: (&mut Self::Buf, Accum),
@@ -495,6 +511,18 @@ impl Backend for NullBackend {
         out: &mut usize,
         mean: &mut usize,
         rstd: &mut usize,
+        inp: &usize,
+        gamma: &usize,
+        beta: &usize,
+        x: Dims,
+        groups: usize,
+    ) {
+    }
+    fn groupnorm_silu_recompute(
+        &self,
+        out: &mut usize,
+        mean: &usize,
+        rstd: &usize,
         inp: &usize,
         gamma: &usize,
         beta: &usize,

@@ -273,6 +273,28 @@ impl Backend for CpuBackend {
         });
         self.r(out);
     }
+    /// Recomputes the statistics too (in f64 into a scratch, as the forward did: bit for bit the
+    /// forward's output; the saved f32 statistics would round them).
+    fn groupnorm_silu_recompute(
+        &self,
+        out: &mut Vec<f32>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        inp: &Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        x: Dims,
+        groups: usize,
+    ) {
+        GN_SCRATCH.with_borrow_mut(|[y, _, m, r]| {
+            y.resize(inp.len(), 0.0);
+            m.resize(mean.len(), 0.0);
+            r.resize(rstd.len(), 0.0);
+            groupnorm::groupnorm_forward(y, m, r, inp, gamma, beta, x, groups);
+            silu::silu_forward(out, y);
+        });
+        self.r(out);
+    }
     /// Recomputes y = GN(inp) (the same f64 statistics as the forward, so the same values), then
     /// SiLU's backward and GroupNorm's backward.
     fn groupnorm_silu_backward(

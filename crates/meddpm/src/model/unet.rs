@@ -797,8 +797,8 @@ impl<B: Backend> UNet<B> {
                     // out_layers: recompute SiLU(GroupNorm(h)) into slot 0; Conv3 backward → slot
                     // 1; GroupNorm+SiLU backward → dh in slot 2.
                     let [a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2)]);
-                    let (m, rs) = (&mut r.mean2, &mut r.rstd2);
-                    be.groupnorm_silu_forward(a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
+                    let (m, rs) = (&r.mean2, &r.rstd2);
+                    be.groupnorm_silu_recompute(a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 8, p + 9]).expect("distinct");
                     let cs = ConvShape::new(yd, r.cout, 3, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dout, a, cw(p + 8), cs);
@@ -815,8 +815,8 @@ impl<B: Backend> UNet<B> {
                     // in_layers: recompute GroupNorm+SiLU of x; Conv3 backward; GroupNorm+SiLU
                     // backward added into dx.
                     let [dh, a, da] = scr.get([(yn, 2), (xn, 0), (xn, 1)]);
-                    let (m, rs) = (&mut r.mean1, &mut r.rstd1);
-                    be.groupnorm_silu_forward(a, m, rs, x, &w[p], &w[p + 1], xd, g);
+                    let (m, rs) = (&r.mean1, &r.rstd1);
+                    be.groupnorm_silu_recompute(a, m, rs, x, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, r.cout, 3, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dh, a, cw(p + 2), cs);
@@ -858,7 +858,7 @@ impl<B: Backend> UNet<B> {
                     let (p, xd) = (o.p, o.x);
                     let xo = x;
                     let [a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
-                    be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, xo, &w[p], &w[p + 1], xd, g);
+                    be.groupnorm_silu_recompute(a, &o.mean, &o.rstd, xo, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, o.cout, 3, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dout, a, cw(p + 2), cs);
