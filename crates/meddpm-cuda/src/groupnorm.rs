@@ -37,10 +37,52 @@ pub(crate) fn forward(
     let outs: Vec<&GpuBuf> = out.iter().map(|b| &**b).chain(act.iter().map(|b| &**b)).collect();
     assert!(!outs.is_empty() && outs.iter().all(|b| b.len() == x.numel()), "groupnorm {x}: output lengths");
     let bf = same_bf("groupnorm", &[&[inp][..], &outs[..]].concat());
+    let xp = dev.ptr(inp);
+    let op_ = out.map(|o| dev.ptr_mut(o)).unwrap_or(0);
+    let ap = act.map(|a| dev.ptr_mut(a)).unwrap_or(0);
+    forward_ptrs(dev, xp, op_, ap, mean, rstd, gamma, beta, x, groups, cl, bf);
+}
+
+/// [`forward`] with SiLU, in place: `x` := silu(GN(x)) (the statistics pass reads x before the
+/// elementwise pass rewrites each element in the thread that read it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_inplace(
+    dev: &Device,
+    x: &mut GpuBuf,
+    mean: &mut GpuBuf,
+    rstd: &mut GpuBuf,
+    gamma: &GpuBuf,
+    beta: &GpuBuf,
+    xd: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    check(xd, groups, x.len(), gamma.len(), mean.len());
+    let bf = x.bf();
+    let xp = dev.ptr_mut(x);
+    forward_ptrs(dev, xp, 0, xp, mean, rstd, gamma, beta, xd, groups, cl, bf);
+}
+
+/// Statistics (stage 1 and 2), then the elementwise stage, on raw pointers (`op_`/`ap` 0: not
+/// written; either may be `xp` itself).
+#[allow(clippy::too_many_arguments)]
+fn forward_ptrs(
+    dev: &Device,
+    xp: u64,
+    op_: u64,
+    ap: u64,
+    mean: &mut GpuBuf,
+    rstd: &mut GpuBuf,
+    gamma: &GpuBuf,
+    beta: &GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+    bf: i32,
+) {
     let (len, nchunks) = chunking(x, cl);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
     let pp = dev.ptr(&*part);
-    let xp = dev.ptr(inp);
     launch_partial(dev, Partial::Stats, x, groups, cl, &[xp], pp, bf);
     let (mp, rp) = (dev.ptr_mut(mean), dev.ptr_mut(rstd));
     dev.launch(
@@ -60,8 +102,6 @@ pub(crate) fn forward(
             F(EPS),
         ],
     );
-    let op_ = out.map(|o| dev.ptr_mut(o)).unwrap_or(0);
-    let ap = act.map(|a| dev.ptr_mut(a)).unwrap_or(0);
     apply(dev, xp, mp, rp, gamma, beta, op_, ap, x, groups, cl, bf);
 }
 
@@ -152,12 +192,62 @@ pub(crate) fn backward(
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(dout.len() == x.numel() && dinp.0.len() == x.numel(), "groupnorm backward {x}: dout/dinp lengths");
     let bf = same_bf("groupnorm backward", &[dinp.0, dout, inp]);
+    let dp = dev.ptr(dout);
+    let acc = dinp.1;
+    let dxp = dev.ptr_mut(dinp.0);
+    backward_ptrs(dev, (dxp, acc), dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf);
+}
+
+/// [`backward`] with SiLU, in place: `d` holds ∂loss/∂silu(GN(inp)) and gets ∂loss/∂inp
+/// (overwritten): the partial sums read all of `d` before the elementwise pass rewrites it, each
+/// element in the thread that read it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_inplace(
+    dev: &Device,
+    d: &mut GpuBuf,
+    dgamma: &mut GpuBuf,
+    dbeta: &mut GpuBuf,
+    beta: &GpuBuf,
+    inp: &GpuBuf,
+    mean: &GpuBuf,
+    rstd: &GpuBuf,
+    gamma: &GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    check(x, groups, inp.len(), gamma.len(), mean.len());
+    assert!(d.len() == x.numel(), "groupnorm backward in place {x}: gradient length");
+    let bf = same_bf("groupnorm backward in place", &[d, inp]);
+    let dp = dev.ptr_mut(d);
+    let dx = (dp, Accum::Overwrite);
+    backward_ptrs(dev, dx, dgamma, dbeta, dp, Some(beta), inp, mean, rstd, gamma, x, groups, cl, bf);
+}
+
+/// The three backward stages on raw gradient pointers (`dx.0` may be `dp`).
+#[allow(clippy::too_many_arguments)]
+fn backward_ptrs(
+    dev: &Device,
+    dx: (u64, Accum),
+    dgamma: &mut GpuBuf,
+    dbeta: &mut GpuBuf,
+    dp: u64,
+    silu_beta: Option<&GpuBuf>,
+    inp: &GpuBuf,
+    mean: &GpuBuf,
+    rstd: &GpuBuf,
+    gamma: &GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+    bf: i32,
+) {
     let (_, nchunks) = chunking(x, cl);
     let npart = x.n * nchunks * x.c * 2;
     let scratch = dev.scratch(npart + x.n * groups * 2);
     let pp = dev.ptr(&*scratch);
     let coef = pp + (npart * 4) as u64;
-    let (dp, xp, mp, rp, gp) = (dev.ptr(dout), dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr(gamma));
+    let (xp, mp, rp, gp) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr(gamma));
     let bp = silu_beta.map(|b| dev.ptr(b)).unwrap_or(0);
     launch_partial(dev, Partial::GnBwd, x, groups, cl, &[dp, xp, mp, rp, gp, bp], pp, bf);
     dev.launch(
@@ -188,12 +278,12 @@ pub(crate) fn backward(
         P(gp),
         P(bp),
         P(coef),
-        P(dev.ptr_mut(dinp.0)),
+        P(dx.0),
         I(x.c as i32),
         L(x.s() as i64),
         I(groups as i32),
         I(cl as i32),
-        I((dinp.1 == Accum::Add) as i32),
+        I((dx.1 == Accum::Add) as i32),
         I(bf),
         I(v as i32),
     ];

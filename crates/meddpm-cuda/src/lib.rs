@@ -615,6 +615,34 @@ impl Backend for CudaBackend {
     ) {
         groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, gamma, beta, x, groups, self.cl());
     }
+    fn groupnorm_silu_forward_inplace(
+        &self,
+        x: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        xd: Dims,
+        groups: usize,
+    ) {
+        groupnorm::forward_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.cl());
+    }
+    fn groupnorm_silu_backward_inplace(
+        &self,
+        d: &mut Self::Buf,
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        inp: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        let cl = self.cl();
+        groupnorm::backward_inplace(&self.dev, d, dgamma, dbeta, beta, inp, mean, rstd, gamma, x, groups, cl);
+    }
     fn groupnorm_silu_recompute(
         &self,
         out: &mut Self::Buf,

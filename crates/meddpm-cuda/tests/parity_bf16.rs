@@ -301,6 +301,22 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
             let mut a2 = g.alloc_act(x.numel()).unwrap();
             g.groupnorm_silu_recompute(&mut a2, &mg, &rg, &xg, &gg, &bg, x, groups);
             assert!(get_act(g, &a2, x) == get_act(g, &ag, x), "{tag}: recompute differs from the forward");
+            // in place (the decoder ResBlocks over their skip concatenation): the same kernels,
+            // so bit for bit the out-of-place results
+            let (mut xi, mut mi, mut ri) = (act(g, &xin, x), g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
+            g.groupnorm_silu_forward_inplace(&mut xi, &mut mi, &mut ri, &gg, &bg, x, groups);
+            assert!(get_act(g, &xi, x) == get_act(g, &ag, x), "{tag}: in-place forward differs");
+            assert!(get_raw(g, &mi) == get_raw(g, &mg) && get_raw(g, &ri) == get_raw(g, &rg), "{tag}: in-place stats");
+            let (mut dgo, mut dbo, mut dxo) = (raw(g, &dg0), raw(g, &db0), g.alloc_act(x.numel()).unwrap());
+            #[rustfmt::skip]
+            g.groupnorm_silu_backward((&mut dxo, Accum::Overwrite), &mut dgo, &mut dbo, &dyg, &xg, &mg, &rg, &gg, &bg, x, groups);
+            let (mut dgi, mut dbi, mut di) = (raw(g, &dg0), raw(g, &db0), act(g, &dy, x));
+            g.groupnorm_silu_backward_inplace(&mut di, &mut dgi, &mut dbi, &xg, &mg, &rg, &gg, &bg, x, groups);
+            assert!(get_act(g, &di, x) == get_act(g, &dxo, x), "{tag}: in-place backward differs");
+            assert!(
+                get_raw(g, &dgi) == get_raw(g, &dgo) && get_raw(g, &dbi) == get_raw(g, &dbo),
+                "{tag}: in-place dgamma/dbeta"
+            );
         } else {
             g.groupnorm_forward(&mut yg, &mut mg, &mut rg, &xg, &gg, &bg, x, groups);
             g.groupnorm_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, x, groups);

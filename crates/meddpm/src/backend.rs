@@ -328,6 +328,36 @@ pub trait Backend {
         x: Dims,
         groups: usize,
     );
+    /// [`Backend::groupnorm_silu_forward`] in place: `x` := silu(GN(x)), statistics saved. The
+    /// ResBlock that reads a skip concatenation uses it so that no scratch of the concatenation's
+    /// size is needed (see `UNet`'s `cat_in`).
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_forward_inplace(
+        &self,
+        x: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        xd: Dims,
+        groups: usize,
+    );
+    /// [`Backend::groupnorm_silu_backward`] in place with `Accum::Overwrite`: `d` holds
+    /// ∂loss/∂silu(GN(inp)) on entry and ∂loss/∂inp on return; dgamma += , dbeta += .
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_backward_inplace(
+        &self,
+        d: &mut Self::Buf,
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        inp: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    );
     /// Backward of [`Backend::groupnorm_silu_forward`]: dinp (per `Accum`), dgamma += , dbeta += .
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_backward(

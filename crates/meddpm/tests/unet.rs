@@ -240,3 +240,30 @@ fn staged_batches_are_used_in_order() {
     let err = a.stage(&be, &img[1..], &cond).unwrap_err().to_string();
     assert!(err.contains("image") && err.contains(&img.len().to_string()), "{err}");
 }
+
+/// The in-place GroupNorm+SiLU pair the decoder ResBlocks run over their skip concatenation
+/// gives bit for bit what the out-of-place pair gives (CPU, both precisions' rounding modes).
+#[test]
+fn groupnorm_silu_in_place_equals_out_of_place() {
+    use meddpm::{Accum, Dims};
+    for bf16 in [false, true] {
+        let be = if bf16 { CpuBackend::bf16() } else { CpuBackend::new() };
+        let (x, groups) = (Dims::new(2, 12, 3, 4, 5), 4);
+        let r = |len: usize, s: u64| -> Vec<f32> {
+            rand(len, s, 1.0).iter().map(|&v| meddpm::backend::round_bf16(v)).collect()
+        };
+        let (xin, gamma, beta, dy) = (r(x.numel(), 1), rand(x.c, 2, 1.0), rand(x.c, 3, 1.0), r(x.numel(), 4));
+        let (mut a, mut m, mut s) = (vec![0f32; x.numel()], vec![0f32; 2 * groups], vec![0f32; 2 * groups]);
+        be.groupnorm_silu_forward(&mut a, &mut m, &mut s, &xin, &gamma, &beta, x, groups);
+        let (mut xi, mut mi, mut si) = (xin.clone(), vec![0f32; 2 * groups], vec![0f32; 2 * groups]);
+        be.groupnorm_silu_forward_inplace(&mut xi, &mut mi, &mut si, &gamma, &beta, x, groups);
+        assert!(xi == a && mi == m && si == s, "bf16 {bf16}: forward in place");
+        let (mut dx, mut dg, mut db) = (vec![7f32; x.numel()], vec![0.5f32; x.c], vec![0.25f32; x.c]);
+        #[rustfmt::skip]
+        be.groupnorm_silu_backward((&mut dx, Accum::Overwrite), &mut dg, &mut db, &dy, &xin, &m, &s, &gamma, &beta, x, groups);
+        let (mut di, mut dgi, mut dbi) = (dy.clone(), vec![0.5f32; x.c], vec![0.25f32; x.c]);
+        be.groupnorm_silu_backward_inplace(&mut di, &mut dgi, &mut dbi, &xin, &m, &s, &gamma, &beta, x, groups);
+        assert!(di == dx && dgi == dg && dbi == db, "bf16 {bf16}: backward in place");
+        assert!(dx.iter().any(|&v| v != 7.0));
+    }
+}

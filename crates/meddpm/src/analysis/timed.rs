@@ -236,6 +236,46 @@ impl<B: Backend> Backend for Timed<B> {
             self.inner.groupnorm_silu_forward(out, mean, rstd, inp, gamma, beta, x, groups)
         })
     }
+    fn groupnorm_silu_forward_inplace(
+        &self,
+        x: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        xd: Dims,
+        groups: usize,
+    ) {
+        let e = 2.0 * self.l(x) + self.l(mean) + self.l(rstd) + self.l(gamma) + self.l(beta);
+        self.rec("groupnorm_silu_forward", Category::Normalization, None, e, || {
+            self.inner.groupnorm_silu_forward_inplace(x, mean, rstd, gamma, beta, xd, groups)
+        })
+    }
+    fn groupnorm_silu_backward_inplace(
+        &self,
+        d: &mut Self::Buf,
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        inp: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        x: Dims,
+        groups: usize,
+    ) {
+        let e = 2.0 * self.l(d)
+            + self.l(dgamma)
+            + self.l(dbeta)
+            + self.l(inp)
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(gamma)
+            + self.l(beta);
+        self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
+            self.inner.groupnorm_silu_backward_inplace(d, dgamma, dbeta, inp, mean, rstd, gamma, beta, x, groups)
+        })
+    }
     fn groupnorm_silu_recompute(
         &self,
         out: &mut Self::Buf,
@@ -512,6 +552,31 @@ impl Backend for NullBackend {
         mean: &mut usize,
         rstd: &mut usize,
         inp: &usize,
+        gamma: &usize,
+        beta: &usize,
+        x: Dims,
+        groups: usize,
+    ) {
+    }
+    fn groupnorm_silu_forward_inplace(
+        &self,
+        x: &mut usize,
+        mean: &mut usize,
+        rstd: &mut usize,
+        gamma: &usize,
+        beta: &usize,
+        xd: Dims,
+        groups: usize,
+    ) {
+    }
+    fn groupnorm_silu_backward_inplace(
+        &self,
+        d: &mut usize,
+        dgamma: &mut usize,
+        dbeta: &mut usize,
+        inp: &usize,
+        mean: &usize,
+        rstd: &usize,
         gamma: &usize,
         beta: &usize,
         x: Dims,

@@ -295,6 +295,50 @@ impl Backend for CpuBackend {
         });
         self.r(out);
     }
+    /// GroupNorm into the scratch from `x`, then SiLU of it back into `x`.
+    fn groupnorm_silu_forward_inplace(
+        &self,
+        x: &mut Vec<f32>,
+        mean: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        xd: Dims,
+        groups: usize,
+    ) {
+        GN_SCRATCH.with_borrow_mut(|[y, ..]| {
+            y.resize(x.len(), 0.0);
+            groupnorm::groupnorm_forward(y, mean, rstd, x, gamma, beta, xd, groups);
+            silu::silu_forward(x, y);
+        });
+        self.r(x);
+    }
+    /// SiLU's backward reads `d` into the scratch gradient; GroupNorm's backward overwrites `d`.
+    fn groupnorm_silu_backward_inplace(
+        &self,
+        d: &mut Vec<f32>,
+        dgamma: &mut Vec<f32>,
+        dbeta: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        x: Dims,
+        groups: usize,
+    ) {
+        GN_SCRATCH.with_borrow_mut(|[y, g, m, r]| {
+            y.resize(inp.len(), 0.0);
+            g.resize(inp.len(), 0.0);
+            m.resize(mean.len(), 0.0);
+            r.resize(rstd.len(), 0.0);
+            groupnorm::groupnorm_forward(y, m, r, inp, gamma, beta, x, groups);
+            silu::silu_backward((g.as_mut_slice(), Accum::Overwrite), d, y);
+            let dd = (d.as_mut_slice(), Accum::Overwrite);
+            groupnorm::groupnorm_backward(dd, dgamma, dbeta, g, inp, mean, rstd, gamma, x, groups);
+        });
+        self.r(d);
+    }
     /// Recomputes y = GN(inp) (the same f64 statistics as the forward, so the same values), then
     /// SiLU's backward and GroupNorm's backward.
     fn groupnorm_silu_backward(

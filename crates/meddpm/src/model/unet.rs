@@ -64,6 +64,14 @@ pub struct ResBlock<B: Backend> {
     de: B::Buf,
     mean2: B::Buf,
     rstd2: B::Buf,
+    /// The input is a skip concatenation (the decoder's ResBlocks). Its buffer is recomputed
+    /// before this block's backward anyway, so the block works on it in place and needs no
+    /// scratch of the concatenation's size (the largest tensors at 128³): forward runs the skip
+    /// conv first, then GroupNorm+SiLU over the concatenation in place; backward recomputes that
+    /// in place for the conv's weight gradient, writes the conv's data gradient straight into the
+    /// concatenation's gradient, concatenates again and runs GroupNorm+SiLU's backward in place
+    /// there, and adds the skip conv's data gradient last.
+    cat_in: bool,
 }
 
 /// An AttentionBlock's saved activations. `p` indexes norm.weight.
@@ -396,7 +404,11 @@ impl<B: Backend> UNet<B> {
                 Node::Res { cin, cout, sp, .. } => {
                     let x = sp_dims(cin, sp);
                     let y = x.with_c(cout);
-                    need(x.numel(), 2);
+                    let cat_in = matches!(layers[prev].op, Op::Concat { .. });
+                    assert!(!cat_in || cin != cout, "a ResBlock after a concatenation has a skip conv");
+                    if !cat_in {
+                        need(x.numel(), 2);
+                    }
                     need(y.numel(), 3);
                     conv_w.extend([p + 2, p + 8]);
                     if cin != cout {
@@ -413,6 +425,7 @@ impl<B: Backend> UNet<B> {
                         de: alloc(&mut mem.small, n * cout)?,
                         mean2: alloc(&mut mem.small, n * g)?,
                         rstd2: alloc(&mut mem.small, n * g)?,
+                        cat_in,
                     };
                     (Op::Res(r), y, prev)
                 }
@@ -475,6 +488,9 @@ impl<B: Backend> UNet<B> {
                 *skip_mode = if std::mem::replace(&mut written[*skip], true) { Accum::Add } else { Accum::Overwrite };
             }
         }
+        // a concatenation has one consumer, which therefore overwrites its gradient (the in-place
+        // backward of a `cat_in` ResBlock relies on it)
+        assert!(layers.iter().all(|l| !matches!(&l.op, Op::Res(r) if r.cat_in) || l.mode == Accum::Overwrite));
         let acts = plan_acts(&mut layers, &mut mem, &alloc, &act)?;
         let small = &mut mem.small;
         let temb = TimeEmbed {
@@ -677,21 +693,32 @@ impl<B: Backend> UNet<B> {
             }
             // the output, the output gradient (scratch in forward) and the input
             let [out, dout, x] = acts.get_disjoint_mut([oi, di, xi]).expect("distinct buffers");
-            let x = &*x;
             match &mut l.op {
                 Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
                 Op::Conv { p, cs } => be.conv3d_forward(out, x, cw(*p), &w[*p + 1], *cs),
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     let skip_conv = xd.c != r.cout;
-                    let [a] = scr.get([(xd.numel(), 0)]);
-                    be.groupnorm_silu_forward(a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
-                    be.conv3d_forward(&mut r.h, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
+                    if r.cat_in {
+                        // x is the skip concatenation: skip conv first, then GroupNorm+SiLU over
+                        // it in place (see `ResBlock::cat_in`)
+                        be.conv3d_forward(out, x, cw(p + 10), &w[p + 11], ConvShape::new(xd, r.cout, 1, 1));
+                        be.groupnorm_silu_forward_inplace(x, &mut r.mean1, &mut r.rstd1, &w[p], &w[p + 1], xd, g);
+                        be.conv3d_forward(&mut r.h, x, cw(p + 2), &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
+                    } else {
+                        let [a] = scr.get([(xd.numel(), 0)]);
+                        be.groupnorm_silu_forward(a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
+                        be.conv3d_forward(&mut r.h, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
+                    }
                     be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &w[p + 5], n, emb, r.cout);
                     be.add_channel_bias(&mut r.h, &r.e, yd);
                     let [a] = scr.get([(yd.numel(), 0)]);
                     be.groupnorm_silu_forward(a, &mut r.mean2, &mut r.rstd2, &r.h, &w[p + 6], &w[p + 7], yd, g);
-                    if skip_conv {
+                    if r.cat_in {
+                        // out already holds skip_connection(x)
+                        be.conv3d_forward(dout, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
+                        be.add_assign(out, dout);
+                    } else if skip_conv {
                         // out = skip_connection(x) + out_layers(h). The main branch goes through
                         // `dout` as scratch: backward overwrites it before reading it.
                         be.conv3d_forward(out, x, cw(p + 10), &w[p + 11], ConvShape::new(xd, r.cout, 1, 1));
@@ -771,9 +798,25 @@ impl<B: Backend> UNet<B> {
                 done(i, dw);
                 continue;
             }
-            // the output gradient, the input, and the input's gradient
-            let [dout, x, dx] = acts.get_disjoint_mut([di, xi, dxi]).expect("distinct buffers");
-            let (dout, x) = (&*dout, &*x);
+            // the output gradient, the input, the input's gradient, and where the input is a
+            // concatenation its two parts (a `cat_in` ResBlock concatenates them again)
+            let cat = match &layers[inp].op {
+                Op::Concat { skip, x: xd, ca, cb, .. } => {
+                    Some((layers[layers[inp].input].out, layers[*skip].out, *xd, *ca, *cb))
+                }
+                _ => None,
+            };
+            let (dout, x, dx, parts) = match cat {
+                Some((hi, si, ..)) => {
+                    let [dout, x, dx, h, s] = acts.get_disjoint_mut([di, xi, dxi, hi, si]).expect("distinct buffers");
+                    (dout, x, dx, Some((&*h, &*s)))
+                }
+                None => {
+                    let [dout, x, dx] = acts.get_disjoint_mut([di, xi, dxi]).expect("distinct buffers");
+                    (dout, x, dx, None)
+                }
+            };
+            let dout = &*dout;
             match &mut layers[i].op {
                 Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
                 Op::Conv { p, cs } => {
@@ -784,8 +827,10 @@ impl<B: Backend> UNet<B> {
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     let (xn, yn) = (xd.numel(), yd.numel());
-                    // skip branch first: it sets dx per `mode`, the main branch then adds.
-                    if xd.c != r.cout {
+                    // skip branch first: it sets dx per `mode`, the main branch then adds (a
+                    // `cat_in` block adds its skip branch last, below)
+                    if r.cat_in {
+                    } else if xd.c != r.cout {
                         let [gw, gb] = dw.get_disjoint_mut([p + 10, p + 11]).expect("distinct");
                         let cs = ConvShape::new(xd, r.cout, 1, 1);
                         be.conv3d_backward(Some((&mut *dx, mode)), gw, gb, dout, x, cw(p + 10), cs);
@@ -812,6 +857,28 @@ impl<B: Backend> UNet<B> {
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let de_silu = Some((&mut te.d_emb_silu, Accum::Add));
                     be.linear_backward(de_silu, gw, gb, &r.de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
+                    if r.cat_in {
+                        // in_layers over the concatenation x in place: GroupNorm+SiLU of x for
+                        // the conv's weight gradient, its data gradient straight into dx, x
+                        // concatenated again, GroupNorm+SiLU backward in place in dx; then the
+                        // skip conv's backward adds its data gradient.
+                        let ((h, sk), (_, _, cd, ca, cb)) = (parts.expect("cat_in"), cat.expect("cat_in"));
+                        let [dh] = scr.get([(yn, 2)]);
+                        be.groupnorm_silu_forward_inplace(x, &mut r.mean1, &mut r.rstd1, &w[p], &w[p + 1], xd, g);
+                        let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
+                        let cs = ConvShape::new(xd, r.cout, 3, 1);
+                        be.conv3d_backward(Some((&mut *dx, Accum::Overwrite)), gw, gb, dh, x, cw(p + 2), cs);
+                        be.concat_channels(x, h, sk, cd, ca, cb);
+                        let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
+                        let (m, rs) = (&r.mean1, &r.rstd1);
+                        be.groupnorm_silu_backward_inplace(dx, gg, gb, x, m, rs, &w[p], &w[p + 1], xd, g);
+                        let [gw, gb] = dw.get_disjoint_mut([p + 10, p + 11]).expect("distinct");
+                        let cs = ConvShape::new(xd, r.cout, 1, 1);
+                        be.conv3d_backward(Some((dx, Accum::Add)), gw, gb, dout, x, cw(p + 10), cs);
+                        be.pop_range();
+                        done(i, dw);
+                        continue;
+                    }
                     // in_layers: recompute GroupNorm+SiLU of x; Conv3 backward; GroupNorm+SiLU
                     // backward added into dx.
                     let [dh, a, da] = scr.get([(yn, 2), (xn, 0), (xn, 1)]);
@@ -856,7 +923,7 @@ impl<B: Backend> UNet<B> {
                 }
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
-                    let xo = x;
+                    let xo = &*x;
                     let [a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
                     be.groupnorm_silu_recompute(a, &o.mean, &o.rstd, xo, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
