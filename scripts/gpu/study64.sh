@@ -26,17 +26,17 @@
 #             on the returned files: RES=dir bash scripts/gpu/study64.sh report)
 # RES/docs/ is laid out as docs/eval/samplers-64/: copy it there after the run
 #   (tar xzf gpu-out/study64.tar.gz -C /tmp && cp -r /tmp/study64/docs/. docs/eval/samplers-64/).
-# Needs BIN (meddpm binary) and RES (output folder). Optional: WORK (/tmp/meddpm-study64), DEVICE
-# (cuda), PRECISION (bf16), CONFIG, TRAIN_SECONDS, TRAIN_STEPS, SHIFT_RANGE (16), SHIFT_STEP (8),
-# NUM_SCALES (20), STEPS ("10 20 50 100 250"), SEEDS (4), SAMPLER_BATCH (2), BATCH_RUNS,
-# BATCH_SIZES ("1 4"), BATCH_NUM (12). CPU smoke test (2 cores, ~5 min): see the README there.
+# Needs BIN (meddpm binary) and RES (output folder). Optional: WORK (out/study64-work: git-ignored
+# and not carried, so it survives between calls on a warm machine), DEVICE (cuda), PRECISION
+# (bf16), CONFIG, TRAIN_SECONDS, TRAIN_STEPS, SHIFT_RANGE (16), SHIFT_STEP (8), NUM_SCALES (20), STEPS ("10 20 50 100 250"), SEEDS (4), SAMPLER_BATCH (2), BATCH_RUNS,
+# BATCH_SIZES ("1 4"), BATCH_NUM (12). CPU smoke test (2 cores, ~1 min): see the README there.
 #
 # Expected cost on one H200: data ~20 s, train TRAIN_SECONDS + ~20 s start-up, batch ~20 s,
 # samplers ~2–3 min (Σ steps 430 × 4 samplers × 2 batches of 2 forwards at a few ms each, plus
 # 40 `meddpm eval` runs on the CPU) — about 8–9 minutes in all at TRAIN_SECONDS=300.
 set -uo pipefail
 : "${BIN:?set BIN to the meddpm binary}" "${RES:?set RES to the output folder}"
-W=${WORK:-/tmp/meddpm-study64}
+W=${WORK:-$PWD/out/study64-work}
 DEVICE=${DEVICE:-cuda}
 PRECISION=${PRECISION:-bf16}
 CONFIG=${CONFIG:-docs/eval/samplers-64/run.toml}
@@ -128,21 +128,23 @@ for part in ${@:-data train batch samplers report}; do
       fi
       cp "$W/data/pairs.csv" "$D/pairs.csv" ;;
     train)
-      if [ -s "$CK" ] && [ -s "$RES/train_seconds.txt" ]; then echo "train: done before"; else
-        rm -rf "$W/train"
+      if [ -s "$CK" ] && [ -s "$W/train/train_seconds.txt" ]; then echo "train: done before"; else
+        rm -rf "$W/train" && mkdir -p "$W/train"
         # SIGINT at the limit: the run finishes its step, saves the checkpoint and exits 0
+        # (timeout itself then exits 124)
         timeout -k 120 -s INT "$TRAIN_SECONDS" "$BIN" train --config "$CONFIG" --device "$DEVICE" \
           --precision "$PRECISION" --masks "$W/data/masks" --images "$W/data/images" \
-          --steps "$TRAIN_STEPS" --out "$W/train" >"$RES/train.log" 2>&1
+          --steps "$TRAIN_STEPS" --out "$W/train" >"$W/train/train.log" 2>&1
         echo "train: exit $? after $(( $(date +%s) - t0 )) s"
-        echo "$(( $(date +%s) - t0 ))" >"$RES/train_seconds.txt"
-        [ -s "$CK" ] || { tail -20 "$RES/train.log"; exit 1; }
+        [ -s "$CK" ] || { tail -20 "$W/train/train.log"; exit 1; }
+        echo "$(( $(date +%s) - t0 ))" >"$W/train/train_seconds.txt"
         # one volume of the trained model (EMA, DDPM-250, seed 0) for pair 0: mask | sample | real
         # (run.toml has sample_at_end = false: the run's own end sample fails with a training
         # batch > 1, "condition has N values, the model expects 2N")
         "$BIN" sample --checkpoint "$CK" --device "$DEVICE" --precision "$PRECISION" --mask "$MASK" \
-          --out "$W/train/sample_0" >>"$RES/train.log" 2>&1
+          --out "$W/train/sample_0" >>"$W/train/train.log" 2>&1
       fi
+      cp "$W/train/train.log" "$W/train/train_seconds.txt" "$RES/"
       grep -E "^(model|training|data|done|stopped|resume)" "$RES/train.log" | head
       tail -2 "$W/train/loss.csv"
       cp "$W/train/loss.csv" "$W/train/loss.svg" "$D/" 2>/dev/null
@@ -154,11 +156,12 @@ for part in ${@:-data train batch samplers report}; do
         s=${r%%:*} n=${r##*:}
         for b in $BATCH_SIZES; do
           o="$W/batch/${s}_${n}_b$b"
-          if [ -s "$D/batch/${s}_${n}_b${b}_timing.json" ]; then continue; fi
-          rm -rf "$o" && mkdir -p "$o"
-          "$BIN" sample --checkpoint "$CK" --device "$DEVICE" --precision "$PRECISION" --mask "$MASK" \
-            --sampler "$s" --steps "$n" --num-samples "$BATCH_NUM" --batch "$b" --seed 0 --out "$o/s" \
-            >"$o/sample.log" 2>&1 || { tail -5 "$o/sample.log"; exit 1; }
+          if [ ! -s "$o/s_timing.json" ]; then
+            rm -rf "$o" && mkdir -p "$o"
+            "$BIN" sample --checkpoint "$CK" --device "$DEVICE" --precision "$PRECISION" --mask "$MASK" \
+              --sampler "$s" --steps "$n" --num-samples "$BATCH_NUM" --batch "$b" --seed 0 --out "$o/s" \
+              >"$o/sample.log" 2>&1 || { tail -5 "$o/sample.log"; exit 1; }
+          fi
           grep -E "volume\(s\):" "$o/sample.log" | tail -1
           cp "$o/s_timing.json" "$D/batch/${s}_${n}_b${b}_timing.json"
         done
