@@ -12,6 +12,9 @@
 #            (MEDDPM_SMALL_CONV=1 vs auto), whole-head, alternated in one call
 #   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
 #   study    scripts/gpu/study.sh $STUDY (demo model, sampler study, whole-head 20-step timing, BraTS)
+#   study64  scripts/gpu/study64.sh $STUDY64 (default: all parts): 64³ data from testdata/mni64 +
+#            `meddpm masks`, a 64³ model trained for 5 min in bf16, the sampler study on it, batch 4
+#            vs batch 1 volumes/s (~8–9 min; $OUT/study64.tar.gz holds docs/ for docs/eval/samplers-64)
 #   prof     the CUPTI breakdown of one training and sampling step for each preset in PROF_PRESETS
 #            (default whole-head) and precision in PROF_MATH (default bf16), NDHWC, no counters
 #            (a minute each)
@@ -65,6 +68,7 @@ for part in "$@"; do
     evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;
     profile) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/profile.sh ;;
     study)   BIN="$BIN/meddpm" OUT="$RES" bash scripts/gpu/study.sh ${STUDY:-demo samplers wholehead brats} ;;
+    study64) BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/study64.sh ${STUDY64:-} ;;
     prof)
       CUPTI=$(dirname "$(find "$SP/nvidia" /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")
       for p in ${PROF_PRESETS:-whole-head}; do for m in ${PROF_MATH:-bf16}; do

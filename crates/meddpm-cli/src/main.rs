@@ -8,6 +8,7 @@ mod convert;
 mod dist;
 mod eval;
 mod evalcfg;
+mod lesion;
 mod masks;
 mod preview;
 mod profile;
@@ -61,6 +62,9 @@ enum Cmd {
     Info(run::InfoArgs),
     /// Make new conditioning masks: tumour scaling and shifting (the reference's augmentation).
     Masks(masks::MasksArgs),
+    /// Make (mask, image) training pairs from masks and a lesion-free T1 darkened on each
+    /// mask's tumour (as the demo data): the augmented masks of `meddpm masks` become training data.
+    LesionPairs(lesion::LesionPairsArgs),
     /// PNG mid-slice previews of NIfTI volumes side by side.
     Preview(preview::PreviewArgs),
     /// A self-contained HTML viewer: three slices with sliders, window/level, mask overlay,
@@ -101,6 +105,7 @@ fn main() {
         Cmd::Sample(a) => run::sample(a),
         Cmd::Info(a) => run::info(a),
         Cmd::Masks(a) => masks::run(a),
+        Cmd::LesionPairs(a) => lesion::run(a),
         Cmd::Preview(a) => preview::run(a),
         Cmd::View(a) => view::run(a),
         Cmd::Bench(a) => bench::run(a),

@@ -45,6 +45,70 @@ fn write_demo_files() {
 }
 
 #[test]
+#[ignore]
+fn write_mni64_files() {
+    if std::env::var("MEDDPM_WRITE_DEMO").as_deref() != Ok("1") {
+        println!("SKIP: set MEDDPM_WRITE_DEMO=1 to rewrite testdata/mni64");
+        return;
+    }
+    let Some(mni) = mni_dir() else { panic!("the MNI152 template is needed to derive testdata/mni64") };
+    let (t1, masks) = demo::derive_mni64(&mni).unwrap();
+    let out = root().join("testdata/mni64");
+    std::fs::create_dir_all(&out).unwrap();
+    write_labels(out.join(demo::MNI64_T1), &t1).unwrap();
+    for (m, name) in masks.iter().zip(demo::MNI64_MASKS) {
+        write_labels(out.join(name), m).unwrap();
+    }
+    std::fs::write(out.join("NOTICE.txt"), format!("{}\n", demo::NOTICE)).unwrap();
+}
+
+#[test]
+fn committed_mni64_equals_a_fresh_derivation() {
+    let Some(mni) = mni_dir() else { return };
+    let (t1, masks) = demo::derive_mni64(&mni).unwrap();
+    let dir = root().join("testdata/mni64");
+    for (want, name) in std::iter::once((&t1, demo::MNI64_T1)).chain(masks.iter().zip(demo::MNI64_MASKS)) {
+        let got = read_volume(dir.join(name)).unwrap();
+        assert_eq!(got.dims, want.dims, "{name}");
+        assert_eq!(got.spacing, want.spacing, "{name}");
+        assert_eq!(got.affine, want.affine, "{name}");
+        assert!(got.data == want.data, "{name}: voxels differ from the derivation");
+    }
+}
+
+#[test]
+fn mni64_material_agrees_with_the_demo() {
+    // the 64³ grid is the demo's cube in 3 mm voxels: 2×2×2 blocks of its T1 average to the demo's
+    // lesion-free T1 (up to the rounding to integers), its masks have the lesion balls where the demo's are
+    let dir = root().join("testdata/mni64");
+    let t1 = read_volume(dir.join(demo::MNI64_T1)).unwrap();
+    assert_eq!((t1.dims, t1.spacing), ([64; 3], [3.0; 3]));
+    let demo_pairs = demo::volumes().unwrap();
+    for (p, name) in demo::MNI64_MASKS.iter().enumerate() {
+        let m = read_volume(dir.join(name)).unwrap();
+        assert_eq!(m.dims, [64; 3]);
+        let lesion = m.data.iter().filter(|&&v| v == 2.0).count();
+        // lattice points within 5 voxels of a half-integer centre: 4/3·π·125 ≈ 524
+        assert!((480..=560).contains(&lesion), "mask {p}: {lesion} lesion voxels");
+        let c = demo::LESION_CENTRES[p].map(|v| 2 * v);
+        assert_eq!(m.at(c[0], c[1], c[2]), 2.0);
+        assert_eq!(m.at(c[0] + 1, c[1] + 1, c[2] + 1), 2.0);
+        // same affine origin as the demo's voxel 0 up to half a demo voxel (3 mm − 1.5 mm)
+        for r in 0..3 {
+            assert_eq!(m.affine[r][3] + 1.5, demo_pairs[p].0.affine[r][3], "axis {r}");
+        }
+    }
+    // far from both lesions the demo image is the block mean of the 64³ T1 (rounding: ≤ 0.5)
+    let img = &demo_pairs[0].1;
+    let (i, j, k) = (16, 8, 8);
+    let mut s = 0.0;
+    for d in 0..8 {
+        s += t1.at(2 * i + (d & 1), 2 * j + (d >> 1 & 1), 2 * k + (d >> 2)) as f64;
+    }
+    assert!((s / 8.0 - img.at(i, j, k) as f64).abs() <= 0.5, "{} vs {}", s / 8.0, img.at(i, j, k));
+}
+
+#[test]
 fn committed_demo_equals_a_fresh_derivation() {
     let Some(mni) = mni_dir() else { return };
     let derived = demo::derive_from_mni152(&mni).unwrap();
@@ -129,10 +193,12 @@ fn notice_travels_with_the_data() {
     assert_eq!(text.trim(), demo::NOTICE);
     // all committed fixtures stay small
     let mut total = 0u64;
-    for dir in ["testdata/demo/mask", "testdata/demo/image", "testdata/nifti"] {
+    for dir in ["testdata/demo/mask", "testdata/demo/image", "testdata/nifti", "testdata/mni64"] {
         for e in std::fs::read_dir(root().join(dir)).unwrap() {
             total += e.unwrap().metadata().unwrap().len();
         }
     }
-    assert!(total < 1_500_000, "fixtures take {total} bytes");
+    assert!(total < 1_800_000, "fixtures take {total} bytes");
+    let text = std::fs::read_to_string(root().join("testdata/mni64/NOTICE.txt")).unwrap();
+    assert_eq!(text.trim(), demo::NOTICE);
 }

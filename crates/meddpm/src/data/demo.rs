@@ -43,6 +43,33 @@ pub const LESION_CENTRES: [[usize; 3]; 2] = [[10, 18, 20], [21, 12, 17]];
 /// Lesion radius in demo voxels.
 pub const LESION_RADIUS: f64 = 2.5;
 
+/// Intensity factor of the synthetic lesion (hypointense) and of its rim.
+pub const LESION_FACTOR: f64 = 0.45;
+pub const RIM_FACTOR: f64 = 0.725;
+
+/// The 64³ material (`testdata/mni64/`, issue 13's sampler study at 64³): the same 192 mm cube
+/// in 3 mm blocks — the lesion-free block-mean T1 ([`MNI64_T1`]) and two masks whose lesions sit
+/// where the demo's do (centre 2·c + 0.5, radius 2·2.5 voxels). Images for any mask on this grid
+/// are rendered with [`super::lesion::render`] (rim [`MNI64_RIM`] voxels = the demo's 6 mm).
+pub const MNI64_SIDE: usize = 64;
+pub const MNI64_BLOCK: usize = 3;
+pub const MNI64_T1: &str = "t1.nii.gz";
+pub const MNI64_MASKS: [&str; 2] = ["mask_0.nii.gz", "mask_1.nii.gz"];
+pub const MNI64_RIM: f64 = 2.0;
+
+/// The 64³ material derived from the MNI152 folder: (lesion-free T1 rounded to integers, the
+/// two masks). The T1 is rounded so that it is stored as uint8 like the template (≤ 0.5 of 255).
+pub fn derive_mni64(mni_dir: &Path) -> Result<(Volume, Vec<Volume>)> {
+    let g = template_grid(mni_dir, MNI64_SIDE, MNI64_BLOCK)?;
+    let t1 = g.volume(g.t1.iter().map(|&v| v.round() as f32).collect());
+    let mut masks = Vec::new();
+    for c in LESION_CENTRES {
+        let centre = c.map(|v| 2.0 * v as f64 + 0.5);
+        masks.push(g.lesion_mask(centre, 2.0 * LESION_RADIUS, mni_dir)?);
+    }
+    Ok((t1, masks))
+}
+
 /// File names of the template volumes under `mni_dir`.
 pub const MNI_T1: &str = "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz";
 pub const MNI_WM: &str = "mni_icbm152_wm_tal_nlin_sym_09a_converted.nii.gz";
@@ -103,20 +130,20 @@ pub fn embedded(name: &str) -> Option<Result<Volume>> {
     })
 }
 
-/// Block-average the `SIDE·BLOCK` cube starting at voxel `start` (zero outside the volume).
-fn block_mean(v: &Volume, start: [i64; 3], f: impl Fn(f32) -> f64) -> Vec<f64> {
-    let mut out = vec![0f64; SIDE * SIDE * SIDE];
-    let n = (BLOCK * BLOCK * BLOCK) as f64;
-    for k in 0..SIDE {
-        for j in 0..SIDE {
-            for i in 0..SIDE {
+/// Block-average the `side·block` cube starting at voxel `start` (zero outside the volume).
+fn block_mean(v: &Volume, start: [i64; 3], side: usize, block: usize, f: impl Fn(f32) -> f64) -> Vec<f64> {
+    let mut out = vec![0f64; side * side * side];
+    let n = (block * block * block) as f64;
+    for k in 0..side {
+        for j in 0..side {
+            for i in 0..side {
                 let mut s = 0f64;
-                for dz in 0..BLOCK {
-                    let z = start[2] + (k * BLOCK + dz) as i64;
-                    for dy in 0..BLOCK {
-                        let y = start[1] + (j * BLOCK + dy) as i64;
-                        for dx in 0..BLOCK {
-                            let x = start[0] + (i * BLOCK + dx) as i64;
+                for dz in 0..block {
+                    let z = start[2] + (k * block + dz) as i64;
+                    for dy in 0..block {
+                        let y = start[1] + (j * block + dy) as i64;
+                        for dx in 0..block {
+                            let x = start[0] + (i * block + dx) as i64;
                             let inside = x >= 0
                                 && y >= 0
                                 && z >= 0
@@ -129,16 +156,68 @@ fn block_mean(v: &Volume, start: [i64; 3], f: impl Fn(f32) -> f64) -> Vec<f64> {
                         }
                     }
                 }
-                out[i + SIDE * (j + SIDE * k)] = s / n;
+                out[i + side * (j + side * k)] = s / n;
             }
         }
     }
     out
 }
 
-/// Derive the demo pairs (mask, image) from the MNI152 folder (see the module docs).
+/// The template block-averaged onto a `side`³ grid of `block` mm voxels (steps 1–2 of the
+/// module docs with another block size; `side·block` = 192 keeps the demo's cube).
+pub struct TemplateGrid {
+    pub side: usize,
+    /// Block mean of the T1 (template units 0..255), x fastest.
+    pub t1: Vec<f64>,
+    /// Fraction of each block that is brain (T1 > 0).
+    pub brain: Vec<f64>,
+    /// Block mean of the white-matter probability (0..1).
+    pub wm: Vec<f64>,
+    pub affine: [[f32; 4]; 4],
+    pub spacing: [f32; 3],
+    pub header: ::nifti::NiftiHeader,
+}
+
+impl TemplateGrid {
+    /// A volume of this grid's geometry holding `data`.
+    pub fn volume(&self, data: Vec<f32>) -> Volume {
+        Volume { dims: [self.side; 3], spacing: self.spacing, affine: self.affine, data, header: self.header.clone() }
+    }
+
+    /// Labels 0 (background) / 1 (head: at least half the block is brain) / 2 (a ball of
+    /// `radius` voxels about `centre` (x, y, z, voxel units, may be fractional), inside the head).
+    /// Errors if the centre's nearest voxel is not in white matter.
+    pub fn lesion_mask(&self, centre: [f64; 3], radius: f64, name: &Path) -> Result<Volume> {
+        let n = self.side;
+        let c = centre.map(|v| (v.round() as usize).min(n - 1));
+        let ci = c[0] + n * (c[1] + n * c[2]);
+        if self.brain[ci] < 0.5 || self.wm[ci] < 0.5 {
+            return Err(Error::data(name, format!("lesion centre {centre:?} is not in white matter")));
+        }
+        let mut mask = vec![0f32; n * n * n];
+        for k in 0..n {
+            for j in 0..n {
+                for i in 0..n {
+                    let idx = i + n * (j + n * k);
+                    let d2 = [i, j, k].iter().zip(centre).map(|(&a, c)| (a as f64 - c).powi(2)).sum::<f64>();
+                    mask[idx] = if self.brain[idx] < 0.5 {
+                        0.0
+                    } else if d2.sqrt() <= radius {
+                        2.0
+                    } else {
+                        1.0
+                    };
+                }
+            }
+        }
+        Ok(self.volume(mask))
+    }
+}
+
+/// Block-average the template onto a `side`³ grid of `block`-voxel blocks, centred on the
+/// bounding box of the brain (T1 > 0).
 #[allow(clippy::needless_range_loop)] // affine algebra reads best with explicit indices
-pub fn derive_from_mni152(mni_dir: &Path) -> Result<Vec<(Volume, Volume)>> {
+pub fn template_grid(mni_dir: &Path, side: usize, block: usize) -> Result<TemplateGrid> {
     let t1 = read_volume(mni_dir.join(MNI_T1))?;
     let wm = read_volume(mni_dir.join(MNI_WM))?;
     if wm.dims != t1.dims {
@@ -164,26 +243,34 @@ pub fn derive_from_mni152(mni_dir: &Path) -> Result<Vec<(Volume, Volume)>> {
     if lo[0] == usize::MAX {
         return Err(Error::data(mni_dir.join(MNI_T1), "T1 has no voxel > 0"));
     }
-    let half = (SIDE * BLOCK / 2) as i64;
+    let half = (side * block / 2) as i64;
     let start = [0, 1, 2].map(|a| ((lo[a] + hi[a]) / 2) as i64 - half);
-    let t1m = block_mean(&t1, start, |v| v as f64);
-    let brain = block_mean(&t1, start, |v| if v > 0.0 { 1.0 } else { 0.0 });
-    let wmm = block_mean(&wm, start, |v| v as f64 / 255.0);
+    let t1m = block_mean(&t1, start, side, block, |v| v as f64);
+    let brain = block_mean(&t1, start, side, block, |v| if v > 0.0 { 1.0 } else { 0.0 });
+    let wmm = block_mean(&wm, start, side, block, |v| v as f64 / 255.0);
 
-    // geometry: demo voxel i has its centre at template index start + BLOCK·i + (BLOCK−1)/2
+    // geometry: voxel i has its centre at template index start + block·i + (block−1)/2
     let mut affine = [[0f32; 4]; 4];
     for r in 0..3 {
         for c in 0..3 {
-            affine[r][c] = t1.affine[r][c] * BLOCK as f32;
+            affine[r][c] = t1.affine[r][c] * block as f32;
         }
-        let centre = [0, 1, 2].map(|a| start[a] as f64 + (BLOCK as f64 - 1.0) / 2.0);
+        let centre = [0, 1, 2].map(|a| start[a] as f64 + (block as f64 - 1.0) / 2.0);
         affine[r][3] =
             (t1.affine[r][3] as f64 + (0..3).map(|c| t1.affine[r][c] as f64 * centre[c]).sum::<f64>()) as f32;
     }
     affine[3][3] = 1.0;
-    let spacing = t1.spacing.map(|s| s * BLOCK as f32);
+    let spacing = t1.spacing.map(|s| s * block as f32);
     let mut header = t1.header.clone();
     header.set_description_str("meddpm demo, derived from MNI152 ICBM 2009a nlin sym").ok();
+    Ok(TemplateGrid { side, t1: t1m, brain, wm: wmm, affine, spacing, header })
+}
+
+/// Derive the demo pairs (mask, image) from the MNI152 folder (see the module docs).
+pub fn derive_from_mni152(mni_dir: &Path) -> Result<Vec<(Volume, Volume)>> {
+    let g = template_grid(mni_dir, SIDE, BLOCK)?;
+    let (t1m, brain, wmm) = (&g.t1, &g.brain, &g.wm);
+    let (affine, spacing, header) = (g.affine, g.spacing, &g.header);
     let dims = [SIDE; 3];
 
     let mut out = Vec::new();
@@ -213,9 +300,9 @@ pub fn derive_from_mni152(mni_dir: &Path) -> Result<Vec<(Volume, Volume)>> {
                         0.0
                     };
                     let factor = if lesion {
-                        0.45
+                        LESION_FACTOR
                     } else if in_brain && d <= LESION_RADIUS + 1.0 {
-                        0.725
+                        RIM_FACTOR
                     } else {
                         1.0
                     };

@@ -8,6 +8,7 @@
 //! - `dataset`     mask/image pairing (folders or CSV), [`Dataset::get`], [`Dataset::validate`]
 //! - `loader`      [`Loader`]: seeded endless shuffling with background decoding threads
 //! - `masks`       tumour scaling and shifting (new conditioning masks)
+//! - `lesion`      images for masks: a lesion-free T1 darkened on the tumour (training pairs)
 //! - `preview`     PNG mid-slice previews
 //! - `output`      generated tensors → the NIfTI files of a sample (whole-head or BraTS)
 //! - `view`        the self-contained HTML volume viewer (slices, window/level, mask overlay)
@@ -19,6 +20,7 @@
 pub mod convention;
 pub mod dataset;
 pub mod demo;
+pub mod lesion;
 pub mod loader;
 pub mod masks;
 pub mod nifti;
