@@ -8,8 +8,12 @@
 //! [`plan_buckets`] cuts that sequence into buckets of about `cap_bytes` (PyTorch DDP's rule: add
 //! parameters in ready order, close a bucket once it reaches the cap). A bucket can be all-reduced
 //! as soon as the layer of its last parameter is done, while backward goes on with the layers
-//! before it — that is the overlap. [`BucketCursor`] turns per-layer notifications into "start
-//! these buckets".
+//! before it — that is the overlap. The bucket that becomes ready last runs after backward, with
+//! nothing to hide behind, so the plan closes a bucket early where only `tail_bytes` of parameters
+//! remain: the last bucket then holds just the layers backward finishes last (the time embedding
+//! and the small 128³ input blocks, ~1.3 MB whole-head) instead of up to a whole cap (on two H200s
+//! the all-reduce was 75 % hidden with the cap's remainder last). [`BucketCursor`] turns per-layer
+//! notifications into "start these buckets".
 
 use crate::model::params::{node_params, topology, Node};
 use crate::model::UNetConfig;
@@ -17,6 +21,10 @@ use std::ops::Range;
 
 /// Default bucket size: 25 MiB, PyTorch DDP's default.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// The most parameter bytes the last bucket gets ([`BucketPlan::for_unet`]: at most an eighth of
+/// the cap).
+pub const TAIL_BUCKET_BYTES: usize = 2 << 20;
 
 /// The layer number `UNet::backward_with` reports once all of backward, the time embedding
 /// included, is done (layer 0 is the network input, which has no backward of its own).
@@ -83,18 +91,39 @@ pub struct BucketPlan {
     pub groups: Vec<ReadyGroup>,
     pub buckets: Vec<Bucket>,
     pub cap_bytes: usize,
+    /// A bucket is closed early where at most this many bytes remain (see the module docs).
+    pub tail_bytes: usize,
     pub elem_bytes: usize,
 }
 
 /// Cut the parameters of `groups` (in ready order) into buckets: add parameters one by one, close
 /// the bucket when it holds at least `cap_bytes` (so a bucket exceeds the cap by less than its
-/// last parameter, and one parameter larger than the cap gets a bucket of its own).
-/// `numel[i]` is parameter i's element count, `elem_bytes` the gradient element size.
-pub fn plan_buckets(groups: &[ReadyGroup], numel: &[usize], cap_bytes: usize, elem_bytes: usize) -> BucketPlan {
+/// last parameter, and one parameter larger than the cap gets a bucket of its own); and close it
+/// early at the first group boundary after which at most `tail_bytes` remain, so that the last
+/// bucket holds only those (0: no early close). `numel[i]` is parameter i's element count,
+/// `elem_bytes` the gradient element size.
+pub fn plan_buckets(
+    groups: &[ReadyGroup],
+    numel: &[usize],
+    cap_bytes: usize,
+    tail_bytes: usize,
+    elem_bytes: usize,
+) -> BucketPlan {
     let cap = cap_bytes.max(1);
+    let group_bytes: Vec<usize> =
+        groups.iter().map(|g| g.params.clone().map(|p| numel[p]).sum::<usize>() * elem_bytes).collect();
+    let mut remaining: usize = group_bytes.iter().sum();
+    let mut tail_started = false;
     let mut buckets = Vec::new();
     let mut cur = Bucket { params: Vec::new(), numel: 0, ready_group: 0 };
     for (g, group) in groups.iter().enumerate() {
+        if !tail_started && remaining <= tail_bytes && remaining > 0 {
+            tail_started = true;
+            if !cur.params.is_empty() {
+                buckets.push(std::mem::replace(&mut cur, Bucket { params: Vec::new(), numel: 0, ready_group: g }));
+            }
+        }
+        remaining -= group_bytes[g];
         for p in group.params.clone().rev() {
             cur.params.push(p);
             cur.numel += numel[p];
@@ -107,14 +136,15 @@ pub fn plan_buckets(groups: &[ReadyGroup], numel: &[usize], cap_bytes: usize, el
     if !cur.params.is_empty() {
         buckets.push(cur);
     }
-    BucketPlan { groups: groups.to_vec(), buckets, cap_bytes, elem_bytes }
+    BucketPlan { groups: groups.to_vec(), buckets, cap_bytes, tail_bytes, elem_bytes }
 }
 
 impl BucketPlan {
-    /// The plan for a U-Net with f32 gradients.
+    /// The plan for a U-Net with f32 gradients: buckets of `cap_bytes`, the last one at most
+    /// [`TAIL_BUCKET_BYTES`] or an eighth of the cap.
     pub fn for_unet(cfg: &UNetConfig, cap_bytes: usize) -> BucketPlan {
         let numel: Vec<usize> = crate::model::param_specs(cfg).iter().map(|s| s.numel()).collect();
-        plan_buckets(&unet_ready_groups(cfg), &numel, cap_bytes, 4)
+        plan_buckets(&unet_ready_groups(cfg), &numel, cap_bytes, (cap_bytes / 8).min(TAIL_BUCKET_BYTES), 4)
     }
     pub fn len(&self) -> usize {
         self.buckets.len()
