@@ -37,11 +37,6 @@ pub trait Float:
     fn from_f64(x: f64) -> Self;
     fn to_f64(self) -> f64;
     fn exp(self) -> Self;
-    /// eˣ for the hot elementwise kernels (SiLU): branch-free so LLVM vectorises it inside a
-    /// loop. f32: Cephes' `expf` polynomial (within 2 ulp; inputs clamped to [−87, 88], so
-    /// the result is never 0 or ∞; NaN stays NaN). f64: the library `exp` (the gradient checks
-    /// keep full precision).
-    fn exp_fast(self) -> Self;
     fn sqrt(self) -> Self;
     fn abs(self) -> Self;
     /// self·a + b with one rounding (a single FMA instruction where the CPU has one).
@@ -78,23 +73,6 @@ impl Float for f32 {
     fn exp(self) -> Self {
         f32::exp(self)
     }
-    #[inline(always)]
-    fn exp_fast(self) -> Self {
-        // x = n·ln2 + r, |r| ≤ ln2/2: eˣ = 2ⁿ·p(r). n by the 1.5·2²³ trick (round to nearest,
-        // n sits in the low mantissa bits of t); ln2 split in two for an exact n·ln2.
-        const MAGIC: f32 = 12_582_912.0;
-        let x = self.clamp(-87.0, 88.0);
-        let t = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
-        let n = t - MAGIC;
-        let r = n.mul_add(2.121_944_4e-4, n.mul_add(-0.693_359_4, x));
-        let mut p = 1.987_569_1e-4f32;
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-            p = p.mul_add(r, c);
-        }
-        let e = (r * r).mul_add(p, r + 1.0);
-        let scale = f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127) << 23);
-        e * scale
-    }
     fn sqrt(self) -> Self {
         f32::sqrt(self)
     }
@@ -115,9 +93,6 @@ impl Float for f64 {
         self
     }
     fn exp(self) -> Self {
-        f64::exp(self)
-    }
-    fn exp_fast(self) -> Self {
         f64::exp(self)
     }
     fn sqrt(self) -> Self {

@@ -1,8 +1,8 @@
 //! SiLU (x·σ(x), PyTorch `nn.SiLU`): forward and backward, elementwise over a whole buffer.
 //!
 //! Backward: d/dx [x·σ(x)] = σ(x)·(1 + x·(1 − σ(x))).
-//! σ uses [`Float::exp_fast`] (a vectorisable polynomial for f32, the library exp for f64), and
-//! each chunk runs under [`vectorized`], so the f32 loops become AVX2 code.
+//! Each chunk runs under [`vectorized`] (AVX2 code around the library `exp` calls). The
+//! elementwise functions are public for the fused GroupNorm+SiLU kernels (`groupnorm.rs`).
 
 use rayon::prelude::*;
 
@@ -15,7 +15,7 @@ const CHUNK: usize = 1 << 14;
 /// σ(x) = 1 / (1 + e⁻ˣ).
 #[inline(always)]
 pub fn sigmoid<T: Float>(x: T) -> T {
-    T::one() / (T::one() + (-x).exp_fast())
+    T::one() / (T::one() + (-x).exp())
 }
 
 /// x·σ(x).
