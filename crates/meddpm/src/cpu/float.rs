@@ -70,38 +70,8 @@ impl Float for f32 {
     fn to_f64(self) -> f64 {
         self as f64
     }
-    /// glibc's `expf` algorithm (ARM optimized-routines: 2^(k/32) from a table times a cubic in
-    /// double, rounded once), written branch-free so LLVM vectorises it inside a loop (SiLU,
-    /// softmax); the same bits as glibc's expf (tests/groupnorm_silu_fused.rs checks every 97th
-    /// float from underflow to overflow, and the special values).
-    #[inline(always)]
     fn exp(self) -> Self {
-        const N: f64 = 32.0;
-        let inv_ln2_n = f64::from_bits(0x3ff7_1547_652b_82fe) * N;
-        let shift = f64::from_bits(0x4338_0000_0000_0000);
-        let c = [
-            f64::from_bits(0x3fac_6af8_4b91_2394) / (N * N * N),
-            f64::from_bits(0x3fce_bfce_50fa_c4f3) / (N * N),
-            f64::from_bits(0x3fe6_2e42_ff0c_52d6) / N,
-        ];
-        // x·N/ln2 = k + r, |r| ≤ ½; eˣ = 2^(k/N)·2^(r/N), the first from the table with k/N's
-        // integer part added to its exponent, the second a cubic in r.
-        let xd = self as f64;
-        let z = inv_ln2_n * xd;
-        let kd = z + shift;
-        let ki = kd.to_bits();
-        let r = z - (kd - shift);
-        let s = f64::from_bits(EXP2_TAB[(ki % 32) as usize].wrapping_add(ki << 47));
-        let y = (c[0] * r + c[1]) * (r * r) + (c[2] * r + 1.0);
-        let e = (y * s) as f32;
-        // Past the ends: ∞ and 0 as expf (NaN falls through: NaN).
-        if self > f32::from_bits(0x42b1_7217) {
-            f32::INFINITY
-        } else if self < f32::from_bits(0xc2cf_f1b4) {
-            0.0
-        } else {
-            e
-        }
+        f32::exp(self)
     }
     fn sqrt(self) -> Self {
         f32::sqrt(self)
@@ -136,42 +106,6 @@ impl Float for f64 {
         f64::mul_add(self, a, b)
     }
 }
-
-/// 2^(i/32) as f64 bits minus i·2⁴⁷ (so adding k·2⁴⁷ makes 2^(k/32)): glibc's `__exp2f_data.tab`.
-const EXP2_TAB: [u64; 32] = [
-    0x3ff0000000000000,
-    0x3fefd9b0d3158574,
-    0x3fefb5586cf9890f,
-    0x3fef9301d0125b51,
-    0x3fef72b83c7d517b,
-    0x3fef54873168b9aa,
-    0x3fef387a6e756238,
-    0x3fef1e9df51fdee1,
-    0x3fef06fe0a31b715,
-    0x3feef1a7373aa9cb,
-    0x3feedea64c123422,
-    0x3feece086061892d,
-    0x3feebfdad5362a27,
-    0x3feeb42b569d4f82,
-    0x3feeab07dd485429,
-    0x3feea47eb03a5585,
-    0x3feea09e667f3bcd,
-    0x3fee9f75e8ec5f74,
-    0x3feea11473eb0187,
-    0x3feea589994cce13,
-    0x3feeace5422aa0db,
-    0x3feeb737b0cdc5e5,
-    0x3feec49182a3f090,
-    0x3feed503b23e255d,
-    0x3feee89f995ad3ad,
-    0x3feeff76f2fb5e47,
-    0x3fef199bdd85529c,
-    0x3fef3720dcef9069,
-    0x3fef5818dcfba487,
-    0x3fef7c97337b9b5f,
-    0x3fefa4afa2a490da,
-    0x3fefd0765b6e4540,
-];
 
 /// Run `f` compiled for the best instruction set of this CPU (pulp's runtime dispatch: AVX2 + FMA
 /// on x86-64 where present). `f` and everything it calls must be `#[inline(always)]`.

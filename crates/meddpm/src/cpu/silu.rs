@@ -1,7 +1,7 @@
 //! SiLU (x·σ(x), PyTorch `nn.SiLU`): forward and backward, elementwise over a whole buffer.
 //!
 //! Backward: d/dx [x·σ(x)] = σ(x)·(1 + x·(1 − σ(x))).
-//! Each chunk runs under [`vectorized`]: with f32's branch-free `Float::exp` the loops are AVX2 code. The
+//! Each chunk runs under [`vectorized`] (AVX2 code around the library `exp` calls). The
 //! elementwise functions are public for the fused GroupNorm+SiLU kernels (`groupnorm.rs`).
 
 use rayon::prelude::*;
