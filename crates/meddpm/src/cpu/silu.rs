@@ -1,9 +1,8 @@
 //! SiLU (x·σ(x), PyTorch `nn.SiLU`): forward and backward, elementwise over a whole buffer.
 //!
 //! Backward: d/dx [x·σ(x)] = σ(x)·(1 + x·(1 − σ(x))).
-//! Each chunk runs under [`vectorized`] (σ's `exp` stays the library call, so the results match
-//! the reference bit for bit). The elementwise functions are public for the fused GroupNorm+SiLU
-//! kernels (`groupnorm.rs`).
+//! Each chunk runs under [`vectorized`] (σ's `exp` stays the library call). The elementwise
+//! functions are public for the fused GroupNorm+SiLU kernels (`groupnorm.rs`).
 
 use rayon::prelude::*;
 
