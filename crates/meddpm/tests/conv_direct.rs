@@ -2,7 +2,9 @@
 //! in f32 (the backend's precision, where the kernels run vectorised) and f64, on odd shapes:
 //! W not a multiple of the 16-voxel tile (and wider than one tile), channel counts not multiples
 //! of the 4-channel block, batch 2, single-voxel axes. Forward, data gradient (overwrite and
-//! add), filter gradient (with and without a data gradient) and bias gradient.
+//! add), filter gradient (with and without a data gradient) and bias gradient. `MORE_SHAPES`
+//! adds the cases of the flat-tile kernels: Cout of one and two 8-channel vectors (the transposed
+//! filter gradient), planes narrower than a tile, W 1, the 2- and 3-channel blocks.
 //!
 //! The path is chosen by the scratch budget (`conv3d::uses_direct`): the default budget takes
 //! the direct kernels for these shapes, a budget of one element forces im2col with one-plane slabs.
@@ -84,4 +86,29 @@ fn other_geometries_stay_on_im2col() {
     // The whole-head model's first level (64 channels at 128³) is far over the budget.
     let wh = Dims::new(1, 64, 128, 128, 128);
     assert!(!conv3d::uses_direct(&ConvShape::new(wh, 64, 3, 1), COL_BUDGET), "whole-head level 0");
+}
+
+/// Shapes of the tiled kernels' other cases: Cout a multiple of the 8-channel vector of the
+/// transposed filter gradient (one and two vectors), planes narrower than a tile (W 4: a 24-voxel
+/// tile spans several rows and halo columns), a one-voxel-wide W, Cout 2 and 3 (the small blocks).
+const MORE_SHAPES: [(&str, Dims, usize); 5] = [
+    ("Cout 8, Cin 8, W 8, batch 2", Dims::new(2, 8, 5, 6, 8), 8),
+    ("Cout 16 (two vectors), W 4", Dims::new(1, 5, 3, 4, 4), 16),
+    ("Cout 2, W 1", Dims::new(1, 3, 4, 5, 1), 2),
+    ("Cout 3, W 7, Cin 1", Dims::new(2, 1, 6, 3, 7), 3),
+    ("Cout 12, W 26, H 1", Dims::new(1, 2, 2, 1, 26), 12),
+];
+
+#[test]
+fn direct_equals_im2col_more_shapes_f32() {
+    for (name, x, cout) in MORE_SHAPES {
+        check::<f32>(name, ConvShape::new(x, cout, 3, 1), Tolerance::new(2e-5, 2e-5));
+    }
+}
+
+#[test]
+fn direct_equals_im2col_more_shapes_f64() {
+    for (name, x, cout) in MORE_SHAPES {
+        check::<f64>(name, ConvShape::new(x, cout, 3, 1), Tolerance::new(1e-12, 1e-12));
+    }
 }

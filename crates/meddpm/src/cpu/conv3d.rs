@@ -13,7 +13,8 @@
 //! products: `dW += dout[n]·colᵀ`, `dcol = Wᵀ·dout[n]` scattered back by col2im (the exact adjoint
 //! of im2col). A 1×1×1 stride-1 conv needs no im2col: `col` is the input itself.
 //!
-//! Scratch: `col` (and `dcol`) — or, on the direct path, the padded input (and padded dout) —
+//! Scratch: `col` (and `dcol`) — or, on the direct path, the padded input (and padded dout, and
+//! dout transposed for the filter gradient) —
 //! live in a [`ConvScratch`] and cover a slab of whole output depth
 //! planes, sized so a slab holds at most `budget` elements ([`COL_BUDGET`] by default); large
 //! volumes are done slab by slab. [`conv3d_forward`] / [`conv3d_backward`] allocate a fresh
@@ -24,7 +25,7 @@ pub mod direct;
 
 use rayon::prelude::*;
 
-use super::float::{gemm, Float, Mat, MatMut};
+use super::float::{gemm, sum_f64, vectorized, Float, Mat, MatMut};
 use crate::backend::Accum;
 use crate::shape::ConvShape;
 
@@ -37,11 +38,13 @@ pub struct ConvScratch<T> {
     pub budget: usize,
     col: Vec<T>,
     dcol: Vec<T>,
+    /// Direct path: dout transposed for the filter gradient ([`direct::transposed_len`]).
+    gt: Vec<T>,
 }
 
 impl<T: Float> ConvScratch<T> {
     pub fn new(budget: usize) -> Self {
-        ConvScratch { budget, col: Vec::new(), dcol: Vec::new() }
+        ConvScratch { budget, col: Vec::new(), dcol: Vec::new(), gt: Vec::new() }
     }
 }
 
@@ -64,7 +67,7 @@ fn slab_planes(cs: &ConvShape, budget: usize) -> usize {
 /// budget (so the large volumes of the full-size models stay on im2col + GEMM), on CPUs with
 /// FMA (everywhere but x86-64 machines older than 2013, where `mul_add` would be a library call).
 pub fn uses_direct(cs: &ConvShape, budget: usize) -> bool {
-    let chans = cs.x.c + cs.cout.div_ceil(direct::CB) * direct::CB;
+    let chans = cs.x.c + direct::grad_channels(cs.cout);
     let fma = cfg!(not(target_arch = "x86_64")) || has_fma();
     cs.k == 3 && cs.stride == 1 && chans * direct::Padded::new(cs.x, 1).len() <= budget && fma
 }
@@ -221,17 +224,21 @@ pub fn conv3d_backward<T: Float>(
     conv3d_backward_with(dinp, dw, db, dout, inp, w, cs, &mut ConvScratch::new(COL_BUDGET));
 }
 
-/// db += the bias gradient: dout summed over batch and voxels (f64 accumulation).
+/// db += the bias gradient: dout summed over batch and voxels (f64 accumulation, one channel
+/// per task).
 pub fn bias_grad<T: Float>(db: &mut [T], dout: &[T], cs: ConvShape) {
     let so = cs.out().s();
-    for (co, g) in db.iter_mut().enumerate() {
+    db.par_iter_mut().enumerate().for_each(|(co, g)| {
         let mut acc = 0f64;
         for n in 0..cs.x.n {
             let base = (n * cs.cout + co) * so;
-            acc += dout[base..base + so].iter().map(|v| v.to_f64()).sum::<f64>();
+            acc += vectorized(
+                #[inline(always)]
+                || sum_f64(&dout[base..base + so], |v| v),
+            );
         }
         *g += T::from_f64(acc);
-    }
+    });
 }
 
 /// [`conv3d_backward`] with caller-provided scratch (and its slab budget).
@@ -264,15 +271,16 @@ pub fn conv3d_backward_with<T: Float>(
     };
     if uses_direct(&cs, scratch.budget) {
         let px = direct::Padded::new(cs.x, cin);
-        let pg = direct::Padded::new(o, cs.cout.div_ceil(direct::CB) * direct::CB);
+        let pg = direct::Padded::new(o, direct::grad_channels(cs.cout));
         let xp = grow(&mut scratch.col, px.len());
         let gp = grow(&mut scratch.dcol, pg.len());
+        let gt = grow(&mut scratch.gt, direct::transposed_len(&pg, cs.cout));
         let wt = if dinp.is_some() { direct::arrange_weights(w, cs.cout, cin, true) } else { Vec::new() };
         let init = if acc == Accum::Add { direct::Init::Add } else { direct::Init::Zero };
         for n in 0..cs.x.n {
             direct::pad(xp, &inp[n * cin * si..(n + 1) * cin * si], &px);
             direct::pad(gp, &dout[n * cs.cout * so..(n + 1) * cs.cout * so], &pg);
-            direct::filter_grad(dw, cs.cout, gp, &pg, xp, &px, cin);
+            direct::filter_grad(dw, cs.cout, gp, &pg, xp, &px, cin, gt);
             if let Some(d) = dinp.as_deref_mut() {
                 direct::correlate(&mut d[n * cin * si..(n + 1) * cin * si], cin, gp, &pg, cs.cout, &wt, init);
             }

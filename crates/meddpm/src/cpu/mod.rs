@@ -42,10 +42,9 @@ thread_local! {
     /// im2col scratch of the convolutions run from this thread.
     static CONV_SCRATCH: std::cell::RefCell<conv3d::ConvScratch<f32>> =
         std::cell::RefCell::new(conv3d::ConvScratch::new(conv3d::COL_BUDGET));
-    /// GroupNorm+SiLU: the GroupNorm output, the gradient before GroupNorm, recomputed statistics
-    /// (grown on the first call of a size, then reused).
-    static GN_SCRATCH: std::cell::RefCell<[Vec<f32>; 4]> =
-        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()]) };
+    /// GroupNorm+SiLU backward: the gradient before GroupNorm (grown on the first call of a size,
+    /// then reused).
+    static GN_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// bf16 emulation: rounded copies of conv operands and a weight-gradient temporary (grown on
     /// the first call of a size, then reused).
     static EMU: std::cell::RefCell<[Vec<f32>; 5]> =
@@ -253,8 +252,8 @@ impl Backend for CpuBackend {
     fn silu_backward(&self, dinp: (&mut Vec<f32>, Accum), dout: &Vec<f32>, inp: &Vec<f32>) {
         silu::silu_backward((dinp.0.as_mut_slice(), dinp.1), dout, inp);
     }
-    /// GroupNorm into a scratch, SiLU of the unrounded value into `out` (rounded in bf16 mode,
-    /// as the GPU stores only the SiLU output).
+    /// GroupNorm and SiLU fused (`groupnorm::groupnorm_silu_forward`): SiLU of the unrounded
+    /// GroupNorm value into `out` (rounded in bf16 mode, as the GPU stores only the SiLU output).
     fn groupnorm_silu_forward(
         &self,
         out: &mut Vec<f32>,
@@ -266,11 +265,7 @@ impl Backend for CpuBackend {
         x: Dims,
         groups: usize,
     ) {
-        GN_SCRATCH.with_borrow_mut(|[y, ..]| {
-            y.resize(inp.len(), 0.0);
-            groupnorm::groupnorm_forward(y, mean, rstd, inp, gamma, beta, x, groups);
-            silu::silu_forward(out, y);
-        });
+        groupnorm::groupnorm_silu_forward(out, mean, rstd, inp, gamma, beta, x, groups);
         self.r(out);
     }
     /// Recomputes the statistics too (in f64 into a scratch, as the forward did: bit for bit the
@@ -340,7 +335,8 @@ impl Backend for CpuBackend {
         self.r(d);
     }
     /// Recomputes y = GN(inp) (the same f64 statistics as the forward, so the same values), then
-    /// SiLU's backward and GroupNorm's backward.
+    /// SiLU's backward and GroupNorm's backward, fused per (n, group)
+    /// (`groupnorm::groupnorm_silu_backward`; the SiLU gradient lives in a per-thread scratch).
     fn groupnorm_silu_backward(
         &self,
         dinp: (&mut Vec<f32>, Accum),
@@ -355,15 +351,10 @@ impl Backend for CpuBackend {
         x: Dims,
         groups: usize,
     ) {
-        GN_SCRATCH.with_borrow_mut(|[y, g, m, r]| {
-            y.resize(inp.len(), 0.0);
+        GN_SCRATCH.with_borrow_mut(|g| {
             g.resize(inp.len(), 0.0);
-            m.resize(mean.len(), 0.0);
-            r.resize(rstd.len(), 0.0);
-            groupnorm::groupnorm_forward(y, m, r, inp, gamma, beta, x, groups);
-            silu::silu_backward((g.as_mut_slice(), Accum::Overwrite), dout, y);
             let d = (dinp.0.as_mut_slice(), dinp.1);
-            groupnorm::groupnorm_backward(d, dgamma, dbeta, g, inp, mean, rstd, gamma, x, groups);
+            groupnorm::groupnorm_silu_backward(d, dgamma, dbeta, dout, inp, mean, rstd, gamma, beta, x, groups, g);
         });
         self.r(dinp.0);
     }
