@@ -256,3 +256,89 @@ pub fn groupnorm_silu_backward<T: Float>(
         .collect();
     add_partials(dgamma, dbeta, partials, groups, cg);
 }
+
+/// [`groupnorm_silu_forward`] in place: x := SiLU(GroupNorm(x)); each (n, g) block's statistics
+/// are taken before the block is rewritten, with the same arithmetic, so bit for bit the
+/// out-of-place result.
+#[allow(clippy::too_many_arguments)]
+pub fn groupnorm_silu_forward_inplace<T: Float>(
+    xb: &mut [T],
+    mean: &mut [T],
+    rstd: &mut [T],
+    gamma: &[T],
+    beta: &[T],
+    x: Dims,
+    groups: usize,
+) {
+    check(xb.len(), &x, groups);
+    assert!(mean.len() == x.n * groups && rstd.len() == x.n * groups, "groupnorm: mean/rstd length vs N·G");
+    assert!(gamma.len() == x.c && beta.len() == x.c, "groupnorm: gamma/beta length vs C = {}", x.c);
+    let (cg, s) = (x.c / groups, x.s());
+    let stats_all: Vec<(f64, f64)> = xb
+        .par_chunks_mut(cg * s)
+        .enumerate()
+        .map(|(ng, xi)| {
+            vectorized(
+                #[inline(always)]
+                || {
+                    let (mu, rs) = stats(xi);
+                    let g0 = (ng % groups) * cg;
+                    for (j, xc) in xi.chunks_mut(s).enumerate() {
+                        let (a, be) = (rs * gamma[g0 + j].to_f64(), beta[g0 + j].to_f64());
+                        for v in xc.iter_mut() {
+                            *v = silu(T::from_f64((v.to_f64() - mu) * a + be));
+                        }
+                    }
+                    (mu, rs)
+                },
+            )
+        })
+        .collect();
+    for (i, (mu, rs)) in stats_all.into_iter().enumerate() {
+        mean[i] = T::from_f64(mu);
+        rstd[i] = T::from_f64(rs);
+    }
+}
+
+/// [`groupnorm_silu_backward`] in place with `Accum::Overwrite`: `d` holds ∂loss/∂SiLU(GN(inp))
+/// and gets ∂loss/∂inp; each block's incoming gradient is consumed into the scratch before the
+/// block is rewritten (bit for bit the out-of-place result).
+#[allow(clippy::too_many_arguments)]
+pub fn groupnorm_silu_backward_inplace<T: Float>(
+    d: &mut [T],
+    dgamma: &mut [T],
+    dbeta: &mut [T],
+    inp: &[T],
+    mean: &[T],
+    rstd: &[T],
+    gamma: &[T],
+    beta: &[T],
+    x: Dims,
+    groups: usize,
+    scratch: &mut [T],
+) {
+    check(inp.len(), &x, groups);
+    assert!(d.len() == inp.len() && scratch.len() == inp.len(), "groupnorm: gradient/scratch length vs shape {x}");
+    assert!(mean.len() == x.n * groups && rstd.len() == x.n * groups, "groupnorm: mean/rstd length vs N·G");
+    assert!(gamma.len() == x.c && beta.len() == x.c, "groupnorm: gamma/beta length vs C = {}", x.c);
+    assert!(dgamma.len() == x.c && dbeta.len() == x.c, "groupnorm: dgamma/dbeta vs C");
+    let (cg, s) = (x.c / groups, x.s());
+    let partials: Vec<Vec<(f64, f64)>> = d
+        .par_chunks_mut(cg * s)
+        .zip(scratch.par_chunks_mut(cg * s))
+        .zip(inp.par_chunks(cg * s))
+        .enumerate()
+        .map(|(ng, ((di, gi), xi))| {
+            let (saved, g0) = ((mean[ng].to_f64(), rstd[ng].to_f64()), (ng % groups) * cg);
+            vectorized(
+                #[inline(always)]
+                || {
+                    apply(gi, xi, s, g0, gamma, beta, stats(xi), |v| v);
+                    gi.iter_mut().zip(di.iter()).for_each(|(g, &dv)| *g = silu_grad(dv, *g));
+                    backward_group(di, gi, xi, s, saved, &gamma[g0..g0 + cg], Accum::Overwrite)
+                },
+            )
+        })
+        .collect();
+    add_partials(dgamma, dbeta, partials, groups, cg);
+}

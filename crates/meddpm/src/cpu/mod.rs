@@ -45,6 +45,8 @@ thread_local! {
     /// GroupNorm+SiLU backward: the gradient before GroupNorm (grown on the first call of a size,
     /// then reused).
     static GN_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Recomputed GroupNorm statistics (`groupnorm_silu_recompute`).
+    static GN_STATS: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
     /// bf16 emulation: rounded copies of conv operands and a weight-gradient temporary (grown on
     /// the first call of a size, then reused).
     static EMU: std::cell::RefCell<[Vec<f32>; 5]> =
@@ -268,8 +270,8 @@ impl Backend for CpuBackend {
         groupnorm::groupnorm_silu_forward(out, mean, rstd, inp, gamma, beta, x, groups);
         self.r(out);
     }
-    /// Recomputes the statistics too (in f64 into a scratch, as the forward did: bit for bit the
-    /// forward's output; the saved f32 statistics would round them).
+    /// The forward's fused pass again, its statistics into a scratch (bit for bit the forward's
+    /// output; the saved f32 statistics would round them).
     fn groupnorm_silu_recompute(
         &self,
         out: &mut Vec<f32>,
@@ -281,16 +283,13 @@ impl Backend for CpuBackend {
         x: Dims,
         groups: usize,
     ) {
-        GN_SCRATCH.with_borrow_mut(|[y, _, m, r]| {
-            y.resize(inp.len(), 0.0);
+        GN_STATS.with_borrow_mut(|[m, r]| {
             m.resize(mean.len(), 0.0);
             r.resize(rstd.len(), 0.0);
-            groupnorm::groupnorm_forward(y, m, r, inp, gamma, beta, x, groups);
-            silu::silu_forward(out, y);
+            groupnorm::groupnorm_silu_forward(out, m, r, inp, gamma, beta, x, groups);
         });
         self.r(out);
     }
-    /// GroupNorm into the scratch from `x`, then SiLU of it back into `x`.
     fn groupnorm_silu_forward_inplace(
         &self,
         x: &mut Vec<f32>,
@@ -301,14 +300,9 @@ impl Backend for CpuBackend {
         xd: Dims,
         groups: usize,
     ) {
-        GN_SCRATCH.with_borrow_mut(|[y, ..]| {
-            y.resize(x.len(), 0.0);
-            groupnorm::groupnorm_forward(y, mean, rstd, x, gamma, beta, xd, groups);
-            silu::silu_forward(x, y);
-        });
+        groupnorm::groupnorm_silu_forward_inplace(x, mean, rstd, gamma, beta, xd, groups);
         self.r(x);
     }
-    /// SiLU's backward reads `d` into the scratch gradient; GroupNorm's backward overwrites `d`.
     fn groupnorm_silu_backward_inplace(
         &self,
         d: &mut Vec<f32>,
@@ -322,19 +316,12 @@ impl Backend for CpuBackend {
         x: Dims,
         groups: usize,
     ) {
-        GN_SCRATCH.with_borrow_mut(|[y, g, m, r]| {
-            y.resize(inp.len(), 0.0);
+        GN_SCRATCH.with_borrow_mut(|g| {
             g.resize(inp.len(), 0.0);
-            m.resize(mean.len(), 0.0);
-            r.resize(rstd.len(), 0.0);
-            groupnorm::groupnorm_forward(y, m, r, inp, gamma, beta, x, groups);
-            silu::silu_backward((g.as_mut_slice(), Accum::Overwrite), d, y);
-            let dd = (d.as_mut_slice(), Accum::Overwrite);
-            groupnorm::groupnorm_backward(dd, dgamma, dbeta, g, inp, mean, rstd, gamma, x, groups);
+            groupnorm::groupnorm_silu_backward_inplace(d, dgamma, dbeta, inp, mean, rstd, gamma, beta, x, groups, g);
         });
         self.r(d);
     }
-    /// Recomputes y = GN(inp) (the same f64 statistics as the forward, so the same values), then
     /// SiLU's backward and GroupNorm's backward, fused per (n, group)
     /// (`groupnorm::groupnorm_silu_backward`; the SiLU gradient lives in a per-thread scratch).
     fn groupnorm_silu_backward(
