@@ -112,3 +112,17 @@ fn direct_equals_im2col_more_shapes_f64() {
         check::<f64>(name, ConvShape::new(x, cout, 3, 1), Tolerance::new(1e-12, 1e-12));
     }
 }
+
+/// The channel block is min(max(k, 1), 4) for every k, through an opaque argument. rustc 1.95.0
+/// once compiled an if/else form of it to max(k, 1) (see `direct::block`), and the forward then
+/// used blocks its weight arrangement did not.
+#[test]
+fn block_is_a_clamp() {
+    use meddpm::cpu::conv3d::direct::{block, CB};
+    let want = [1, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4];
+    assert_eq!(CB, 4);
+    for (k, &w) in want.iter().enumerate() {
+        assert_eq!(block(std::hint::black_box(k)), w, "block({k})");
+    }
+    assert_eq!(block(std::hint::black_box(1 << 20)), 4);
+}

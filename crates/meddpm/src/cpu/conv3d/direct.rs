@@ -51,12 +51,12 @@ pub const SLACK: usize = 64;
 
 /// Output channels per register block for `kout` channels (the padded channel count is a
 /// multiple of it).
+///
+/// Written as a clamp on purpose: rustc 1.95.0 (LLVM) compiled the equivalent
+/// `if kout < CB { kout.max(1) } else { CB }` to plain `kout.max(1)` in some inlining contexts,
+/// so the forward picked a block the weight arrangement did not use (`block_is_a_clamp` pins it).
 pub fn block(kout: usize) -> usize {
-    if kout < CB {
-        kout.max(1)
-    } else {
-        CB
-    }
+    kout.clamp(1, CB)
 }
 
 /// Geometry of a zero-padded copy of one batch element's activation (C × D × H × W): channel
