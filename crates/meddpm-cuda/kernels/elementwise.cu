@@ -35,10 +35,12 @@ extern "C" __global__ void scale_buf(void* buf, float s, i64 n, int bf) {
     DISPATCH(bf, scale_t, buf, s, n);
 }
 
-// x[n, c, s] += bias[per_n ? n*C + c : c] over an (N, C, S) activation (Row traversal); bias f32.
+// y[n, c, s] = x[n, c, s] + bias[per_n ? n*C + c : c] over an (N, C, S) activation (Row
+// traversal); y may be x (in place); bias f32.
 template <typename T, int V>
-__device__ void add_channel_bias_t(void* xv, const float* bias, int C, i64 S, int cl, int per_n) {
-    T* x = (T*)xv;
+__device__ void add_channel_bias_t(void* yv, const void* xv, const float* bias, int C, i64 S, int cl, int per_n) {
+    T* y = (T*)yv;
+    const T* x = (const T*)xv;
     Row r = row_geom(C, S, V, cl);
     float b[V];
 #pragma unroll
@@ -52,12 +54,12 @@ __device__ void add_channel_bias_t(void* xv, const float* bias, int C, i64 S, in
         ldv<V>(x, i, a);
 #pragma unroll
         for (int j = 0; j < V; j++) a[j] += b[j];
-        stv<V>(x, i, a);
+        stv<V>(y, i, a);
     }
 }
-extern "C" __global__ void add_channel_bias(void* x, const float* bias, int C, i64 S, int cl, int per_n, int bf,
-                                            int V) {
-    DISPATCH_V(bf, V, add_channel_bias_t, x, bias, C, S, cl, per_n);
+extern "C" __global__ void add_channel_bias(void* y, const void* x, const float* bias, int C, i64 S, int cl,
+                                            int per_n, int bf, int V) {
+    DISPATCH_V(bf, V, add_channel_bias_t, y, x, bias, C, S, cl, per_n);
 }
 
 // The source of output row element (Row traversal over the (ca+cb)-channel concatenation): for the

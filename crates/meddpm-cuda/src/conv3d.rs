@@ -692,20 +692,32 @@ fn operand(dev: &Device, b: &GpuBuf, dt: DType, slot: u8) -> u64 {
     t
 }
 
-/// out = conv(inp, w) + b: through our few-channel kernel or cuDNN, whichever timed faster for the
-/// shape (`MEDDPM_SMALL_CONV` / `force_small` override).
+/// out = conv(inp, w) + b (no bias where None), overwriting `out` or added to it (cuDNN's β = 1)
+/// per `Accum`: through our few-channel kernel or cuDNN, whichever timed faster for the shape
+/// (`MEDDPM_SMALL_CONV` / `force_small` override). An added-to or bias-less forward always takes
+/// the plain cuDNN call (the U-Net's residual convs, never few-channel ones).
 pub(crate) fn forward(
     dev: &Device,
     cache: &mut ConvCache,
-    out: &mut GpuBuf,
+    (out, acc): (&mut GpuBuf, Accum),
     inp: &GpuBuf,
     w: &GpuBuf,
-    b: &GpuBuf,
+    b: Option<&GpuBuf>,
     cs: ConvShape,
 ) {
-    check_lens(cs, inp.len(), w.len(), out.len(), b.len());
-    require_f32("conv3d bias", &[b]);
+    check_lens(cs, inp.len(), w.len(), out.len(), b.map_or(cs.cout, |b| b.len()));
     *cache.fwd_calls.entry(cs).or_insert(0) += 1;
+    let b = match (acc, b) {
+        (Accum::Overwrite, Some(b)) => b,
+        _ => {
+            if let Some(b) = b {
+                require_f32("conv3d bias", &[b]);
+            }
+            cudnn_forward_acc(dev, cache, out, acc == Accum::Add, inp, w, b, cs);
+            return;
+        }
+    };
+    require_f32("conv3d bias", &[b]);
     if let Some(kind) = small_fwd_kind(cs) {
         let cl = cache.layout == Layout::Ndhwc;
         let ours = match small_decided(cache, cs, Dir::Fwd) {
@@ -742,6 +754,53 @@ fn cudnn_forward(
     // an output of the other type is computed into a temporary and converted at the end
     let yp = if out.dtype() == cdt { dev.ptr_mut(out) } else { dev.temp(out.len(), cdt, T_Y) };
     forward_typed(dev, cache, cs, xp, wp, bp, yp);
+    if out.dtype() != cdt {
+        dev.cast(dev.ptr_mut(out), out.dtype(), yp, cdt, out.len(), false);
+    }
+}
+
+/// out (+)= conv(inp, w) (+ b): the plain cuDNN forward with β = 1 where `add`, then our bias
+/// kernel where there is a bias. An output of the other type goes through a temporary of the
+/// compute type that holds its current values when added to.
+#[allow(clippy::too_many_arguments)]
+fn cudnn_forward_acc(
+    dev: &Device,
+    cache: &mut ConvCache,
+    out: &mut GpuBuf,
+    add: bool,
+    inp: &GpuBuf,
+    w: &GpuBuf,
+    b: Option<&GpuBuf>,
+    cs: ConvShape,
+) {
+    let cdt = compute_type(cache.precision);
+    let (xp, wp) = (operand(dev, inp, cdt, T_X), operand(dev, w, cdt, T_W));
+    let yp = if out.dtype() == cdt {
+        dev.ptr_mut(out)
+    } else {
+        let t = dev.temp(out.len(), cdt, T_Y);
+        if add {
+            dev.cast(t, cdt, dev.ptr(out), out.dtype(), out.len(), false);
+        }
+        t
+    };
+    // cudnnFind overwrites its output: an added-to output is not given to it
+    let a = if cache.plan(cs).algo[0].is_some() || !add {
+        cache.algo(dev, Dir::Fwd, cs, xp, wp, yp)
+    } else {
+        let mut tmp = dev.alloc(out.len(), cdt).unwrap_or_else(|e| panic!("{e}"));
+        let tp = dev.ptr_mut(&mut tmp);
+        let a = cache.algo(dev, Dir::Fwd, cs, xp, wp, tp);
+        dev.sync();
+        drop(tmp);
+        a
+    };
+    let cl = cache.layout == Layout::Ndhwc;
+    run_forward_beta(dev, cache, a, cs, xp, wp, yp, if add { 1.0 } else { 0.0 });
+    if let Some(b) = b {
+        let bf = (cdt == DType::Bf16) as i32;
+        crate::elementwise::add_channel_bias(dev, yp, dev.ptr(b), cs.out(), cl, false, bf);
+    }
     if out.dtype() != cdt {
         dev.cast(dev.ptr_mut(out), out.dtype(), yp, cdt, out.len(), false);
     }
@@ -978,6 +1037,23 @@ fn run_forward(
         };
         return st == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
     }
+    drop(ws);
+    run_forward_beta(dev, cache, a, cs, xp, wp, yp, 0.0);
+    if bias {
+        let bf = (compute_type(cache.precision) == DType::Bf16) as i32;
+        crate::elementwise::add_channel_bias(dev, yp, bp, cs.out(), cl, false, bf);
+    }
+    true
+}
+
+/// y = conv(x, w) + β·y through cudnnConvolutionForward with algorithm `a`.
+#[allow(clippy::too_many_arguments)]
+fn run_forward_beta(dev: &Device, cache: &mut ConvCache, a: Algo, cs: ConvShape, xp: u64, wp: u64, yp: u64, beta: f32) {
+    let p = cache.plan(cs);
+    let ws = dev.workspace(a.ws);
+    let wsp = ws_ptr(dev, &ws);
+    let one = 1.0f32;
+    dev.bind();
     ck(
         unsafe {
             nsys::cudnnConvolutionForward(
@@ -991,19 +1067,13 @@ fn run_forward(
                 fwd_algo(a.id),
                 wsp as _,
                 a.ws,
-                &zero as *const f32 as _,
+                &beta as *const f32 as _,
                 p.y.0,
                 yp as _,
             )
         },
         "cudnnConvolutionForward",
     );
-    drop(ws);
-    if bias {
-        let bf = (compute_type(cache.precision) == DType::Bf16) as i32;
-        crate::elementwise::add_channel_bias(dev, yp, bp, cs.out(), cl, false, bf);
-    }
-    true
 }
 
 fn ws_ptr(dev: &Device, ws: &cudarc::driver::CudaSlice<u8>) -> u64 {

@@ -201,12 +201,20 @@ pub(crate) fn scale(dev: &Device, buf: &mut GpuBuf, s: f32) {
 /// x[n, c, ...] += bias[n, c] (per_n) or bias[c]; x of the type `bf` says, bias f32.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn add_channel_bias(dev: &Device, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool, bf: i32) {
+    add_channel_bias_to(dev, x, x, bias, xd, cl, per_n, bf);
+}
+
+/// y[n, c, ...] = x[n, c, ...] + bias[n, c] (per_n) or bias[c]; y may be x; x and y of the type
+/// `bf` says, bias f32.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_channel_bias_to(dev: &Device, y: u64, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool, bf: i32) {
     if xd.numel() == 0 {
         return;
     }
     let v = row_vec(xd, cl, bf);
     let (grid, block) = row_launch(dev, xd, v, cl);
-    let args = [P(x), P(bias), I(xd.c as i32), L(xd.s() as i64), I(cl as i32), I(per_n as i32), I(bf), I(v as i32)];
+    let args =
+        [P(y), P(x), P(bias), I(xd.c as i32), L(xd.s() as i64), I(cl as i32), I(per_n as i32), I(bf), I(v as i32)];
     dev.launch("add_channel_bias", grid, block, &args);
 }
 

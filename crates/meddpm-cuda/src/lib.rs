@@ -550,7 +550,14 @@ impl Backend for CudaBackend {
         nvtx::pop();
     }
 
-    fn conv3d_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, cs: ConvShape) {
+    fn conv3d_forward_acc(
+        &self,
+        out: (&mut Self::Buf, Accum),
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        b: Option<&Self::Buf>,
+        cs: ConvShape,
+    ) {
         let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
         conv3d::forward(&self.dev, &mut cache, out, inp, w, b, cs);
     }
@@ -736,6 +743,34 @@ impl Backend for CudaBackend {
         let bf = x.bf();
         let (xp, bp) = (self.dev.ptr_mut(x), self.dev.ptr(bias));
         elementwise::add_channel_bias(&self.dev, xp, bp, xd, self.cl(), true, bf);
+    }
+    fn add_channel_bias_to(&self, out: &mut Self::Buf, x: &Self::Buf, bias: &Self::Buf, xd: Dims) {
+        assert!(
+            out.len() == xd.numel() && x.len() == xd.numel() && bias.len() == xd.c,
+            "add_channel_bias_to {xd}: lengths out {} x {} bias {}",
+            out.len(),
+            x.len(),
+            bias.len()
+        );
+        assert_eq!(out.dtype(), x.dtype(), "add_channel_bias_to {xd}: out and x types");
+        buf::require_f32("add_channel_bias_to: bias", &[bias]);
+        let bf = x.bf();
+        let (yp, xp, bp) = (self.dev.ptr_mut(out), self.dev.ptr(x), self.dev.ptr(bias));
+        elementwise::add_channel_bias_to(&self.dev, yp, xp, bp, xd, self.cl(), false, bf);
+    }
+    fn add_bias_vectors(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf) {
+        assert!(
+            out.len() == a.len() && a.len() == b.len(),
+            "add_bias_vectors: lengths {} {} {}",
+            out.len(),
+            a.len(),
+            b.len()
+        );
+        buf::require_f32("add_bias_vectors", &[&*out, a, b]);
+        // the channel-bias kernel over a (1, C, 1, 1, 1) f32 tensor
+        let d = Dims { n: 1, c: a.len(), d: 1, h: 1, w: 1 };
+        let (op, ap, bp) = (self.dev.ptr_mut(out), self.dev.ptr(a), self.dev.ptr(b));
+        elementwise::add_channel_bias_to(&self.dev, op, ap, bp, d, false, false, 0);
     }
     fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims) {
         assert_eq!(dbias.len(), xd.n * xd.c, "channel_sum {xd}: dbias length");

@@ -33,7 +33,7 @@ use meddpm::{Accum, Backend, ConvShape, DType, Dims, Layout, Precision};
 use meddpm_cuda::CudaBackend;
 
 mod common;
-use common::check_small_path;
+use common::{check_forward_acc, check_small_path};
 
 /// Two bf16 ulps, relative.
 const BF: f64 = 1.0 / 64.0;
@@ -220,6 +220,19 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
             }
         }
         g.set_small_conv(Some(true)); // the default
+        let y0 = store(rnd(o.numel(), seed + 7, 1.0));
+        let tag = format!("bf16 conv {} -> {} k{} s{} f32 io {f32_io} [{}]", cs.x, cs.cout, k, cs.stride, name(g));
+        check_forward_acc(
+            g,
+            &cpu,
+            cs,
+            (&x, &w, &b, &y0),
+            (&xg, &wg, &bg),
+            &|h| mk(h, o),
+            &|b| get_act(g, b, o),
+            &|what, got, want| check(what, got, want, BF),
+            &tag,
+        );
     }
 }
 
@@ -425,6 +438,14 @@ fn plumbing_bf16_parity() {
     cpu.split_channels((&mut da, Accum::Add), (&mut db, Accum::Overwrite), &dout, x, ca, cb);
     let mut xb_c = xs.clone();
     cpu.add_channel_bias(&mut xb_c, &bias, x);
+    // out = x + bias[c] out of place; two f32 bias vectors summed (never rounded)
+    let bias_c = rnd(x.c, 10, 1.0);
+    let mut xbc_c = vec![0f32; x.numel()];
+    cpu.add_channel_bias_to(&mut xbc_c, &xs, &bias_c, x);
+    let (va, vb) = (rnd(37, 11, 1.0), rnd(37, 12, 1e-3));
+    let mut vsum = vec![0f32; 37];
+    cpu.add_bias_vectors(&mut vsum, &va, &vb);
+    assert!(vsum.iter().zip(va.iter().zip(&vb)).all(|(s, (a, b))| *s == a + b), "CPU add_bias_vectors is a + b in f32");
     let mut cs = vec![0f32; x.n * x.c];
     cpu.channel_sum(&mut cs, &xs, x);
     let big = Dims::new(2, 68, 16, 17, 18);
@@ -445,6 +466,12 @@ fn plumbing_bf16_parity() {
         let mut xg = act(g, &xs, x);
         g.add_channel_bias(&mut xg, &raw(g, &bias), x);
         check(&format!("bf16 add_channel_bias [{t}]"), &get_act(g, &xg, x), &xb_c, 1e-6);
+        let mut og = act(g, &rnd(x.numel(), 13, 1.0), x);
+        g.add_channel_bias_to(&mut og, &act(g, &xs, x), &raw(g, &bias_c), x);
+        check(&format!("bf16 add_channel_bias_to [{t}]"), &get_act(g, &og, x), &xbc_c, 1e-6);
+        let mut sg = g.alloc(37).unwrap();
+        g.add_bias_vectors(&mut sg, &raw(g, &va), &raw(g, &vb));
+        assert_eq!(get_raw(g, &sg), vsum, "bf16 add_bias_vectors [{t}]: f32 a + b, bit for bit");
         let mut csg = g.alloc(x.n * x.c).unwrap();
         g.channel_sum(&mut csg, &act(g, &xs, x), x);
         check(&format!("bf16 channel_sum [{t}]"), &get_raw(g, &csg), &cs, 1e-5);

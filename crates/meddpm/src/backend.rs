@@ -250,7 +250,20 @@ pub trait Backend {
 
     // ---- convolution (conv3d covers Conv3 k=3 pad 1, Downsample k=3 stride 2, Conv1 k=1) -------
     /// out[N,Cout,Do,Ho,Wo] = conv(inp[N,Cin,D,H,W], w[Cout,Cin,k,k,k]) + b[Cout].
-    fn conv3d_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, cs: ConvShape);
+    fn conv3d_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, cs: ConvShape) {
+        self.conv3d_forward_acc((out, Accum::Overwrite), inp, w, Some(b), cs)
+    }
+    /// out (overwritten, or added to per `Accum`) = conv(inp, w) + b, without a bias where `b` is
+    /// None: the U-Net adds a residual branch's convolution onto the skip branch already in `out`
+    /// (cuDNN's β = 1), its bias folded into an earlier pass.
+    fn conv3d_forward_acc(
+        &self,
+        out: (&mut Self::Buf, Accum),
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        b: Option<&Self::Buf>,
+        cs: ConvShape,
+    );
     /// dinp (per `Accum`), dw += , db += , from dout[N,Cout,Do,Ho,Wo].
     #[allow(clippy::too_many_arguments)]
     fn conv3d_backward(
@@ -435,6 +448,12 @@ pub trait Backend {
     fn scale(&self, buf: &mut Self::Buf, s: f32);
     /// x[n, c, ...] += bias[n, c] (the time embedding, broadcast over D, H, W).
     fn add_channel_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, xd: Dims);
+    /// out[n, c, ...] = x[n, c, ...] + bias[c] (a residual's skip branch plus the folded bias of
+    /// the branch a `conv3d_forward_acc` then adds).
+    fn add_channel_bias_to(&self, out: &mut Self::Buf, x: &Self::Buf, bias: &Self::Buf, xd: Dims);
+    /// out = a + b over f32 vectors of one length: two biases folded into one (parameters, never
+    /// rounded to the activation type).
+    fn add_bias_vectors(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf);
     /// dbias[n, c] (overwritten) = Σ over D, H, W of dx[n, c, ...].
     fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims);
     /// out = cat([a, b], channel axis); a has `ca` channels, b has `cb`; `x` gives N, D, H, W.

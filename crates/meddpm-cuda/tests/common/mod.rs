@@ -1,8 +1,42 @@
 //! Helpers shared by the GPU parity test binaries (parity.rs, parity_bf16.rs): which convolution
-//! path, ours or cuDNN, a conv shape must have taken.
+//! path, ours or cuDNN, a conv shape must have taken; the accumulating conv forward vs the CPU.
 
-use meddpm::ConvShape;
+use meddpm::cpu::CpuBackend;
+use meddpm::{Accum, Backend, ConvShape};
 use meddpm_cuda::CudaBackend;
+
+type Buf = <CudaBackend as Backend>::Buf;
+
+/// The accumulating and bias-less forwards (`Backend::conv3d_forward_acc`, the U-Net's residual
+/// convs) against the CPU twin: y0 + conv, y0 + conv + b and conv alone, each twice (a shape's
+/// first call may search algorithms on a scratch output; the second reuses the choice).
+/// `host` = (x, w, b, y0) as the GPU stores them, `dev` = (x, w, b) on the GPU; `up`/`down` move an
+/// output to and from the GPU in the test's storage; `check(what, got, want)` compares.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn check_forward_acc(
+    g: &CudaBackend,
+    cpu: &CpuBackend,
+    cs: ConvShape,
+    host: (&[f32], &[f32], &[f32], &[f32]),
+    dev: (&Buf, &Buf, &Buf),
+    up: &dyn Fn(&[f32]) -> Buf,
+    down: &dyn Fn(&Buf) -> Vec<f32>,
+    check: &dyn Fn(&str, &[f32], &[f32]),
+    tag: &str,
+) {
+    let (x, w, b, y0) = host;
+    let (xg, wg, bg) = dev;
+    let (x, w, b) = (x.to_vec(), w.to_vec(), b.to_vec());
+    for (acc, bias) in [(Accum::Add, false), (Accum::Add, true), (Accum::Overwrite, false)] {
+        let mut want = y0.to_vec();
+        cpu.conv3d_forward_acc((&mut want, acc), &x, &w, bias.then_some(&b), cs);
+        for rep in 0..2 {
+            let mut yg = up(y0);
+            g.conv3d_forward_acc((&mut yg, acc), xg, wg, bias.then_some(bg), cs);
+            check(&format!("{tag} y {acc:?} bias {bias} (rep {rep})"), &down(&yg), &want);
+        }
+    }
+}
 
 /// Which of our few-channel direct kernels (kernels/conv3d.cu) a conv shape may run through,
 /// decided by hand from the shape: [forward (Cin ≤ 4 or Cout ≤ 4), data gradient (Cout ≤ 4)];

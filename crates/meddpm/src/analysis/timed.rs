@@ -146,10 +146,19 @@ impl<B: Backend> Backend for Timed<B> {
         self.inner.pop_range()
     }
 
-    fn conv3d_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, w: &Self::Buf, b: &Self::Buf, cs: ConvShape) {
-        let e = self.l(out) + self.l(inp) + self.l(w) + self.l(b);
+    fn conv3d_forward_acc(
+        &self,
+        (out, acc): (&mut Self::Buf, Accum),
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        b: Option<&Self::Buf>,
+        cs: ConvShape,
+    ) {
+        // an added-to output is read as well as written
+        let reads_out = if acc == Accum::Add { 2.0 } else { 1.0 };
+        let e = reads_out * self.l(out) + self.l(inp) + self.l(w) + b.map_or(0.0, |b| self.l(b));
         self.rec("conv3d_forward", Category::ConvForward, Some(cs.flops()), e, || {
-            self.inner.conv3d_forward(out, inp, w, b, cs)
+            self.inner.conv3d_forward_acc((out, acc), inp, w, b, cs)
         })
     }
     fn conv3d_backward(
@@ -397,6 +406,16 @@ impl<B: Backend> Backend for Timed<B> {
         let e = 2.0 * self.l(x) + self.l(bias);
         self.rec("add_channel_bias", Category::Elementwise, None, e, || self.inner.add_channel_bias(x, bias, xd))
     }
+    fn add_channel_bias_to(&self, out: &mut Self::Buf, x: &Self::Buf, bias: &Self::Buf, xd: Dims) {
+        let e = self.l(out) + self.l(x) + self.l(bias);
+        self.rec("add_channel_bias", Category::Elementwise, None, e, || {
+            self.inner.add_channel_bias_to(out, x, bias, xd)
+        })
+    }
+    fn add_bias_vectors(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf) {
+        let e = self.l(out) + self.l(a) + self.l(b);
+        self.rec("add_bias_vectors", Category::Elementwise, None, e, || self.inner.add_bias_vectors(out, a, b))
+    }
     fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims) {
         let e = self.l(dbias) + self.l(dx);
         self.rec("channel_sum", Category::Reduction, None, e, || self.inner.channel_sum(dbias, dx, xd))
@@ -508,7 +527,7 @@ impl Backend for NullBackend {
     fn zero(&self, b: &mut usize) {}
     fn copy(&self, dst: &mut usize, src: &usize) {}
     fn sync(&self) {}
-    fn conv3d_forward(&self, out: &mut usize, inp: &usize, w: &usize, b: &usize, cs: ConvShape) {}
+    fn conv3d_forward_acc(&self, out: (&mut usize, Accum), inp: &usize, w: &usize, b: Option<&usize>, cs: ConvShape) {}
     fn conv3d_backward(
         &self,
         dinp: Option<(&mut usize, Accum)>,
@@ -643,6 +662,8 @@ impl Backend for NullBackend {
     fn add_assign(&self, dst: &mut usize, src: &usize) {}
     fn scale(&self, buf: &mut usize, s: f32) {}
     fn add_channel_bias(&self, x: &mut usize, bias: &usize, xd: Dims) {}
+    fn add_channel_bias_to(&self, out: &mut usize, x: &usize, bias: &usize, xd: Dims) {}
+    fn add_bias_vectors(&self, out: &mut usize, a: &usize, b: &usize) {}
     fn channel_sum(&self, dbias: &mut usize, dx: &usize, xd: Dims) {}
     fn concat_channels(&self, out: &mut usize, a: &usize, b: &usize, x: Dims, ca: usize, cb: usize) {}
     fn split_channels(

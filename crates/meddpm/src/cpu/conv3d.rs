@@ -171,18 +171,40 @@ pub fn conv3d_forward_with<T: Float>(
     cs: ConvShape,
     scratch: &mut ConvScratch<T>,
 ) {
+    conv3d_forward_acc(out, Accum::Overwrite, inp, w, Some(b), cs, scratch);
+}
+
+/// out = conv(inp, w) (+ b where given), overwriting `out` or added to it per `acc` (the U-Net's
+/// residual adds and folded biases, `Backend::conv3d_forward_acc`).
+pub fn conv3d_forward_acc<T: Float>(
+    out: &mut [T],
+    acc: Accum,
+    inp: &[T],
+    w: &[T],
+    b: Option<&[T]>,
+    cs: ConvShape,
+    scratch: &mut ConvScratch<T>,
+) {
     check(&cs, inp.len(), w.len(), out.len());
-    assert_eq!(b.len(), cs.cout, "conv3d: bias length vs Cout");
+    if let Some(b) = b {
+        assert_eq!(b.len(), cs.cout, "conv3d: bias length vs Cout");
+    }
     let o = cs.out();
     let (cin, so, rows) = (cs.x.c, o.s(), cs.x.c * cs.k * cs.k * cs.k);
     if uses_direct(&cs, scratch.budget) {
         let px = direct::Padded::new(cs.x, cin);
         let xp = grow(&mut scratch.col, px.len());
         let wt = direct::arrange_weights(w, cs.cout, cin, false);
+        let init = match (acc, b) {
+            (Accum::Overwrite, Some(b)) => direct::Init::Bias(b),
+            (Accum::Overwrite, None) => direct::Init::Zero,
+            (Accum::Add, Some(b)) => direct::Init::AddBias(b),
+            (Accum::Add, None) => direct::Init::Add,
+        };
         for n in 0..cs.x.n {
             direct::pad(xp, &inp[n * cin * cs.x.s()..(n + 1) * cin * cs.x.s()], &px);
             let on = &mut out[n * cs.cout * so..(n + 1) * cs.cout * so];
-            direct::correlate(on, cs.cout, xp, &px, cin, &wt, direct::Init::Bias(b));
+            direct::correlate(on, cs.cout, xp, &px, cin, &wt, init);
         }
         return;
     }
@@ -192,9 +214,14 @@ pub fn conv3d_forward_with<T: Float>(
     for n in 0..cs.x.n {
         let xn = &inp[n * cin * cs.x.s()..(n + 1) * cin * cs.x.s()];
         let on = &mut out[n * cs.cout * so..(n + 1) * cs.cout * so];
-        // Start from the bias, then accumulate the product.
+        // Start from the bias (or zero, or what is there), then accumulate the product.
         for (co, oc) in on.chunks_mut(so).enumerate() {
-            oc.fill(b[co]);
+            match (acc, b) {
+                (Accum::Overwrite, Some(b)) => oc.fill(b[co]),
+                (Accum::Overwrite, None) => oc.fill(T::zero()),
+                (Accum::Add, Some(b)) => oc.iter_mut().for_each(|v| *v += b[co]),
+                (Accum::Add, None) => {}
+            }
         }
         if is_pointwise(&cs) {
             gemm(MatMut::dense(on, cs.cout, so), true, T::one(), wm, Mat::dense(xn, cin, so));

@@ -35,6 +35,17 @@ pub fn add_channel_bias<T: Float>(x: &mut [T], bias: &[T], xd: Dims) {
     x.par_chunks_mut(xd.s()).zip(bias.par_iter()).for_each(|(xc, &b)| xc.iter_mut().for_each(|v| *v += b));
 }
 
+/// out[n, c, ...] = x[n, c, ...] + bias[c].
+pub fn add_channel_bias_to<T: Float>(out: &mut [T], x: &[T], bias: &[T], xd: Dims) {
+    assert!(out.len() == xd.numel() && x.len() == xd.numel(), "add_channel_bias_to: out/x length vs {xd}");
+    assert_eq!(bias.len(), xd.c, "add_channel_bias_to: bias length vs C for {xd}");
+    let s = xd.s().max(1);
+    out.par_chunks_mut(s).zip(x.par_chunks(s)).enumerate().for_each(|(i, (oc, xc))| {
+        let b = bias[i % xd.c];
+        oc.iter_mut().zip(xc).for_each(|(o, &v)| *o = v + b);
+    });
+}
+
 /// dbias[n·C + c] = Σ_s dx[n, c, s] (overwritten; f64 accumulation).
 pub fn channel_sum<T: Float>(dbias: &mut [T], dx: &[T], xd: Dims) {
     assert_eq!(dx.len(), xd.numel(), "channel_sum: dx length vs {xd}");

@@ -159,14 +159,22 @@ impl Backend for CpuBackend {
     }
     fn sync(&self) {}
 
-    fn conv3d_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, w: &Vec<f32>, b: &Vec<f32>, cs: ConvShape) {
+    fn conv3d_forward_acc(
+        &self,
+        (out, acc): (&mut Vec<f32>, Accum),
+        inp: &Vec<f32>,
+        w: &Vec<f32>,
+        b: Option<&Vec<f32>>,
+        cs: ConvShape,
+    ) {
+        let b = b.map(|b| &b[..]);
         if !self.bf16 {
-            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_with(out, inp, w, b, cs, s));
+            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_acc(out, acc, inp, w, b, cs, s));
             return;
         }
         EMU.with_borrow_mut(|[ex, ew, ..]| {
             let (x, w) = (rounded_into(ex, inp), rounded_into(ew, w));
-            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_with(out, x, w, b, cs, s));
+            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_acc(out, acc, x, w, b, cs, s));
         });
         self.r(out);
     }
@@ -411,6 +419,20 @@ impl Backend for CpuBackend {
     fn add_channel_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, xd: Dims) {
         elementwise::add_channel_bias(x, bias, xd);
         self.r(x);
+    }
+    fn add_channel_bias_to(&self, out: &mut Vec<f32>, x: &Vec<f32>, bias: &Vec<f32>, xd: Dims) {
+        elementwise::add_channel_bias_to(out, x, bias, xd);
+        self.r(out);
+    }
+    fn add_bias_vectors(&self, out: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>) {
+        assert!(
+            out.len() == a.len() && a.len() == b.len(),
+            "add_bias_vectors: lengths {} {} {}",
+            out.len(),
+            a.len(),
+            b.len()
+        );
+        out.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&a, &b))| *o = a + b);
     }
     fn channel_sum(&self, dbias: &mut Vec<f32>, dx: &Vec<f32>, xd: Dims) {
         elementwise::channel_sum(dbias, dx, xd);

@@ -62,6 +62,11 @@ pub struct ResBlock<B: Backend> {
     e: B::Buf,
     /// ∂loss/∂e in backward (f32, N × cout).
     de: B::Buf,
+    /// emb_layers' bias + in_layers' conv bias (f32, cout): added to h in one pass with e.
+    b_in: B::Buf,
+    /// out_layers' conv bias + the skip conv's bias (f32, cout; skip-conv blocks only): added to
+    /// the skip branch, onto which out_layers' conv is accumulated (cuDNN's β = 1).
+    b_out: Option<B::Buf>,
     mean2: B::Buf,
     rstd2: B::Buf,
     /// The input is a skip concatenation (the decoder's ResBlocks). Its buffer is recomputed
@@ -423,6 +428,8 @@ impl<B: Backend> UNet<B> {
                         h: act(&mut mem.saved, y.numel())?,
                         e: alloc(&mut mem.small, n * cout)?,
                         de: alloc(&mut mem.small, n * cout)?,
+                        b_in: alloc(&mut mem.small, cout)?,
+                        b_out: if cin != cout { Some(alloc(&mut mem.small, cout)?) } else { None },
                         mean2: alloc(&mut mem.small, n * g)?,
                         rstd2: alloc(&mut mem.small, n * g)?,
                         cat_in,
@@ -678,7 +685,7 @@ impl<B: Backend> UNet<B> {
         be.silu_forward(&mut te.emb_silu, &te.t2);
         be.pop_range();
         for i in 1..layers.len() {
-            let (oi, di, xi) = (layers[i].out, layers[i].dout, layers[layers[i].input].out);
+            let (oi, xi) = (layers[i].out, layers[layers[i].input].out);
             let si = match layers[i].op {
                 Op::Concat { skip, .. } => layers[skip].out,
                 _ => oi,
@@ -691,51 +698,55 @@ impl<B: Backend> UNet<B> {
                 be.pop_range();
                 continue;
             }
-            // the output, the output gradient (scratch in forward) and the input
-            let [out, dout, x] = acts.get_disjoint_mut([oi, di, xi]).expect("distinct buffers");
+            // the output and the input
+            let [out, x] = acts.get_disjoint_mut([oi, xi]).expect("distinct buffers");
             match &mut l.op {
                 Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
                 Op::Conv { p, cs } => be.conv3d_forward(out, x, cw(*p), &w[*p + 1], *cs),
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
-                    let skip_conv = xd.c != r.cout;
+                    let (c1, c3) = (ConvShape::new(xd, r.cout, 1, 1), ConvShape::new(xd, r.cout, 3, 1));
+                    // Biases folded, so no pass only adds one: in_layers' conv bias rides with
+                    // the time embedding's; out_layers' conv bias with the skip branch, onto
+                    // which that conv is accumulated (out = skip + conv + biases, cuDNN β = 1).
+                    be.add_bias_vectors(&mut r.b_in, &w[p + 5], &w[p + 3]);
+                    if let Some(b_out) = &mut r.b_out {
+                        be.add_bias_vectors(b_out, &w[p + 11], &w[p + 9]);
+                    }
+                    let b_out = r.b_out.as_ref().unwrap_or(&w[p + 9]);
                     if r.cat_in {
                         // x is the skip concatenation: skip conv first, then GroupNorm+SiLU over
                         // it in place (see `ResBlock::cat_in`)
-                        be.conv3d_forward(out, x, cw(p + 10), &w[p + 11], ConvShape::new(xd, r.cout, 1, 1));
+                        be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), c1);
                         be.groupnorm_silu_forward_inplace(x, &mut r.mean1, &mut r.rstd1, &w[p], &w[p + 1], xd, g);
-                        be.conv3d_forward(&mut r.h, x, cw(p + 2), &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
+                        be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), x, cw(p + 2), None, c3);
                     } else {
                         let [a] = scr.get([(xd.numel(), 0)]);
                         be.groupnorm_silu_forward(a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
-                        be.conv3d_forward(&mut r.h, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, r.cout, 3, 1));
+                        be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), a, cw(p + 2), None, c3);
                     }
-                    be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &w[p + 5], n, emb, r.cout);
+                    be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &r.b_in, n, emb, r.cout);
                     be.add_channel_bias(&mut r.h, &r.e, yd);
                     let [a] = scr.get([(yd.numel(), 0)]);
                     be.groupnorm_silu_forward(a, &mut r.mean2, &mut r.rstd2, &r.h, &w[p + 6], &w[p + 7], yd, g);
                     if r.cat_in {
-                        // out already holds skip_connection(x)
-                        be.conv3d_forward(dout, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
-                        be.add_assign(out, dout);
-                    } else if skip_conv {
-                        // out = skip_connection(x) + out_layers(h). The main branch goes through
-                        // `dout` as scratch: backward overwrites it before reading it.
-                        be.conv3d_forward(out, x, cw(p + 10), &w[p + 11], ConvShape::new(xd, r.cout, 1, 1));
-                        be.conv3d_forward(dout, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
-                        be.add_assign(out, dout);
+                        // out already holds skip_connection(x) + the folded bias
+                    } else if r.b_out.is_some() {
+                        be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), c1);
                     } else {
-                        be.conv3d_forward(out, a, cw(p + 8), &w[p + 9], ConvShape::new(yd, r.cout, 3, 1));
-                        be.add_assign(out, x);
+                        be.add_channel_bias_to(out, x, b_out, xd);
                     }
+                    let c3 = ConvShape::new(yd, r.cout, 3, 1);
+                    be.conv3d_forward_acc((out, Accum::Add), a, cw(p + 8), None, c3);
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
                     be.groupnorm_forward(&mut a.gn, &mut a.mean, &mut a.rstd, x, &w[p], &w[p + 1], xd, g);
                     be.conv3d_forward(&mut a.qkv, &a.gn, cw(p + 2), &w[p + 3], ConvShape::new(xd, 3 * xd.c, 1, 1));
                     be.attention_forward(&mut a.a, &mut a.att, &a.qkv, xd, a.heads);
-                    be.conv3d_forward(out, &a.a, cw(p + 4), &w[p + 5], ConvShape::new(xd, xd.c, 1, 1));
-                    be.add_assign(out, x);
+                    // out = x + proj_out(a): the bias with the residual, the conv accumulated onto it
+                    be.add_channel_bias_to(out, x, &w[p + 5], xd);
+                    be.conv3d_forward_acc((out, Accum::Add), &a.a, cw(p + 4), None, ConvShape::new(xd, xd.c, 1, 1));
                 }
                 Op::Up { p, x: xd } => {
                     let [u] = scr.get([(xd.up2().numel(), 1)]);

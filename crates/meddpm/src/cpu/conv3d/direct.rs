@@ -158,8 +158,10 @@ pub enum Init<'a, T> {
     Bias(&'a [T]),
     /// out = Σ …
     Zero,
-    /// out += Σ … (an `Accum::Add` input gradient)
+    /// out += Σ … (an `Accum::Add` input gradient or forward)
     Add,
+    /// out += bias[c] + Σ … (an `Accum::Add` forward with a bias)
+    AddBias(&'a [T]),
 }
 
 /// out (kout × D × H × W of one batch element) per `init` from the padded input `xp` (geometry
@@ -189,7 +191,7 @@ fn correlate_with<T: Float, const B: usize, const V: usize>(
     assert_eq!(out.len(), kout * s, "direct conv: output length");
     assert!(kin <= p.c && xp.len() == p.len(), "direct conv: padded input");
     assert_eq!(wt.len(), kin * 27 * koutp, "direct conv: arranged weights");
-    if let Init::Bias(b) = init {
+    if let Init::Bias(b) | Init::AddBias(b) = init {
         assert_eq!(b.len(), kout, "direct conv: bias length");
     }
     if s == 0 {
@@ -273,6 +275,7 @@ fn correlate_plane<T: Float, const B: usize, const V: usize>(
                     Init::Bias(b) => dst.iter_mut().zip(src).for_each(|(o, &a)| *o = b[co0 + c] + a),
                     Init::Zero => dst.copy_from_slice(src),
                     Init::Add => dst.iter_mut().zip(src).for_each(|(o, &a)| *o += a),
+                    Init::AddBias(b) => dst.iter_mut().zip(src).for_each(|(o, &a)| *o += b[co0 + c] + a),
                 }
             }
             (q, w) = (q + n, w + n);
