@@ -935,11 +935,14 @@ fn sample_volume<B: Backend>(
     cond: &[f32],
     seed: u64,
 ) -> meddpm::Result<Vec<f32>> {
+    // One volume with any network batch (a training net may have batch > 1): the batch is
+    // padded with copies, and volume 0 is what a batch-1 network samples with this seed.
     let mut s = Sampler::new(be, net)?;
+    let plan = meddpm::diffusion::plan(&SamplerSpec::ddpm(sched.timesteps), sched)?;
     let pb = bar(sched.timesteps as u64, "sample");
-    let v = s.sample(be, net, sched, cond, seed, |_| pb.inc(1))?;
+    let mut v = s.sample_jobs(be, net, &plan, &[(cond, seed)], |_| pb.inc(1))?;
     pb.finish();
-    Ok(v)
+    Ok(v.swap_remove(0))
 }
 
 /// `--sampler`: the samplers of `meddpm::diffusion::solvers`.

@@ -346,3 +346,21 @@ fn sample_without_a_checkpoint_uses_the_bundled_model_or_says_there_is_none() {
         );
     }
 }
+
+/// A run with batch > 1 samples its end-of-run volume too (the training network's batch is
+/// padded with copies of the one condition; this used to fail with "condition has 1024 values,
+/// the model expects 2048").
+#[test]
+fn a_batch_of_two_trains_and_samples_at_the_end() {
+    let dir = scratch("batch2");
+    let out = dir.join("run");
+    let args = ["train", "--preset", "tiny", "--device", "cpu", "--steps", "2", "--batch", "2", "--out"];
+    let (code, stdout, stderr) = run(&dir, &[&args[..], &[out.to_str().unwrap()]].concat(), &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let sampled: Vec<&str> = stdout.lines().filter(|l| l.starts_with("sample:")).collect();
+    assert!(!sampled.is_empty(), "no sample written:\n{stdout}");
+    for l in sampled {
+        let p = l.trim_start_matches("sample:").trim();
+        assert!(Path::new(p).is_file(), "{p} missing");
+    }
+}
