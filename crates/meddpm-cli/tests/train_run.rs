@@ -27,7 +27,11 @@ fn scratch(name: &str) -> PathBuf {
 /// `meddpm ARGS` run in `cwd` (fault variables cleared unless set in `env`).
 fn meddpm(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(BIN);
-    c.current_dir(cwd).args(args).env_remove("MEDDPM_FAULT_NAN_AT_STEP").env_remove("MEDDPM_FAULT_DISK_FULL_AT_STEP");
+    c.current_dir(cwd)
+        .args(args)
+        .env_remove("MEDDPM_FAULT_NAN_AT_STEP")
+        .env_remove("MEDDPM_FAULT_DISK_FULL_AT_STEP")
+        .env_remove("MEDDPM_FAULT_SLOW_STEP_MS");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -132,18 +136,23 @@ fn sigterm_finishes_the_step_and_saves() {
 
 #[test]
 fn a_second_signal_aborts_at_once_and_the_previous_checkpoint_stays_intact() {
-    // The demo preset: a step takes long enough (≥ 0.1 s) for the second signal to arrive while
-    // the step the first one let finish is still running.
+    // Every step is made slow (the batch fetches inside it sleep 1 s each), so the first signal,
+    // sent right after a checkpoint appears, lands in a running step and the second one arrives
+    // while that step is still finishing. (Without it the demo step took ~0.1 s and the first
+    // signal could fall between steps: the run then stopped before the second came.)
     let dir = scratch("abort");
     let out = dir.join("run");
-    let args = ["train", "--device", "cpu", "--no-sample", "--steps", "1000", "--checkpoint-every", "1"];
-    let mut child = meddpm(&dir, &args, &[])
+    let args =
+        ["train", "--preset", "tiny", "--device", "cpu", "--no-sample", "--steps", "1000", "--checkpoint-every", "1"];
+    let mut child = meddpm(&dir, &args, &[("MEDDPM_FAULT_SLOW_STEP_MS", "1000")])
         .args(["--out", out.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     wait_for("the first checkpoint", || out.join("checkpoint.safetensors").is_file());
+    // past the checkpoint's loss-log writes, well inside the next (2 s) step
+    std::thread::sleep(Duration::from_millis(200));
     kill(&child, "INT");
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();

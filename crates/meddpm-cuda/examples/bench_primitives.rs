@@ -207,7 +207,7 @@ fn main() {
                     note: note(0),
                 });
                 let t = time(&be, 2, iters, || {
-                    be.conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &dy, &xin, &w, cs)
+                    be.conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, Some(&mut db), &dy, &xin, &w, cs)
                 });
                 let algos = be.conv_algos(&cs);
                 let nb = format!(

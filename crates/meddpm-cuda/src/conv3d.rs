@@ -1377,25 +1377,30 @@ fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: &mut GpuBuf, xp: u64, dy
     }
 }
 
-/// dinp (per Accum) = the data gradient, dw += the weight gradient, db += the bias gradient.
+/// dinp (per Accum) = the data gradient, dw += the weight gradient, db += the bias gradient
+/// (skipped when None).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &Device,
     cache: &mut ConvCache,
     dinp: Option<(&mut GpuBuf, Accum)>,
     dw: &mut GpuBuf,
-    db: &mut GpuBuf,
+    db: Option<&mut GpuBuf>,
     dout: &GpuBuf,
     inp: &GpuBuf,
     w: &GpuBuf,
     cs: ConvShape,
 ) {
-    check_lens(cs, inp.len(), w.len(), dout.len(), db.len());
+    check_lens(cs, inp.len(), w.len(), dout.len(), db.as_ref().map_or(cs.cout, |b| b.len()));
     assert_eq!(dw.len(), cs.w_len(), "conv3d backward: dw length");
-    require_f32("conv3d backward: dw, db", &[dw, db]);
+    require_f32("conv3d backward: dw", &[dw]);
     let cl = cache.layout == Layout::Ndhwc;
     // Bias gradient: db[c] += sum over n and voxels of dout (as given).
-    crate::elementwise::channel_sums(dev, dout, cs.out(), cl, crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db)));
+    if let Some(db) = db {
+        require_f32("conv3d backward: db", &[db]);
+        let to = crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db));
+        crate::elementwise::channel_sums(dev, dout, cs.out(), cl, to);
+    }
     let cdt = compute_type(cache.precision);
     let (xp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, dout, cdt, T_DY));
 

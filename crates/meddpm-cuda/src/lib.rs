@@ -565,7 +565,7 @@ impl Backend for CudaBackend {
         &self,
         dinp: Option<(&mut Self::Buf, Accum)>,
         dw: &mut Self::Buf,
-        db: &mut Self::Buf,
+        db: Option<&mut Self::Buf>,
         dout: &Self::Buf,
         inp: &Self::Buf,
         w: &Self::Buf,
@@ -777,6 +777,9 @@ impl Backend for CudaBackend {
         buf::require_f32("channel_sum: dbias", &[dbias]);
         let out = self.dev.ptr_mut(dbias);
         elementwise::channel_sums(&self.dev, dx, xd, self.cl(), elementwise::SumTo::PerSample(out));
+    }
+    fn bias_grad_rows(&self, db: &mut Self::Buf, rows: &Self::Buf, n: usize, c: usize) {
+        linear::bias_grad_rows(&self.dev, db, rows, n, c);
     }
     fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize) {
         elementwise::concat(&self.dev, out, a, b, x, ca, cb, self.cl());

@@ -158,12 +158,7 @@ pub(crate) fn backward(
     // dw[O,I] += doutᵀ·inp
     gemm(dev, o, i, n, 1.0, dy.tr(), x, 1.0, Mat::row_major(dev.ptr_mut(dw), i, 0), 1);
     // db[o] += Σ_n dout[n, o]
-    dev.launch(
-        "rows_sum_accum",
-        (o.div_ceil(128) as u32, 1, 1),
-        (128, 1, 1),
-        &[P(dev.ptr_mut(db)), P(dev.ptr(dout)), I(n as i32), I(o as i32)],
-    );
+    bias_grad_rows(dev, db, dout, n, o);
     if let Some((dx, acc)) = dinp {
         assert_eq!(dx.len(), n * i, "linear backward: dinp length");
         require_f32("linear backward", &[dx]);
@@ -172,4 +167,21 @@ pub(crate) fn backward(
         let wm = Mat::row_major(dev.ptr(w), i, 0);
         gemm(dev, n, i, o, 1.0, dy, wm, beta, Mat::row_major(dev.ptr_mut(dx), i, 0), 1);
     }
+}
+
+/// db[c] += Σₙ rows[n, c] over f32 buffers (`Backend::bias_grad_rows`; Linear's bias gradient).
+pub(crate) fn bias_grad_rows(dev: &Device, db: &mut GpuBuf, rows: &GpuBuf, n: usize, c: usize) {
+    assert!(
+        db.len() == c && rows.len() == n * c,
+        "bias_grad_rows: db {} rows {} for n={n} c={c}",
+        db.len(),
+        rows.len()
+    );
+    require_f32("bias_grad_rows", &[db, rows]);
+    dev.launch(
+        "rows_sum_accum",
+        (c.div_ceil(128) as u32, 1, 1),
+        (128, 1, 1),
+        &[P(dev.ptr_mut(db)), P(dev.ptr(rows)), I(n as i32), I(c as i32)],
+    );
 }

@@ -173,7 +173,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
     let mut y_c = vec![0f32; o.numel()];
     cpu.conv3d_forward(&mut y_c, &x, &w, &b, cs);
     let (mut dw_c, mut db_c, mut dx_c) = (dw0.clone(), db0.clone(), dx0.clone());
-    cpu.conv3d_backward(with_dinp.map(|a| (&mut dx_c, a)), &mut dw_c, &mut db_c, &dy, &x, &w, cs);
+    cpu.conv3d_backward(with_dinp.map(|a| (&mut dx_c, a)), &mut dw_c, Some(&mut db_c), &dy, &x, &w, cs);
     for g in gs {
         let mk = |h: &[f32], d: Dims| if f32_io { f32_act(g, h, d) } else { act(g, h, d) };
         let (xg, wg, bg, dyg) = (mk(&x, cs.x), param(g, &w, &wshape), raw(g, &b), mk(&dy, o));
@@ -196,13 +196,20 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
             }
             g.set_conv_pad(None);
             check_small_path(g, cs, small, 0, &tag);
-            for rep in 0..2 {
+            // rep 2 without the bias gradient (db None: db untouched, the rest the same)
+            for rep in 0..3 {
+                let with_db = rep < 2;
                 let (mut dwg, mut dbg, mut dxg) = (param(g, &dw0, &wshape), raw(g, &db0), mk(&dx0, cs.x));
-                g.conv3d_backward(with_dinp.map(|a| (&mut dxg, a)), &mut dwg, &mut dbg, &dyg, &xg, &wg, cs);
+                let db_arg = with_db.then_some(&mut dbg);
+                g.conv3d_backward(with_dinp.map(|a| (&mut dxg, a)), &mut dwg, db_arg, &dyg, &xg, &wg, cs);
                 let inc = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p - q).collect::<Vec<f32>>();
                 let dw_g = get_param(g, &dwg, &wshape);
                 check(&format!("{tag} dw+= (rep {rep})"), &inc(&dw_g, &dw0), &inc(&dw_c, &dw0), BF);
-                check(&format!("{tag} db+= (rep {rep})"), &get_raw(g, &dbg), &db_c, 1e-4);
+                if with_db {
+                    check(&format!("{tag} db+= (rep {rep})"), &get_raw(g, &dbg), &db_c, 1e-4);
+                } else {
+                    assert_eq!(get_raw(g, &dbg), db0, "{tag}: db None must leave the buffer alone");
+                }
                 let dx_g = get_act(g, &dxg, cs.x);
                 match with_dinp {
                     Some(_) => {
@@ -446,6 +453,14 @@ fn plumbing_bf16_parity() {
     let mut vsum = vec![0f32; 37];
     cpu.add_bias_vectors(&mut vsum, &va, &vb);
     assert!(vsum.iter().zip(va.iter().zip(&vb)).all(|(s, (a, b))| *s == a + b), "CPU add_bias_vectors is a + b in f32");
+    // a bias gradient from per-sample channel sums: db[c] += Σₙ rows[n, c] (3 rows of 37)
+    let (rows, gdb0) = (rnd(3 * 37, 14, 1.0), rnd(37, 15, 1.0));
+    let mut gdb = gdb0.clone();
+    cpu.bias_grad_rows(&mut gdb, &rows, 3, 37);
+    for c in 0..37 {
+        let want = gdb0[c] as f64 + (0..3).map(|n| rows[n * 37 + c] as f64).sum::<f64>();
+        assert!((gdb[c] as f64 - want).abs() < 1e-5, "CPU bias_grad_rows [{c}]: {} vs {want}", gdb[c]);
+    }
     let mut cs = vec![0f32; x.n * x.c];
     cpu.channel_sum(&mut cs, &xs, x);
     let big = Dims::new(2, 68, 16, 17, 18);
@@ -472,6 +487,9 @@ fn plumbing_bf16_parity() {
         let mut sg = g.alloc(37).unwrap();
         g.add_bias_vectors(&mut sg, &raw(g, &va), &raw(g, &vb));
         assert_eq!(get_raw(g, &sg), vsum, "bf16 add_bias_vectors [{t}]: f32 a + b, bit for bit");
+        let mut gdbg = raw(g, &gdb0);
+        g.bias_grad_rows(&mut gdbg, &raw(g, &rows), 3, 37);
+        check(&format!("bf16 bias_grad_rows [{t}]"), &get_raw(g, &gdbg), &gdb, 1e-6);
         let mut csg = g.alloc(x.n * x.c).unwrap();
         g.channel_sum(&mut csg, &act(g, &xs, x), x);
         check(&format!("bf16 channel_sum [{t}]"), &get_raw(g, &csg), &cs, 1e-5);

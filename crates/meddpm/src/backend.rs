@@ -264,13 +264,15 @@ pub trait Backend {
         b: Option<&Self::Buf>,
         cs: ConvShape,
     );
-    /// dinp (per `Accum`), dw += , db += , from dout[N,Cout,Do,Ho,Wo].
+    /// dinp (per `Accum`), dw += , db += , from dout[N,Cout,Do,Ho,Wo]. `db` None: the caller
+    /// has dout's channel sums already (the U-Net's ResBlocks: one sum serves out_layers' conv and
+    /// the skip conv; in_layers' conv bias gradient is the time embedding's, `bias_grad_rows`).
     #[allow(clippy::too_many_arguments)]
     fn conv3d_backward(
         &self,
         dinp: Option<(&mut Self::Buf, Accum)>,
         dw: &mut Self::Buf,
-        db: &mut Self::Buf,
+        db: Option<&mut Self::Buf>,
         dout: &Self::Buf,
         inp: &Self::Buf,
         w: &Self::Buf,
@@ -456,6 +458,9 @@ pub trait Backend {
     fn add_bias_vectors(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf);
     /// dbias[n, c] (overwritten) = Σ over D, H, W of dx[n, c, ...].
     fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims);
+    /// db[c] += Σₙ rows[n, c] over f32 rows (n × c): a bias gradient from per-sample channel
+    /// sums that were taken anyway (`channel_sum`).
+    fn bias_grad_rows(&self, db: &mut Self::Buf, rows: &Self::Buf, n: usize, c: usize);
     /// out = cat([a, b], channel axis); a has `ca` channels, b has `cb`; `x` gives N, D, H, W.
     fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize);
     /// Backward of concat: da and db (each per its `Accum`) from dout.

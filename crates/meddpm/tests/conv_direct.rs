@@ -36,11 +36,11 @@ fn run<T: Float>(cs: ConvShape, budget: usize, seed: u64) -> Grads<T> {
     let mut out = vec![T::zero(); o.numel()];
     conv3d::conv3d_forward_with(&mut out, &x, &w, &b, cs, &mut s);
     let (mut dx, mut dw, mut db) = (prior.clone(), prior_w.clone(), vec![T::zero(); cs.cout]);
-    conv3d::conv3d_backward_with(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &g, &x, &w, cs, &mut s);
+    conv3d::conv3d_backward_with(Some((&mut dx, Accum::Overwrite)), &mut dw, Some(&mut db), &g, &x, &w, cs, &mut s);
     let (mut dx_add, mut dw2, mut db2) = (prior.clone(), vec![T::zero(); cs.w_len()], vec![T::zero(); cs.cout]);
-    conv3d::conv3d_backward_with(Some((&mut dx_add, Accum::Add)), &mut dw2, &mut db2, &g, &x, &w, cs, &mut s);
+    conv3d::conv3d_backward_with(Some((&mut dx_add, Accum::Add)), &mut dw2, Some(&mut db2), &g, &x, &w, cs, &mut s);
     let mut dw_no_dx = vec![T::zero(); cs.w_len()];
-    conv3d::conv3d_backward_with(None, &mut dw_no_dx, &mut db2, &g, &x, &w, cs, &mut s);
+    conv3d::conv3d_backward_with(None, &mut dw_no_dx, Some(&mut db2), &g, &x, &w, cs, &mut s);
     Grads { out, dx, dx_add, dw, db, dw_no_dx }
 }
 

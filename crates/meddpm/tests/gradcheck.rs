@@ -114,7 +114,16 @@ fn conv_case(name: &str, cs: ConvShape, seed: u64) {
     compare(&format!("{name} forward, 1-plane slabs"), &out1, &fwd(&x, &w, &b), EXACT).unwrap();
     let (mut dx4, mut dw4, mut db4) = (px.clone(), vec![0.0; w.len()], vec![0.0; b.len()]);
     let mut scratch = conv3d::ConvScratch::new(1);
-    conv3d::conv3d_backward_with(Some((&mut dx4, Accum::Overwrite)), &mut dw4, &mut db4, &r, &x, &w, cs, &mut scratch);
+    conv3d::conv3d_backward_with(
+        Some((&mut dx4, Accum::Overwrite)),
+        &mut dw4,
+        Some(&mut db4),
+        &r,
+        &x,
+        &w,
+        cs,
+        &mut scratch,
+    );
     compare(&format!("{name} dinp, 1-plane slabs"), &dx4, &dx, EXACT).unwrap();
     compare(&format!("{name} dw, 1-plane slabs"), &dw4, &dw, EXACT).unwrap();
 }
@@ -645,13 +654,13 @@ fn backend_dispatch_matches_f64() {
     let (mut bo, mut bdx, mut bdw, mut bdb) =
         (vec![0f32; big.out().numel()], vec![0f32; bx.len()], vec![0f32; bw.len()], vec![0f32; 3]);
     be.conv3d_forward(&mut bo, &bx, &bw, &[1.0; 3].to_vec(), big);
-    be.conv3d_backward(Some((&mut bdx, Accum::Add)), &mut bdw, &mut bdb, &bo, &bx, &bw, big);
+    be.conv3d_backward(Some((&mut bdx, Accum::Add)), &mut bdw, Some(&mut bdb), &bo, &bx, &bw, big);
     let (x32, w32, b32, r32) = (to_f32(&x), to_f32(&w), to_f32(&b), to_f32(&r));
     let mut out32 = vec![0f32; r.len()];
     be.conv3d_forward(&mut out32, &x32, &w32, &b32, cs);
     compare("backend conv3d forward", &out32, &out, F32_TOL).unwrap();
     let (mut dx32, mut dw32, mut db32) = (vec![0f32; x.len()], vec![0f32; w.len()], vec![0f32; 8]);
-    be.conv3d_backward(Some((&mut dx32, Accum::Overwrite)), &mut dw32, &mut db32, &r32, &x32, &w32, cs);
+    be.conv3d_backward(Some((&mut dx32, Accum::Overwrite)), &mut dw32, Some(&mut db32), &r32, &x32, &w32, cs);
     compare("backend conv3d dinp", &dx32, &dx, F32_TOL).unwrap();
     compare("backend conv3d dw", &dw32, &dw, F32_TOL).unwrap();
     compare("backend conv3d db", &db32, &db, F32_TOL).unwrap();
@@ -711,7 +720,7 @@ fn bench_conv3d_16x16_32cubed() {
     let (f, fm, fc) = time(&mut || be.conv3d_forward(&mut out, &x, &w, &b, cs));
     let dout = randn_f32(27, 2, cs.out().numel(), 1.0);
     let (bw, bm, bc) =
-        time(&mut || be.conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, &mut db, &dout, &x, &w, cs));
+        time(&mut || be.conv3d_backward(Some((&mut dx, Accum::Overwrite)), &mut dw, Some(&mut db), &dout, &x, &w, cs));
     println!(
         "conv3d 16->16 k3 at 32^3 ({} threads): forward min {:.2} ms / median {:.2} ms / CPU {:.1} ms \
          ({:.1} GFLOP/s at min), backward (data + filter + bias) min {:.2} ms / median {:.2} ms / \

@@ -370,6 +370,7 @@ pub fn classify(name: &str) -> Category {
             "reduce",
             "reduction",
             "channel_sum",
+            "bias_grad_rows",
             "row_sum",
             "col_sum",
             "devicesegmentedreduce",

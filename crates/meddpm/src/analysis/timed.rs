@@ -165,13 +165,14 @@ impl<B: Backend> Backend for Timed<B> {
         &self,
         dinp: Option<(&mut Self::Buf, Accum)>,
         dw: &mut Self::Buf,
-        db: &mut Self::Buf,
+        db: Option<&mut Self::Buf>,
         dout: &Self::Buf,
         inp: &Self::Buf,
         w: &Self::Buf,
         cs: ConvShape,
     ) {
-        let mut e = self.l(dout) + self.l(inp) + self.l(w) + 2.0 * (self.l(dw) + self.l(db));
+        let db_bytes = db.as_ref().map_or(0.0, |b| self.l(b));
+        let mut e = self.l(dout) + self.l(inp) + self.l(w) + 2.0 * (self.l(dw) + db_bytes);
         let (name, cat, flops) = match &dinp {
             Some((d, a)) => {
                 e += self.acc(d, *a);
@@ -420,6 +421,10 @@ impl<B: Backend> Backend for Timed<B> {
         let e = self.l(dbias) + self.l(dx);
         self.rec("channel_sum", Category::Reduction, None, e, || self.inner.channel_sum(dbias, dx, xd))
     }
+    fn bias_grad_rows(&self, db: &mut Self::Buf, rows: &Self::Buf, n: usize, c: usize) {
+        let e = 2.0 * self.l(db) + self.l(rows);
+        self.rec("bias_grad_rows", Category::Reduction, None, e, || self.inner.bias_grad_rows(db, rows, n, c))
+    }
     fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize) {
         let e = self.l(out) + self.l(a) + self.l(b);
         self.rec("concat_channels", Category::Elementwise, None, e, || self.inner.concat_channels(out, a, b, x, ca, cb))
@@ -532,7 +537,7 @@ impl Backend for NullBackend {
         &self,
         dinp: Option<(&mut usize, Accum)>,
         dw: &mut usize,
-        db: &mut usize,
+        db: Option<&mut usize>,
         dout: &usize,
         inp: &usize,
         w: &usize,
@@ -665,6 +670,7 @@ impl Backend for NullBackend {
     fn add_channel_bias_to(&self, out: &mut usize, x: &usize, bias: &usize, xd: Dims) {}
     fn add_bias_vectors(&self, out: &mut usize, a: &usize, b: &usize) {}
     fn channel_sum(&self, dbias: &mut usize, dx: &usize, xd: Dims) {}
+    fn bias_grad_rows(&self, db: &mut usize, rows: &usize, n: usize, c: usize) {}
     fn concat_channels(&self, out: &mut usize, a: &usize, b: &usize, x: Dims, ca: usize, cb: usize) {}
     fn split_channels(
         &self,

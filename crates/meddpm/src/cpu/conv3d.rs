@@ -248,7 +248,7 @@ pub fn conv3d_backward<T: Float>(
     w: &[T],
     cs: ConvShape,
 ) {
-    conv3d_backward_with(dinp, dw, db, dout, inp, w, cs, &mut ConvScratch::new(COL_BUDGET));
+    conv3d_backward_with(dinp, dw, Some(db), dout, inp, w, cs, &mut ConvScratch::new(COL_BUDGET));
 }
 
 /// db += the bias gradient: dout summed over batch and voxels (f64 accumulation, one channel
@@ -268,12 +268,13 @@ pub fn bias_grad<T: Float>(db: &mut [T], dout: &[T], cs: ConvShape) {
     });
 }
 
-/// [`conv3d_backward`] with caller-provided scratch (and its slab budget).
+/// [`conv3d_backward`] with caller-provided scratch (and its slab budget); `db` None skips the
+/// bias gradient.
 #[allow(clippy::too_many_arguments)]
 pub fn conv3d_backward_with<T: Float>(
     dinp: Option<(&mut [T], Accum)>,
     dw: &mut [T],
-    db: &mut [T],
+    db: Option<&mut [T]>,
     dout: &[T],
     inp: &[T],
     w: &[T],
@@ -282,11 +283,13 @@ pub fn conv3d_backward_with<T: Float>(
 ) {
     check(&cs, inp.len(), w.len(), dout.len());
     assert_eq!(dw.len(), w.len(), "conv3d: dw length vs w");
-    assert_eq!(db.len(), cs.cout, "conv3d: db length vs Cout");
     let o = cs.out();
     let (cin, si, so, rows) = (cs.x.c, cs.x.s(), o.s(), cs.x.c * cs.k * cs.k * cs.k);
 
-    bias_grad(db, dout, cs);
+    if let Some(db) = db {
+        assert_eq!(db.len(), cs.cout, "conv3d: db length vs Cout");
+        bias_grad(db, dout, cs);
+    }
 
     let wm = Mat::dense(w, cs.cout, rows);
     let (mut dinp, acc) = match dinp {

@@ -36,16 +36,27 @@ pub fn linear_backward<T: Float>(
     assert!(dout.len() == n * o && inp.len() == n * i, "linear: dout/inp length vs n={n} i={i} o={o}");
     assert!(w.len() == o * i && dw.len() == o * i && db.len() == o, "linear: w/dw/db length vs (o={o}, i={i})");
     let g = Mat::dense(dout, n, o);
-    for row in dout.chunks(o) {
-        for (d, &v) in db.iter_mut().zip(row) {
-            *d += v;
-        }
-    }
+    bias_grad_rows(db, dout, n, o);
     // dw (O × I) += doutᵀ (O × N) · inp (N × I)
     gemm(MatMut::dense(dw, o, i), true, T::one(), g.t(), Mat::dense(inp, n, i));
     if let Some((dx, acc)) = dinp {
         assert_eq!(dx.len(), n * i, "linear: dinp length vs n·i");
         // dinp (N × I) (+)= dout (N × O) · w (O × I)
         gemm(MatMut::dense(dx, n, i), acc == Accum::Add, T::one(), g, Mat::dense(w, o, i));
+    }
+}
+
+/// db[c] += Σₙ rows[n, c] (`Backend::bias_grad_rows`; Linear's bias gradient).
+pub fn bias_grad_rows<T: Float>(db: &mut [T], rows: &[T], n: usize, c: usize) {
+    assert!(
+        db.len() == c && rows.len() == n * c,
+        "bias_grad_rows: db {} rows {} for n={n} c={c}",
+        db.len(),
+        rows.len()
+    );
+    for row in rows.chunks(c) {
+        for (d, &v) in db.iter_mut().zip(row) {
+            *d += v;
+        }
     }
 }

@@ -182,7 +182,7 @@ impl Backend for CpuBackend {
         &self,
         dinp: Option<(&mut Vec<f32>, Accum)>,
         dw: &mut Vec<f32>,
-        db: &mut Vec<f32>,
+        db: Option<&mut Vec<f32>>,
         dout: &Vec<f32>,
         inp: &Vec<f32>,
         w: &Vec<f32>,
@@ -190,22 +190,23 @@ impl Backend for CpuBackend {
     ) {
         if !self.bf16 {
             let dinp = dinp.map(|(d, a)| (d.as_mut_slice(), a));
+            let db = db.map(|b| b.as_mut_slice());
             CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_backward_with(dinp, dw, db, dout, inp, w, cs, s));
             return;
         }
         // db from the output gradient as given (the GPU sums it before converting); dw's
         // contribution rounded to bf16 (cuDNN writes it in bf16) before it is added to the f32
         // gradient; the input gradient rounded as it is stored.
-        conv3d::bias_grad(db, dout, cs);
-        EMU.with_borrow_mut(|[ex, ew, edy, edw, edb]| {
+        if let Some(db) = db {
+            conv3d::bias_grad(db, dout, cs);
+        }
+        EMU.with_borrow_mut(|[ex, ew, edy, edw, _]| {
             let (x, w, dy) = (rounded_into(ex, inp), rounded_into(ew, w), rounded_into(edy, dout));
             edw.clear();
             edw.resize(dw.len(), 0.0);
-            edb.clear();
-            edb.resize(db.len(), 0.0);
             let mut dinp = dinp;
             let di = dinp.as_mut().map(|(d, a)| (d.as_mut_slice(), *a));
-            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_backward_with(di, edw, edb, dy, x, w, cs, s));
+            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_backward_with(di, edw, None, dy, x, w, cs, s));
             for (g, &c) in dw.iter_mut().zip(edw.iter()) {
                 *g += round_bf16(c);
             }
@@ -436,6 +437,9 @@ impl Backend for CpuBackend {
     }
     fn channel_sum(&self, dbias: &mut Vec<f32>, dx: &Vec<f32>, xd: Dims) {
         elementwise::channel_sum(dbias, dx, xd);
+    }
+    fn bias_grad_rows(&self, db: &mut Vec<f32>, rows: &Vec<f32>, n: usize, c: usize) {
+        linear::bias_grad_rows(db, rows, n, c);
     }
     fn concat_channels(&self, out: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, x: Dims, ca: usize, cb: usize) {
         elementwise::concat_channels(out, a, b, x, ca, cb);

@@ -60,8 +60,12 @@ pub struct ResBlock<B: Backend> {
     rstd1: B::Buf,
     h: B::Buf,
     e: B::Buf,
-    /// ∂loss/∂e in backward (f32, N × cout).
+    /// ∂loss/∂e in backward (f32, N × cout); summed over N it is also in_layers' conv bias
+    /// gradient.
     de: B::Buf,
+    /// dout summed over voxels per sample in backward (f32, N × cout): out_layers' conv bias
+    /// gradient and the skip conv's (one reduction for both).
+    ds: B::Buf,
     /// emb_layers' bias + in_layers' conv bias (f32, cout): added to h in one pass with e.
     b_in: B::Buf,
     /// out_layers' conv bias + the skip conv's bias (f32, cout; skip-conv blocks only): added to
@@ -428,6 +432,7 @@ impl<B: Backend> UNet<B> {
                         h: act(&mut mem.saved, y.numel())?,
                         e: alloc(&mut mem.small, n * cout)?,
                         de: alloc(&mut mem.small, n * cout)?,
+                        ds: alloc(&mut mem.small, n * cout)?,
                         b_in: alloc(&mut mem.small, cout)?,
                         b_out: if cin != cout { Some(alloc(&mut mem.small, cout)?) } else { None },
                         mean2: alloc(&mut mem.small, n * g)?,
@@ -833,18 +838,24 @@ impl<B: Backend> UNet<B> {
                 Op::Conv { p, cs } => {
                     let [gw, gb] = dw.get_disjoint_mut([*p, *p + 1]).expect("distinct");
                     let dinp = if inp == 0 { None } else { Some((dx, mode)) };
-                    be.conv3d_backward(dinp, gw, gb, dout, x, cw(*p), *cs);
+                    be.conv3d_backward(dinp, gw, Some(gb), dout, x, cw(*p), *cs);
                 }
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     let (xn, yn) = (xd.numel(), yd.numel());
+                    // Bias gradients from channel sums taken once: out_layers' conv and the skip
+                    // conv both have Σ dout; in_layers' conv has Σₙ de (below).
+                    be.channel_sum(&mut r.ds, dout, yd);
+                    be.bias_grad_rows(&mut dw[p + 9], &r.ds, n, r.cout);
+                    if xd.c != r.cout {
+                        be.bias_grad_rows(&mut dw[p + 11], &r.ds, n, r.cout);
+                    }
                     // skip branch first: it sets dx per `mode`, the main branch then adds (a
                     // `cat_in` block adds its skip branch last, below)
                     if r.cat_in {
                     } else if xd.c != r.cout {
-                        let [gw, gb] = dw.get_disjoint_mut([p + 10, p + 11]).expect("distinct");
                         let cs = ConvShape::new(xd, r.cout, 1, 1);
-                        be.conv3d_backward(Some((&mut *dx, mode)), gw, gb, dout, x, cw(p + 10), cs);
+                        be.conv3d_backward(Some((&mut *dx, mode)), &mut dw[p + 10], None, dout, x, cw(p + 10), cs);
                     } else if mode == Accum::Add {
                         be.add_assign(dx, dout);
                     } else {
@@ -855,9 +866,8 @@ impl<B: Backend> UNet<B> {
                     let [a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2)]);
                     let (m, rs) = (&r.mean2, &r.rstd2);
                     be.groupnorm_silu_recompute(a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
-                    let [gw, gb] = dw.get_disjoint_mut([p + 8, p + 9]).expect("distinct");
                     let cs = ConvShape::new(yd, r.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dout, a, cw(p + 8), cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), &mut dw[p + 8], None, dout, a, cw(p + 8), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
                     let (m, rs) = (&r.mean2, &r.rstd2);
                     let (gm, bt) = (&w[p + 6], &w[p + 7]);
@@ -868,6 +878,7 @@ impl<B: Backend> UNet<B> {
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let de_silu = Some((&mut te.d_emb_silu, Accum::Add));
                     be.linear_backward(de_silu, gw, gb, &r.de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
+                    be.bias_grad_rows(&mut dw[p + 3], &r.de, n, r.cout);
                     if r.cat_in {
                         // in_layers over the concatenation x in place: GroupNorm+SiLU of x for
                         // the conv's weight gradient, its data gradient straight into dx, x
@@ -876,16 +887,22 @@ impl<B: Backend> UNet<B> {
                         let ((h, sk), (_, _, cd, ca, cb)) = (parts.expect("cat_in"), cat.expect("cat_in"));
                         let [dh] = scr.get([(yn, 2)]);
                         be.groupnorm_silu_forward_inplace(x, &mut r.mean1, &mut r.rstd1, &w[p], &w[p + 1], xd, g);
-                        let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                         let cs = ConvShape::new(xd, r.cout, 3, 1);
-                        be.conv3d_backward(Some((&mut *dx, Accum::Overwrite)), gw, gb, dh, x, cw(p + 2), cs);
+                        be.conv3d_backward(
+                            Some((&mut *dx, Accum::Overwrite)),
+                            &mut dw[p + 2],
+                            None,
+                            dh,
+                            x,
+                            cw(p + 2),
+                            cs,
+                        );
                         be.concat_channels(x, h, sk, cd, ca, cb);
                         let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                         let (m, rs) = (&r.mean1, &r.rstd1);
                         be.groupnorm_silu_backward_inplace(dx, gg, gb, x, m, rs, &w[p], &w[p + 1], xd, g);
-                        let [gw, gb] = dw.get_disjoint_mut([p + 10, p + 11]).expect("distinct");
                         let cs = ConvShape::new(xd, r.cout, 1, 1);
-                        be.conv3d_backward(Some((dx, Accum::Add)), gw, gb, dout, x, cw(p + 10), cs);
+                        be.conv3d_backward(Some((dx, Accum::Add)), &mut dw[p + 10], None, dout, x, cw(p + 10), cs);
                         be.pop_range();
                         done(i, dw);
                         continue;
@@ -895,9 +912,8 @@ impl<B: Backend> UNet<B> {
                     let [dh, a, da] = scr.get([(yn, 2), (xn, 0), (xn, 1)]);
                     let (m, rs) = (&r.mean1, &r.rstd1);
                     be.groupnorm_silu_recompute(a, m, rs, x, &w[p], &w[p + 1], xd, g);
-                    let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, r.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dh, a, cw(p + 2), cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), &mut dw[p + 2], None, dh, a, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     let (m, rs) = (&r.mean1, &r.rstd1);
                     be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, da, x, m, rs, &w[p], &w[p + 1], xd, g);
@@ -914,12 +930,12 @@ impl<B: Backend> UNet<B> {
                     let [datt] = scr32.get([(an, 0)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let cs = ConvShape::new(xd, xd.c, 1, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dout, &a.a, cw(p + 4), cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, Some(gb), dout, &a.a, cw(p + 4), cs);
                     be.attention_backward(dqkv, datt, da, &a.qkv, &a.att, xd, a.heads);
                     let [dqkv, dgn] = scr.get([(qn, 0), (xn, 1)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, 3 * xd.c, 1, 1);
-                    be.conv3d_backward(Some((dgn, Accum::Overwrite)), gw, gb, dqkv, &a.gn, cw(p + 2), cs);
+                    be.conv3d_backward(Some((dgn, Accum::Overwrite)), gw, Some(gb), dqkv, &a.gn, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     be.groupnorm_backward((dx, Accum::Add), gg, gb, dgn, x, &a.mean, &a.rstd, &w[p], xd, g);
                 }
@@ -929,7 +945,7 @@ impl<B: Backend> UNet<B> {
                     be.upsample_forward(u, x, *xd);
                     let [gw, gb] = dw.get_disjoint_mut([*p, *p + 1]).expect("distinct");
                     let cs = ConvShape::new(xd.up2(), xd.c, 3, 1);
-                    be.conv3d_backward(Some((&mut *du, Accum::Overwrite)), gw, gb, dout, u, cw(*p), cs);
+                    be.conv3d_backward(Some((&mut *du, Accum::Overwrite)), gw, Some(gb), dout, u, cw(*p), cs);
                     be.upsample_backward((dx, mode), du, *xd);
                 }
                 Op::Out(o) => {
@@ -939,7 +955,7 @@ impl<B: Backend> UNet<B> {
                     be.groupnorm_silu_recompute(a, &o.mean, &o.rstd, xo, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, o.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, gb, dout, a, cw(p + 2), cs);
+                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, Some(gb), dout, a, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     let (gm, bt) = (&w[p], &w[p + 1]);
                     be.groupnorm_silu_backward((dx, mode), gg, gb, da, xo, &o.mean, &o.rstd, gm, bt, xd, g);

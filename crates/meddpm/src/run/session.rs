@@ -23,8 +23,9 @@
 //! Fault injection for tests ([`Faults`]): from the environment in the `meddpm` binary
 //! (`MEDDPM_FAULT_NAN_AT_STEP=N`: the image batch of step N is all NaN, so the loss and then the
 //! weights really become NaN; `MEDDPM_FAULT_DISK_FULL_AT_STEP=N`: the checkpoint write at step N
-//! stops half-way with "no space left on device"), or set directly by library tests. Nothing
-//! reads these variables unless they are set.
+//! stops half-way with "no space left on device"; `MEDDPM_FAULT_SLOW_STEP_MS=M`: every batch
+//! fetch inside a step sleeps M ms, so a signal sent after a checkpoint lands in a running step),
+//! or set directly by library tests. Nothing reads these variables unless they are set.
 
 use super::losslog::LossLog;
 use super::record::{RunRecord, META_KEY};
@@ -47,25 +48,30 @@ pub struct Faults {
     pub nan_at_step: Option<u64>,
     /// Optimizer step whose checkpoint write fails half-way with a full disk.
     pub disk_full_at_step: Option<u64>,
+    /// Milliseconds every batch fetch inside a step sleeps (a slow step, for signal tests).
+    pub slow_step_ms: Option<u64>,
 }
 
 impl Faults {
     pub const NAN_VAR: &'static str = "MEDDPM_FAULT_NAN_AT_STEP";
     pub const DISK_FULL_VAR: &'static str = "MEDDPM_FAULT_DISK_FULL_AT_STEP";
+    pub const SLOW_STEP_VAR: &'static str = "MEDDPM_FAULT_SLOW_STEP_MS";
 
     /// The faults named by the environment (unset variables inject nothing).
     pub fn from_env() -> Result<Faults> {
         let var = |k: &str| -> Result<Option<u64>> {
             match std::env::var(k) {
                 Err(_) => Ok(None),
-                Ok(v) => v
-                    .trim()
-                    .parse()
-                    .map(Some)
-                    .map_err(|_| Error::Config(format!("{k}={v:?}: expected an optimizer step number"))),
+                Ok(v) => {
+                    v.trim().parse().map(Some).map_err(|_| Error::Config(format!("{k}={v:?}: expected a whole number")))
+                }
             }
         };
-        Ok(Faults { nan_at_step: var(Self::NAN_VAR)?, disk_full_at_step: var(Self::DISK_FULL_VAR)? })
+        Ok(Faults {
+            nan_at_step: var(Self::NAN_VAR)?,
+            disk_full_at_step: var(Self::DISK_FULL_VAR)?,
+            slow_step_ms: var(Self::SLOW_STEP_VAR)?,
+        })
     }
 
     pub fn any(&self) -> bool {
@@ -295,6 +301,9 @@ impl Session<'_> {
                 fetched += 1;
                 if self.faults.nan_at_step == Some(step) {
                     img.fill(f32::NAN);
+                }
+                if let Some(ms) = self.faults.slow_step_ms {
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
                 }
                 Ok((img, cond))
             };
