@@ -759,13 +759,7 @@ impl Backend for CudaBackend {
         elementwise::add_channel_bias_to(&self.dev, yp, xp, bp, xd, self.cl(), false, bf);
     }
     fn add_bias_vectors(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf) {
-        assert!(
-            out.len() == a.len() && a.len() == b.len(),
-            "add_bias_vectors: lengths {} {} {}",
-            out.len(),
-            a.len(),
-            b.len()
-        );
+        meddpm::backend::check_bias_vectors(out.len(), a.len(), b.len());
         buf::require_f32("add_bias_vectors", &[&*out, a, b]);
         // the channel-bias kernel over a (1, C, 1, 1, 1) f32 tensor
         let d = Dims { n: 1, c: a.len(), d: 1, h: 1, w: 1 };

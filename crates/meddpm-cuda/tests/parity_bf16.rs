@@ -445,22 +445,10 @@ fn plumbing_bf16_parity() {
     cpu.split_channels((&mut da, Accum::Add), (&mut db, Accum::Overwrite), &dout, x, ca, cb);
     let mut xb_c = xs.clone();
     cpu.add_channel_bias(&mut xb_c, &bias, x);
-    // out = x + bias[c] out of place; two f32 bias vectors summed (never rounded)
+    // out = x + bias[c] out of place
     let bias_c = rnd(x.c, 10, 1.0);
     let mut xbc_c = vec![0f32; x.numel()];
     cpu.add_channel_bias_to(&mut xbc_c, &xs, &bias_c, x);
-    let (va, vb) = (rnd(37, 11, 1.0), rnd(37, 12, 1e-3));
-    let mut vsum = vec![0f32; 37];
-    cpu.add_bias_vectors(&mut vsum, &va, &vb);
-    assert!(vsum.iter().zip(va.iter().zip(&vb)).all(|(s, (a, b))| *s == a + b), "CPU add_bias_vectors is a + b in f32");
-    // a bias gradient from per-sample channel sums: db[c] += Σₙ rows[n, c] (3 rows of 37)
-    let (rows, gdb0) = (rnd(3 * 37, 14, 1.0), rnd(37, 15, 1.0));
-    let mut gdb = gdb0.clone();
-    cpu.bias_grad_rows(&mut gdb, &rows, 3, 37);
-    for c in 0..37 {
-        let want = gdb0[c] as f64 + (0..3).map(|n| rows[n * 37 + c] as f64).sum::<f64>();
-        assert!((gdb[c] as f64 - want).abs() < 1e-5, "CPU bias_grad_rows [{c}]: {} vs {want}", gdb[c]);
-    }
     let mut cs = vec![0f32; x.n * x.c];
     cpu.channel_sum(&mut cs, &xs, x);
     let big = Dims::new(2, 68, 16, 17, 18);
@@ -484,12 +472,7 @@ fn plumbing_bf16_parity() {
         let mut og = act(g, &rnd(x.numel(), 13, 1.0), x);
         g.add_channel_bias_to(&mut og, &act(g, &xs, x), &raw(g, &bias_c), x);
         check(&format!("bf16 add_channel_bias_to [{t}]"), &get_act(g, &og, x), &xbc_c, 1e-6);
-        let mut sg = g.alloc(37).unwrap();
-        g.add_bias_vectors(&mut sg, &raw(g, &va), &raw(g, &vb));
-        assert_eq!(get_raw(g, &sg), vsum, "bf16 add_bias_vectors [{t}]: f32 a + b, bit for bit");
-        let mut gdbg = raw(g, &gdb0);
-        g.bias_grad_rows(&mut gdbg, &raw(g, &rows), 3, 37);
-        check(&format!("bf16 bias_grad_rows [{t}]"), &get_raw(g, &gdbg), &gdb, 1e-6);
+        common::check_bias_vector_ops(g, &cpu, &rnd, &format!("bf16 {t}"));
         let mut csg = g.alloc(x.n * x.c).unwrap();
         g.channel_sum(&mut csg, &act(g, &xs, x), x);
         check(&format!("bf16 channel_sum [{t}]"), &get_raw(g, &csg), &cs, 1e-5);

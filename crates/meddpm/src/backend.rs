@@ -106,6 +106,11 @@ impl DType {
     }
 }
 
+/// `Backend::add_bias_vectors`' operands are three f32 vectors of one length (both backends).
+pub fn check_bias_vectors(out: usize, a: usize, b: usize) {
+    assert!(out == a && a == b, "add_bias_vectors: lengths {out} {a} {b}, expected one length");
+}
+
 /// `x` rounded to the nearest bf16 value (ties to even), returned as f32 — exactly what the GPU
 /// stores in a bf16 buffer (`f2bf` in meddpm-cuda's kernels/common.cu). NaN stays NaN.
 pub fn round_bf16(x: f32) -> f32 {

@@ -1,5 +1,6 @@
 //! Helpers shared by the GPU parity test binaries (parity.rs, parity_bf16.rs): which convolution
-//! path, ours or cuDNN, a conv shape must have taken; the accumulating conv forward vs the CPU.
+//! path, ours or cuDNN, a conv shape must have taken; the accumulating conv forward vs the CPU;
+//! the f32 bias-vector primitives (the same in every precision).
 
 use meddpm::cpu::CpuBackend;
 use meddpm::{Accum, Backend, ConvShape};
@@ -55,5 +56,42 @@ pub fn check_small_path(g: &CudaBackend, cs: ConvShape, small: Option<bool>, i: 
         (false, _) => assert_eq!(used, None, "{what}"),
         (true, Some(f)) => assert_eq!(used, Some(f), "{what}"),
         (true, None) => assert!(used.is_some(), "{what}"), // timed: either path
+    }
+}
+
+/// The f32 bias-vector primitives on `g` against the CPU, in any precision (parameters and their
+/// gradients stay f32): `add_bias_vectors` bit for bit, `bias_grad_rows` (db[c] += Σₙ rows[n, c],
+/// 3 rows of 37) to 1e-6; both CPU results are checked against plain sums first.
+pub fn check_bias_vector_ops(g: &CudaBackend, cpu: &CpuBackend, rnd: &dyn Fn(usize, u64, f32) -> Vec<f32>, tag: &str) {
+    let up = |v: &[f32]| {
+        let mut b = g.alloc(v.len()).unwrap();
+        g.upload(v, &mut b);
+        b
+    };
+    let down = |b: &Buf| {
+        let mut h = vec![0f32; b.len()];
+        g.download(b, &mut h);
+        h
+    };
+    let (va, vb) = (rnd(37, 11, 1.0), rnd(37, 12, 1e-3));
+    let mut vsum = vec![0f32; 37];
+    cpu.add_bias_vectors(&mut vsum, &va, &vb);
+    assert!(vsum.iter().zip(va.iter().zip(&vb)).all(|(s, (a, b))| *s == a + b), "CPU add_bias_vectors is a + b in f32");
+    let mut sg = g.alloc(37).unwrap();
+    g.add_bias_vectors(&mut sg, &up(&va), &up(&vb));
+    assert_eq!(down(&sg), vsum, "add_bias_vectors [{tag}]: f32 a + b, bit for bit");
+    let (rows, db0) = (rnd(3 * 37, 14, 1.0), rnd(37, 15, 1.0));
+    let mut db = db0.clone();
+    cpu.bias_grad_rows(&mut db, &rows, 3, 37);
+    for c in 0..37 {
+        let want = db0[c] as f64 + (0..3).map(|n| rows[n * 37 + c] as f64).sum::<f64>();
+        assert!((db[c] as f64 - want).abs() < 1e-5, "CPU bias_grad_rows [{c}]: {} vs {want}", db[c]);
+    }
+    let mut dbg = up(&db0);
+    g.bias_grad_rows(&mut dbg, &up(&rows), 3, 37);
+    let got = down(&dbg);
+    for c in 0..37 {
+        let tol = 1e-6 * db[c].abs().max(1.0);
+        assert!((got[c] - db[c]).abs() <= tol, "bias_grad_rows [{tag}] [{c}]: {} vs CPU {}", got[c], db[c]);
     }
 }

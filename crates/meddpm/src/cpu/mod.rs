@@ -426,13 +426,7 @@ impl Backend for CpuBackend {
         self.r(out);
     }
     fn add_bias_vectors(&self, out: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>) {
-        assert!(
-            out.len() == a.len() && a.len() == b.len(),
-            "add_bias_vectors: lengths {} {} {}",
-            out.len(),
-            a.len(),
-            b.len()
-        );
+        crate::backend::check_bias_vectors(out.len(), a.len(), b.len());
         out.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&a, &b))| *o = a + b);
     }
     fn channel_sum(&self, dbias: &mut Vec<f32>, dx: &Vec<f32>, xd: Dims) {
