@@ -82,23 +82,33 @@ __device__ __forceinline__ i64 cat_index(const Row& r, const CatSrc& s, i64 u, i
     return ((i64)r.n * s.cc + s.c) * S + u * V;
 }
 
-// out (N, ca+cb, S) = cat(a (N, ca, S), b (N, cb, S)) along channels (NDHWC: ca, cb % V == 0).
+// out (N, ca+cb, S) = cat(a (N, ca, S) + abias[c], b (N, cb, S)) along channels (NDHWC: ca, cb %
+// V == 0); abias f32 (ca) or null (a copied as is).
 template <typename T, int V>
-__device__ void concat_t(void* outv, const void* av, const void* bv, int ca, int cb, i64 S, int cl) {
+__device__ void concat_t(void* outv, const void* av, const void* bv, const float* abias, int ca, int cb, i64 S,
+                         int cl) {
     T* out = (T*)outv;
     Row r = row_geom(ca + cb, S, V, cl);
     CatSrc s = cat_src(r, ca, cb);
     const T* src = s.from_b ? (const T*)bv : (const T*)av;
+    const bool add = !s.from_b && abias != nullptr;
+    float bv4[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) bv4[j] = add ? abias[s.c + j * r.cstep] : 0.0f;
     i64 u = r.start / r.lanes, ustep = r.step / r.lanes;
     for (i64 v = r.start; v < r.nvec; v += r.step, u += ustep) {
         float x[V];
         ldv<V>(src, cat_index(r, s, u, V, S, cl), x);
+        if (add) {
+#pragma unroll
+            for (int j = 0; j < V; j++) x[j] += bv4[j];
+        }
         stv<V>(out, r.base + v * V, x);
     }
 }
-extern "C" __global__ void concat_channels(void* out, const void* a, const void* b, int ca, int cb, i64 S, int cl,
-                                           int bf, int V) {
-    DISPATCH_V(bf, V, concat_t, out, a, b, ca, cb, S, cl);
+extern "C" __global__ void concat_channels(void* out, const void* a, const void* b, const float* abias, int ca, int cb,
+                                           i64 S, int cl, int bf, int V) {
+    DISPATCH_V(bf, V, concat_t, out, a, b, abias, ca, cb, S, cl);
 }
 
 // Backward of concat: da, db from dout, each overwritten or accumulated.

@@ -5,7 +5,7 @@
 
 use meddpm::{Accum, Dims};
 
-use crate::buf::GpuBuf;
+use crate::buf::{require_f32, GpuBuf};
 use crate::device::{Arg::*, Device};
 
 /// NDHWC partial kernels give each of 256 threads 4 (f32) or 8 (bf16) channels, or 1 when C is not
@@ -229,8 +229,24 @@ fn cat_vec(x: Dims, ca: usize, cb: usize, cl: bool, bf: i32) -> usize {
     })
 }
 
-pub(crate) fn concat(dev: &Device, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf, x: Dims, ca: usize, cb: usize, cl: bool) {
+/// out = cat([a (+ a_bias[c], f32, where given), b]) along channels.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn concat(
+    dev: &Device,
+    out: &mut GpuBuf,
+    a: &GpuBuf,
+    a_bias: Option<&GpuBuf>,
+    b: &GpuBuf,
+    x: Dims,
+    ca: usize,
+    cb: usize,
+    cl: bool,
+) {
     let od = x.with_c(ca + cb);
+    if let Some(bias) = a_bias {
+        assert_eq!(bias.len(), ca, "concat_channels: a_bias length vs ca {ca}");
+        require_f32("concat_channels: a_bias", &[bias]);
+    }
     assert!(
         out.len() == od.numel() && a.len() == x.with_c(ca).numel() && b.len() == x.with_c(cb).numel(),
         "concat_channels {x} ca {ca} cb {cb}: lengths out {} a {} b {}",
@@ -245,6 +261,7 @@ pub(crate) fn concat(dev: &Device, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf, x: 
         P(dev.ptr_mut(out)),
         P(dev.ptr(a)),
         P(dev.ptr(b)),
+        P(a_bias.map_or(0, |v| dev.ptr(v))),
         I(ca as i32),
         I(cb as i32),
         L(x.s() as i64),

@@ -775,8 +775,17 @@ impl Backend for CudaBackend {
     fn bias_grad_rows(&self, db: &mut Self::Buf, rows: &Self::Buf, n: usize, c: usize) {
         linear::bias_grad_rows(&self.dev, db, rows, n, c);
     }
-    fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize) {
-        elementwise::concat(&self.dev, out, a, b, x, ca, cb, self.cl());
+    fn concat_channels_bias(
+        &self,
+        out: &mut Self::Buf,
+        a: &Self::Buf,
+        a_bias: Option<&Self::Buf>,
+        b: &Self::Buf,
+        x: Dims,
+        ca: usize,
+        cb: usize,
+    ) {
+        elementwise::concat(&self.dev, out, a, a_bias, b, x, ca, cb, self.cl());
     }
     fn split_channels(
         &self,

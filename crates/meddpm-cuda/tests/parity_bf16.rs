@@ -440,6 +440,10 @@ fn plumbing_bf16_parity() {
     let xs = rb(&rnd(x.numel(), 5, 1.0));
     let mut cat = vec![0f32; xo.numel()];
     cpu.concat_channels(&mut cat, &a, &b, x, ca, cb);
+    // with a bias on the first part (rounded once after the f32 add)
+    let abias = rnd(ca, 16, 1.0);
+    let mut catb = vec![0f32; xo.numel()];
+    cpu.concat_channels_bias(&mut catb, &a, Some(&abias), &b, x, ca, cb);
     let (da0, db0) = (rb(&rnd(xa.numel(), 6, 1.0)), rb(&rnd(xb.numel(), 7, 1.0)));
     let (mut da, mut db) = (da0.clone(), db0.clone());
     cpu.split_channels((&mut da, Accum::Add), (&mut db, Accum::Overwrite), &dout, x, ca, cb);
@@ -462,6 +466,8 @@ fn plumbing_bf16_parity() {
         let mut catg = g.alloc_act(xo.numel()).unwrap();
         g.concat_channels(&mut catg, &act(g, &a, xa), &act(g, &b, xb), x, ca, cb);
         check(&format!("bf16 concat [{t}]"), &get_act(g, &catg, xo), &cat, 1e-6);
+        g.concat_channels_bias(&mut catg, &act(g, &a, xa), Some(&raw(g, &abias)), &act(g, &b, xb), x, ca, cb);
+        check(&format!("bf16 concat + a bias [{t}]"), &get_act(g, &catg, xo), &catb, 1e-6);
         let (mut dag, mut dbg) = (act(g, &da0, xa), act(g, &db0, xb));
         g.split_channels((&mut dag, Accum::Add), (&mut dbg, Accum::Overwrite), &act(g, &dout, xo), x, ca, cb);
         check(&format!("bf16 split a (add) [{t}]"), &get_act(g, &dag, xa), &da, 1e-6);

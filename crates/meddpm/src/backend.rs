@@ -467,7 +467,22 @@ pub trait Backend {
     /// sums that were taken anyway (`channel_sum`).
     fn bias_grad_rows(&self, db: &mut Self::Buf, rows: &Self::Buf, n: usize, c: usize);
     /// out = cat([a, b], channel axis); a has `ca` channels, b has `cb`; `x` gives N, D, H, W.
-    fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize);
+    fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize) {
+        self.concat_channels_bias(out, a, None, b, x, ca, cb);
+    }
+    /// out = cat([a + a_bias[c], b]) (a_bias f32, `ca` long, where given): the U-Net's upsampling
+    /// conv leaves its bias to the concatenation that reads its output (one pass less).
+    #[allow(clippy::too_many_arguments)]
+    fn concat_channels_bias(
+        &self,
+        out: &mut Self::Buf,
+        a: &Self::Buf,
+        a_bias: Option<&Self::Buf>,
+        b: &Self::Buf,
+        x: Dims,
+        ca: usize,
+        cb: usize,
+    );
     /// Backward of concat: da and db (each per its `Accum`) from dout.
     #[allow(clippy::too_many_arguments)]
     fn split_channels(

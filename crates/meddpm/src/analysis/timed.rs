@@ -425,9 +425,20 @@ impl<B: Backend> Backend for Timed<B> {
         let e = 2.0 * self.l(db) + self.l(rows);
         self.rec("bias_grad_rows", Category::Reduction, None, e, || self.inner.bias_grad_rows(db, rows, n, c))
     }
-    fn concat_channels(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, x: Dims, ca: usize, cb: usize) {
-        let e = self.l(out) + self.l(a) + self.l(b);
-        self.rec("concat_channels", Category::Elementwise, None, e, || self.inner.concat_channels(out, a, b, x, ca, cb))
+    fn concat_channels_bias(
+        &self,
+        out: &mut Self::Buf,
+        a: &Self::Buf,
+        a_bias: Option<&Self::Buf>,
+        b: &Self::Buf,
+        x: Dims,
+        ca: usize,
+        cb: usize,
+    ) {
+        let e = self.l(out) + self.l(a) + self.l(b) + a_bias.map_or(0.0, |v| self.l(v));
+        self.rec("concat_channels", Category::Elementwise, None, e, || {
+            self.inner.concat_channels_bias(out, a, a_bias, b, x, ca, cb)
+        })
     }
     fn split_channels(
         &self,
@@ -671,7 +682,17 @@ impl Backend for NullBackend {
     fn add_bias_vectors(&self, out: &mut usize, a: &usize, b: &usize) {}
     fn channel_sum(&self, dbias: &mut usize, dx: &usize, xd: Dims) {}
     fn bias_grad_rows(&self, db: &mut usize, rows: &usize, n: usize, c: usize) {}
-    fn concat_channels(&self, out: &mut usize, a: &usize, b: &usize, x: Dims, ca: usize, cb: usize) {}
+    fn concat_channels_bias(
+        &self,
+        out: &mut usize,
+        a: &usize,
+        a_bias: Option<&usize>,
+        b: &usize,
+        x: Dims,
+        ca: usize,
+        cb: usize,
+    ) {
+    }
     fn split_channels(
         &self,
         da: (&mut usize, Accum),

@@ -57,11 +57,36 @@ pub fn channel_sum<T: Float>(dbias: &mut [T], dx: &[T], xd: Dims) {
 
 /// out = cat([a, b], channel axis); a has `ca` channels, b `cb`; `x` gives N, D, H, W.
 pub fn concat_channels<T: Float>(out: &mut [T], a: &[T], b: &[T], x: Dims, ca: usize, cb: usize) {
+    concat_channels_bias(out, a, None, b, x, ca, cb);
+}
+
+/// out = cat([a + a_bias[c], b]) along channels (`Backend::concat_channels_bias`).
+pub fn concat_channels_bias<T: Float>(
+    out: &mut [T],
+    a: &[T],
+    a_bias: Option<&[f32]>,
+    b: &[T],
+    x: Dims,
+    ca: usize,
+    cb: usize,
+) {
     let s = x.s();
     assert!(a.len() == x.n * ca * s && b.len() == x.n * cb * s, "concat: a/b length vs ca={ca}, cb={cb}, {x}");
     assert_eq!(out.len(), x.n * (ca + cb) * s, "concat: out length vs ca+cb={}, {x}", ca + cb);
+    if let Some(bias) = a_bias {
+        assert_eq!(bias.len(), ca, "concat: a_bias length vs ca={ca}");
+    }
     out.par_chunks_mut((ca + cb) * s).enumerate().for_each(|(n, o)| {
-        o[..ca * s].copy_from_slice(&a[n * ca * s..(n + 1) * ca * s]);
+        let an = &a[n * ca * s..(n + 1) * ca * s];
+        match a_bias {
+            None => o[..ca * s].copy_from_slice(an),
+            Some(bias) => {
+                for ((oc, ac), &bc) in o[..ca * s].chunks_mut(s).zip(an.chunks(s)).zip(bias) {
+                    let bc = T::from_f64(bc as f64);
+                    oc.iter_mut().zip(ac).for_each(|(o, &v)| *o = v + bc);
+                }
+            }
+        }
         o[ca * s..].copy_from_slice(&b[n * cb * s..(n + 1) * cb * s]);
     });
 }

@@ -435,8 +435,17 @@ impl Backend for CpuBackend {
     fn bias_grad_rows(&self, db: &mut Vec<f32>, rows: &Vec<f32>, n: usize, c: usize) {
         linear::bias_grad_rows(db, rows, n, c);
     }
-    fn concat_channels(&self, out: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, x: Dims, ca: usize, cb: usize) {
-        elementwise::concat_channels(out, a, b, x, ca, cb);
+    fn concat_channels_bias(
+        &self,
+        out: &mut Vec<f32>,
+        a: &Vec<f32>,
+        a_bias: Option<&Vec<f32>>,
+        b: &Vec<f32>,
+        x: Dims,
+        ca: usize,
+        cb: usize,
+    ) {
+        elementwise::concat_channels_bias(out, a, a_bias.map(|v| &v[..]), b, x, ca, cb);
         self.r(out);
     }
     fn split_channels(

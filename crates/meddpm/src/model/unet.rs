@@ -137,6 +137,15 @@ pub enum Op<B: Backend> {
     Out(OutHead<B>),
 }
 
+/// The bias a concatenation adds to its first input `layers[input]`: an upsampling conv's (its
+/// parameter index), which that conv leaves out; None for any other input.
+fn cat_bias<B: Backend>(layers: &[Layer<B>], input: usize) -> Option<usize> {
+    match layers[input].op {
+        Op::Up { p, .. } => Some(p + 1),
+        _ => None,
+    }
+}
+
 /// One planned layer: its op, which layer feeds it, how it writes its input's gradient, its
 /// output (logical shape `y`) and the gradient of that output (indices into `UNet::acts`).
 pub struct Layer<B: Backend> {
@@ -695,11 +704,12 @@ impl<B: Backend> UNet<B> {
                 Op::Concat { skip, .. } => layers[skip].out,
                 _ => oi,
             };
+            let ab = cat_bias(layers, layers[i].input);
             let l = &mut layers[i];
             be.push_range(&l.name);
             if let Op::Concat { x: xd, ca, cb, .. } = &l.op {
                 let [out, x, s] = acts.get_disjoint_mut([oi, xi, si]).expect("distinct buffers");
-                be.concat_channels(out, x, s, *xd, *ca, *cb);
+                be.concat_channels_bias(out, x, ab.map(|k| &w[k]), s, *xd, *ca, *cb);
                 be.pop_range();
                 continue;
             }
@@ -756,7 +766,9 @@ impl<B: Backend> UNet<B> {
                 Op::Up { p, x: xd } => {
                     let [u] = scr.get([(xd.up2().numel(), 1)]);
                     be.upsample_forward(u, x, *xd);
-                    be.conv3d_forward(out, u, cw(*p), &w[*p + 1], ConvShape::new(xd.up2(), xd.c, 3, 1));
+                    // without its bias: the concatenation that reads `out` adds it (`cat_bias`)
+                    let cs = ConvShape::new(xd.up2(), xd.c, 3, 1);
+                    be.conv3d_forward_acc((out, Accum::Overwrite), u, cw(*p), None, cs);
                 }
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
@@ -800,10 +812,14 @@ impl<B: Backend> UNet<B> {
             let (di, xi, dxi) = (layers[i].dout, layers[inp].out, layers[inp].dout);
             be.push_range(&layers[i].name);
             // an input that is a concatenation was not kept: recompute it from its two inputs
+            let ab = match layers[inp].op {
+                Op::Concat { .. } => cat_bias(layers, layers[inp].input),
+                _ => None,
+            };
             if let Op::Concat { skip, x: xd, ca, cb, .. } = &layers[inp].op {
                 let (hi, si) = (layers[layers[inp].input].out, layers[*skip].out);
                 let [c, h, s] = acts.get_disjoint_mut([xi, hi, si]).expect("distinct buffers");
-                be.concat_channels(c, h, s, *xd, *ca, *cb);
+                be.concat_channels_bias(c, h, ab.map(|k| &w[k]), s, *xd, *ca, *cb);
             }
             let mode = layers[i].mode;
             if let Op::Concat { skip, skip_mode, x: xd, ca, cb } = &layers[i].op {
@@ -897,7 +913,7 @@ impl<B: Backend> UNet<B> {
                             cw(p + 2),
                             cs,
                         );
-                        be.concat_channels(x, h, sk, cd, ca, cb);
+                        be.concat_channels_bias(x, h, ab.map(|k| &w[k]), sk, cd, ca, cb);
                         let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                         let (m, rs) = (&r.mean1, &r.rstd1);
                         be.groupnorm_silu_backward_inplace(dx, gg, gb, x, m, rs, &w[p], &w[p + 1], xd, g);
