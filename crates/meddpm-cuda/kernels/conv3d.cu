@@ -108,18 +108,21 @@ __device__ void conv3d_wgrad_small(const void* xv, const void* dyv, float* part,
 // x and dy are both f32 or both bf16 (`bf`). bf16 is instantiated for CO = 1 and 4 only (the
 // whole-head and BraTS output convs; see small_cout_wgrad in conv3d.rs): each instantiation costs
 // seconds of NVRTC time at start-up.
-#define WGRAD_SMALL(CO, BF16)                                                                                     \
-    extern "C" __global__ void conv3d_wgrad_small##CO(const void* x, const void* dy, float* part, int N, int C,  \
+// LB: __launch_bounds__ of the instantiation. CO = 1 asks for 3 blocks of 256 per SM (at most 85
+// registers): ncu showed it waiting on its loads at 2 blocks (98 registers, 25 % occupancy;
+// docs/perf/h200-2026-12-01c/ncu-small-convs). Larger CO keep their 27 * CO sums unspilled.
+#define WGRAD_SMALL(CO, BF16, LB)                                                                                 \
+    extern "C" __global__ void LB conv3d_wgrad_small##CO(const void* x, const void* dy, float* part, int N, int C, \
                                                       int D, int H, int W, int lines_per_block, int cl, int bf) { \
         if (BF16 && bf)                                                                                          \
             conv3d_wgrad_small<bf16, bf16, CO>(x, dy, part, N, C, D, H, W, lines_per_block, cl);                 \
         else                                                                                                     \
             conv3d_wgrad_small<float, float, CO>(x, dy, part, N, C, D, H, W, lines_per_block, cl);               \
     }
-WGRAD_SMALL(1, 1)
-WGRAD_SMALL(2, 0)
-WGRAD_SMALL(3, 0)
-WGRAD_SMALL(4, 1)
+WGRAD_SMALL(1, 1, __launch_bounds__(256, 3))
+WGRAD_SMALL(2, 0, )
+WGRAD_SMALL(3, 0, )
+WGRAD_SMALL(4, 1, )
 
 // Stage 2: grid CO*C*27 (one block per weight, index j = (co*C + ci)*27 + t), block 256.
 extern "C" __global__ void conv3d_wgrad_small_finalize(const float* part, float* dw, int C, int CO, int nchunks,
