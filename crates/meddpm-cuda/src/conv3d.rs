@@ -707,17 +707,16 @@ pub(crate) fn forward(
 ) {
     check_lens(cs, inp.len(), w.len(), out.len(), b.map_or(cs.cout, |b| b.len()));
     *cache.fwd_calls.entry(cs).or_insert(0) += 1;
+    if let Some(b) = b {
+        require_f32("conv3d bias", &[b]);
+    }
     let b = match (acc, b) {
         (Accum::Overwrite, Some(b)) => b,
         _ => {
-            if let Some(b) = b {
-                require_f32("conv3d bias", &[b]);
-            }
             cudnn_forward_acc(dev, cache, out, acc == Accum::Add, inp, w, b, cs);
             return;
         }
     };
-    require_f32("conv3d bias", &[b]);
     if let Some(kind) = small_fwd_kind(cs) {
         let cl = cache.layout == Layout::Ndhwc;
         let ours = match small_decided(cache, cs, Dir::Fwd) {

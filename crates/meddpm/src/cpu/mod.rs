@@ -49,8 +49,8 @@ thread_local! {
     static GN_STATS: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
     /// bf16 emulation: rounded copies of conv operands and a weight-gradient temporary (grown on
     /// the first call of a size, then reused).
-    static EMU: std::cell::RefCell<[Vec<f32>; 5]> =
-        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()]) };
+    static EMU: std::cell::RefCell<[Vec<f32>; 4]> =
+        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()]) };
 }
 
 /// The CPU reference backend (fp32, NCDHW, rayon); optionally emulating bf16 storage.
@@ -200,7 +200,7 @@ impl Backend for CpuBackend {
         if let Some(db) = db {
             conv3d::bias_grad(db, dout, cs);
         }
-        EMU.with_borrow_mut(|[ex, ew, edy, edw, _]| {
+        EMU.with_borrow_mut(|[ex, ew, edy, edw]| {
             let (x, w, dy) = (rounded_into(ex, inp), rounded_into(ew, w), rounded_into(edy, dout));
             edw.clear();
             edw.resize(dw.len(), 0.0);

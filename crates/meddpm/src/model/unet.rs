@@ -720,7 +720,9 @@ impl<B: Backend> UNet<B> {
                 Op::Conv { p, cs } => be.conv3d_forward(out, x, cw(*p), &w[*p + 1], *cs),
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
-                    let (c1, c3) = (ConvShape::new(xd, r.cout, 1, 1), ConvShape::new(xd, r.cout, 3, 1));
+                    // the skip conv, in_layers' conv, out_layers' conv
+                    let skip_cs = ConvShape::new(xd, r.cout, 1, 1);
+                    let (in_cs, out_cs) = (ConvShape::new(xd, r.cout, 3, 1), ConvShape::new(yd, r.cout, 3, 1));
                     // Biases folded, so no pass only adds one: in_layers' conv bias rides with
                     // the time embedding's; out_layers' conv bias with the skip branch, onto
                     // which that conv is accumulated (out = skip + conv + biases, cuDNN β = 1).
@@ -732,13 +734,13 @@ impl<B: Backend> UNet<B> {
                     if r.cat_in {
                         // x is the skip concatenation: skip conv first, then GroupNorm+SiLU over
                         // it in place (see `ResBlock::cat_in`)
-                        be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), c1);
+                        be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), skip_cs);
                         be.groupnorm_silu_forward_inplace(x, &mut r.mean1, &mut r.rstd1, &w[p], &w[p + 1], xd, g);
-                        be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), x, cw(p + 2), None, c3);
+                        be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), x, cw(p + 2), None, in_cs);
                     } else {
                         let [a] = scr.get([(xd.numel(), 0)]);
                         be.groupnorm_silu_forward(a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
-                        be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), a, cw(p + 2), None, c3);
+                        be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), a, cw(p + 2), None, in_cs);
                     }
                     be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &r.b_in, n, emb, r.cout);
                     be.add_channel_bias(&mut r.h, &r.e, yd);
@@ -747,12 +749,11 @@ impl<B: Backend> UNet<B> {
                     if r.cat_in {
                         // out already holds skip_connection(x) + the folded bias
                     } else if r.b_out.is_some() {
-                        be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), c1);
+                        be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), skip_cs);
                     } else {
                         be.add_channel_bias_to(out, x, b_out, xd);
                     }
-                    let c3 = ConvShape::new(yd, r.cout, 3, 1);
-                    be.conv3d_forward_acc((out, Accum::Add), a, cw(p + 8), None, c3);
+                    be.conv3d_forward_acc((out, Accum::Add), a, cw(p + 8), None, out_cs);
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
