@@ -15,6 +15,9 @@
 #   study64  scripts/gpu/study64.sh $STUDY64 (default: all parts): 64³ data from testdata/mni64 +
 #            `meddpm masks`, a 64³ model trained for 5 min in bf16, the sampler study on it, batch 4
 #            vs batch 1 volumes/s (~8–9 min; $OUT/study64.tar.gz holds docs/ for docs/eval/samplers-64)
+#   ncu      Nsight Compute (--set full) on the kernels matching $NCU_KERNELS (regex), the first
+#            $NCU_COUNT (default 4) launches, over one whole-head bf16 NDHWC bench step without
+#            graphs ($NCU_ENV: extra environment, e.g. MEDDPM_SMALL_CONV=0); details page as CSV
 #   prof     the CUPTI breakdown of one training and sampling step for each preset in PROF_PRESETS
 #            (default whole-head) and precision in PROF_MATH (default bf16), NDHWC, no counters
 #            (a minute each)
@@ -69,6 +72,22 @@ for part in "$@"; do
     profile) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/profile.sh ;;
     study)   BIN="$BIN/meddpm" OUT="$RES" bash scripts/gpu/study.sh ${STUDY:-demo samplers wholehead brats} ;;
     study64) BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/study64.sh ${STUDY64:-} ;;
+    ncu)
+      env ${NCU_ENV:-} ncu -k "regex:${NCU_KERNELS:?}" -c "${NCU_COUNT:-4}" --set full -o "$RES/ncu" \
+        "$BIN/meddpm" bench --device cuda --preset whole-head --precision bf16 --layout ndhwc --iters 1 \
+        --warmup 0 --no-graphs 2>&1 | grep -vE '^==PROF==' | tail -5
+      ncu --import "$RES/ncu.ncu-rep" --page details --csv >"$RES/details.csv"
+      ncu --import "$RES/ncu.ncu-rep" --page details --csv 2>/dev/null | python3 -c '
+import csv, sys
+rows = list(csv.DictReader(sys.stdin))
+want = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Memory Throughput", "DRAM Throughput",
+        "Compute (SM) Throughput", "Issue Slots Busy", "L1/TEX Hit Rate")
+seen = {}
+for r in rows:
+    if r["Metric Name"] in want:
+        seen.setdefault((r["ID"], r["Kernel Name"][:40]), {})[r["Metric Name"]] = r["Metric Value"] + " " + r["Metric Unit"]
+for (i, k), m in seen.items():
+    print(i, k, "|", "; ".join(f"{n}: {m.get(n, "-")}" for n in want))' ;;
     prof)
       CUPTI=$(dirname "$(find "$SP/nvidia" /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")
       for p in ${PROF_PRESETS:-whole-head}; do for m in ${PROF_MATH:-bf16}; do

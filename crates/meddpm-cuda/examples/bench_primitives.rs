@@ -244,7 +244,7 @@ fn main() {
                 });
                 let mut act = a();
                 let t = time(&be, 2, iters, || {
-                    be.groupnorm_silu_forward(&mut act, &mut mean, &mut rstd, &xin, &gamma, &beta, x, g)
+                    be.groupnorm_silu_forward(&mut act, &mut mean, &mut rstd, &xin, None, &gamma, &beta, x, g)
                 });
                 rows.push(Row {
                     name: "groupnorm+silu fwd".into(),
@@ -256,7 +256,7 @@ fn main() {
                 });
                 let t = time(&be, 2, iters, || {
                     #[rustfmt::skip]
-                    be.groupnorm_silu_backward((&mut dx, Accum::Overwrite), &mut dg, &mut dbt, &dy, &xin, &mean, &rstd, &gamma, &beta, x, g);
+                    be.groupnorm_silu_backward((&mut dx, Accum::Overwrite), &mut dg, &mut dbt, &dy, &xin, None, &mean, &rstd, &gamma, &beta, x, g);
                 });
                 rows.push(Row {
                     name: "groupnorm+silu bwd".into(),

@@ -9,10 +9,15 @@
 //            statistics instead of reading a stored GroupNorm output. With xhat = (x - mu) * r and
 //            g = dL/dy:
 //   dx = r * (gamma_c * g - m1 - xhat * m2),  m1 = mean_group(gamma*g),  m2 = mean_group(gamma*g*xhat).
+//
+// Input offset (`off`, f32 [N*C], may be null): the GroupNorm's input is x + off[n*C + c], summed
+// in f32 and never stored (the ResBlock's time-embedding add, folded in). The statistics pass
+// reads x alone: gn_stats_finalize adds the offset to each chunk's channel mean (the chunk's M2
+// does not move), and every elementwise pass uses mu - off[n*C + c] as the channel's mean.
 
-// grid G, block 256 (loops over n). Writes mean[n*G + g], rstd[n*G + g].
-extern "C" __global__ void gn_stats_finalize(const float* part, float* mean, float* rstd, int N, int C, i64 S, int G,
-                                             int chunk_len, int nchunks, float eps) {
+// grid G, block 256 (loops over n). Writes mean[n*G + g], rstd[n*G + g] of x + off.
+extern "C" __global__ void gn_stats_finalize(const float* part, const float* off, float* mean, float* rstd, int N,
+                                             int C, i64 S, int G, int chunk_len, int nchunks, float eps) {
     __shared__ double sh[32];
     int g = blockIdx.x, cpg = C / G;
     int items = nchunks * cpg;
@@ -22,7 +27,8 @@ extern "C" __global__ void gn_stats_finalize(const float* part, float* mean, flo
         for (int j = threadIdx.x; j < items; j += blockDim.x) {
             int k = j / cpg, c = g * cpg + j % cpg;
             i64 cnt = min((i64)chunk_len, S - (i64)k * chunk_len);
-            sm += (double)cnt * (double)part[(((i64)n * nchunks + k) * C + c) * 2];
+            double o = off ? (double)off[n * C + c] : 0.0;
+            sm += (double)cnt * ((double)part[(((i64)n * nchunks + k) * C + c) * 2] + o);
         }
         double mu = block_sum_d(sm, sh) / total;
         double m2 = 0.0;
@@ -30,7 +36,7 @@ extern "C" __global__ void gn_stats_finalize(const float* part, float* mean, flo
             int k = j / cpg, c = g * cpg + j % cpg;
             i64 cnt = min((i64)chunk_len, S - (i64)k * chunk_len);
             i64 idx = (((i64)n * nchunks + k) * C + c) * 2;
-            double d = (double)part[idx] - mu;
+            double d = (double)part[idx] + (off ? (double)off[n * C + c] : 0.0) - mu;
             m2 += (double)part[idx + 1] + (double)cnt * d * d;
         }
         m2 = block_sum_d(m2, sh);
@@ -76,11 +82,13 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
     }
 }
 
-// out = GN(x) (when out != null) and act = silu(GN(x)) (when act != null; from the unrounded value).
-// x, out, act: activations of the type `bf` selects; V elements per access (RowLaunch, common.cu).
+// out = GN(x + off) (when out != null) and act = silu(GN(x + off)) (when act != null; from the
+// unrounded value). x, out, act: activations of the type `bf` selects; V elements per access
+// (RowLaunch, common.cu); off: see above.
 template <typename T, int V>
 __device__ void gn_apply_t(const void* xv, const float* mean, const float* rstd, const float* gamma,
-                           const float* beta, void* outv, void* actv, int C, i64 S, int G, int cl) {
+                           const float* beta, const float* off, void* outv, void* actv, int C, i64 S, int G,
+                           int cl) {
     const T* x = (const T*)xv;
     T *out = (T*)outv, *act = (T*)actv;
     Row r = row_geom(C, S, V, cl);
@@ -90,7 +98,7 @@ __device__ void gn_apply_t(const void* xv, const float* mean, const float* rstd,
     for (int j = 0; j < V; j++) {
         int c = r.c0 + j * r.cstep, ng = r.n * G + c / cpg;
         sc[j] = rstd[ng] * gamma[c];
-        sh[j] = beta[c] - mean[ng] * sc[j];
+        sh[j] = beta[c] - (mean[ng] - (off ? off[r.n * C + c] : 0.0f)) * sc[j];
     }
     // two vectors per iteration, both loads issued before any store: twice the bytes in flight
     // per thread (one at a time reached ~2.6 TB/s on an H200)
@@ -116,19 +124,20 @@ __device__ void gn_apply_t(const void* xv, const float* mean, const float* rstd,
     }
 }
 extern "C" __global__ void gn_apply(const void* x, const float* mean, const float* rstd, const float* gamma,
-                                    const float* beta, void* out, void* act, int C, i64 S, int G, int cl, int bf,
-                                    int V) {
-    DISPATCH_V(bf, V, gn_apply_t, x, mean, rstd, gamma, beta, out, act, C, S, G, cl);
+                                    const float* beta, const float* off, void* out, void* act, int C, i64 S, int G,
+                                    int cl, int bf, int V) {
+    DISPATCH_V(bf, V, gn_apply_t, x, mean, rstd, gamma, beta, off, out, act, C, S, G, cl);
 }
 
 // dx = r·(γ·g − m1 − x̂·m2) = A·g + B·x + K with A = r·γ, B = −r²·m2, K = r·(μ·r·m2 − m1), per channel;
-// g = dout, times silu'(y) with y = GN(x) recomputed from the statistics when `silu` (beta given).
+// g = dout, times silu'(y) with y = GN(x + off) recomputed from the statistics when `silu` (beta
+// given); μ is the channel's mean less its offset.
 // dout, x, dx: activations of the type `bf` selects; dx may be dout itself (each element is read
 // before it is written, by the same thread).
 template <typename T, int V>
 __device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* mean, const float* rstd,
-                               const float* gamma, const float* beta, const float* coef, void* dxv, int C, i64 S,
-                               int G, int cl, int accum) {
+                               const float* gamma, const float* beta, const float* off, const float* coef,
+                               void* dxv, int C, i64 S, int G, int cl, int accum) {
     const T *dout = (const T*)doutv, *x = (const T*)xv;
     T* dx = (T*)dxv;
     Row r = row_geom(C, S, V, cl);
@@ -137,7 +146,8 @@ __device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* m
 #pragma unroll
     for (int j = 0; j < V; j++) {
         int c = r.c0 + j * r.cstep, ng = r.n * G + c / cpg;
-        float rs = rstd[ng], mu = mean[ng], m1 = coef[2 * ng], m2 = coef[2 * ng + 1];
+        float rs = rstd[ng], m1 = coef[2 * ng], m2 = coef[2 * ng + 1];
+        float mu = mean[ng] - (off ? off[r.n * C + c] : 0.0f);
         A[j] = rs * gamma[c];
         B[j] = -rs * rs * m2;
         K[j] = rs * (mu * rs * m2 - m1);
@@ -163,7 +173,7 @@ __device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* m
     }
 }
 extern "C" __global__ void gn_bwd_apply(const void* dout, const void* x, const float* mean, const float* rstd,
-                                        const float* gamma, const float* beta, const float* coef, void* dx, int C,
-                                        i64 S, int G, int cl, int accum, int bf, int V) {
-    DISPATCH_V(bf, V, gn_bwd_apply_t, dout, x, mean, rstd, gamma, beta, coef, dx, C, S, G, cl, accum);
+                                        const float* gamma, const float* beta, const float* off, const float* coef,
+                                        void* dx, int C, i64 S, int G, int cl, int accum, int bf, int V) {
+    DISPATCH_V(bf, V, gn_bwd_apply_t, dout, x, mean, rstd, gamma, beta, off, coef, dx, C, S, G, cl, accum);
 }

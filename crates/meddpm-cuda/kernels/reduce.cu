@@ -8,7 +8,8 @@
 //   OP_STATS: (mean, M2) of x over the chunk's voxels (sums shifted by the chunk's first value,
 //             so large means do not cancel the variance);
 //   OP_GNBWD: (sum g, sum g*(x - mu_group)) with g = dout, or dout*silu'(y) with y = GN(x)
-//             recomputed from the statistics (rstd, gamma, beta) when beta is given;
+//             recomputed from the statistics (rstd, gamma, beta) when beta is given; the
+//             GroupNorm's input is x + off[n*C + c] when `off` is given (see groupnorm.cu);
 //   OP_SUM:   (sum x, 0).
 // Stage 2 combines the chunks in double precision (see groupnorm.cu and chan_sum_finalize).
 // The activation inputs (a = x or dout, b = x) share one storage type T; the `bf` argument of the
@@ -18,19 +19,21 @@
 #define OP_GNBWD 1
 #define OP_SUM 2
 
-// GroupNorm backward's per-channel inputs: mu of the channel's group, and the affine map of
-// x to y = GN(x) (sc, sh) for the SiLU derivative.
+// GroupNorm backward's per-channel inputs: mu of the channel's group (less the channel's input
+// offset, so x - mu is the normalised input's deviation), and the affine map of x to y = GN(x)
+// (sc, sh) for the SiLU derivative.
 struct GnBwdIn {
     const float* mean;
     const float* rstd;
     const float* gamma;
     const float* beta;  // null: no SiLU
+    const float* off;   // null: no input offset
     int G;
 };
 
 __device__ __forceinline__ void gn_chan(const GnBwdIn& p, int n, int c, int C, float& mu, float& sc, float& sh) {
     int ng = n * p.G + c / (C / p.G);
-    mu = p.mean[ng];
+    mu = p.mean[ng] - (p.off ? p.off[n * C + c] : 0.0f);
     sc = p.beta ? p.rstd[ng] * p.gamma[c] : 0.0f;
     sh = p.beta ? p.beta[c] - mu * sc : 0.0f;
 }
@@ -145,15 +148,15 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
         F<bf16, __VA_ARGS__> ARGS;  \
     else                            \
         F<float, __VA_ARGS__> ARGS
-#define NO_GN GnBwdIn{nullptr, nullptr, nullptr, nullptr, 1}
+#define NO_GN GnBwdIn{nullptr, nullptr, nullptr, nullptr, nullptr, 1}
 extern "C" __global__ void chan_stats_ncdhw(const void* x, float* part, int C, i64 S, int chunk_len, int nchunks,
                                             int bf) {
     PARTIAL(chan_partial_ncdhw_t, (x, nullptr, NO_GN, part, C, S, chunk_len, nchunks), OP_STATS);
 }
 extern "C" __global__ void chan_gnbwd_ncdhw(const void* dout, const void* x, const float* mean, const float* rstd,
-                                            const float* gamma, const float* beta, float* part, int C, i64 S, int G,
-                                            int chunk_len, int nchunks, int bf) {
-    GnBwdIn gp{mean, rstd, gamma, beta, G};
+                                            const float* gamma, const float* beta, const float* off, float* part,
+                                            int C, i64 S, int G, int chunk_len, int nchunks, int bf) {
+    GnBwdIn gp{mean, rstd, gamma, beta, off, G};
     PARTIAL(chan_partial_ncdhw_t, (dout, x, gp, part, C, S, chunk_len, nchunks), OP_GNBWD);
 }
 extern "C" __global__ void chan_sum_ncdhw(const void* x, float* part, int C, i64 S, int chunk_len, int nchunks,
@@ -170,9 +173,9 @@ extern "C" __global__ void chan_sum_ncdhw(const void* x, float* part, int C, i64
     }                                                                                                           \
     extern "C" __global__ void chan_gnbwd_ndhwc##V(const void* dout, const void* x, const float* mean,          \
                                                    const float* rstd, const float* gamma, const float* beta,     \
-                                                   float* part, int C, i64 S, int G, int chunk_len, int nchunks, \
-                                                   int bf) {                                                    \
-        GnBwdIn gp{mean, rstd, gamma, beta, G};                                                                 \
+                                                   const float* off, float* part, int C, i64 S, int G,           \
+                                                   int chunk_len, int nchunks, int bf) {                         \
+        GnBwdIn gp{mean, rstd, gamma, beta, off, G};                                                            \
         if (BF16_ONLY || bf)                                                                                    \
             chan_partial_ndhwc_t<bf16, OP_GNBWD, V>(dout, x, gp, part, C, S, chunk_len, nchunks);               \
         else                                                                                                    \

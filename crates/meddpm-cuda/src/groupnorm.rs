@@ -9,6 +9,8 @@
 //! the data forward (read x; read x, write out or, fused with SiLU, only act) and two backward
 //! (read dout, x; again, write dx). The fused GroupNorm+SiLU never stores the GroupNorm output:
 //! the backward recomputes it from x and the saved statistics where SiLU's derivative needs it.
+//! An optional per-(n, c) f32 input offset (`off`) makes the GroupNorm's input x + off without
+//! a pass that adds it (kernels/groupnorm.cu).
 
 use meddpm::{Accum, Dims};
 
@@ -18,7 +20,7 @@ use crate::elementwise::{chunking, launch_partial, row_launch, row_vec, same_bf,
 
 pub(crate) const EPS: f32 = 1e-5;
 
-/// Forward: `out` = GN(inp) and/or `act` = silu(GN(inp)); mean/rstd [N·G] saved.
+/// Forward: `out` = GN(inp + off) and/or `act` = silu(GN(inp + off)); mean/rstd [N·G] saved.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     dev: &Device,
@@ -27,6 +29,7 @@ pub(crate) fn forward(
     mean: &mut GpuBuf,
     rstd: &mut GpuBuf,
     inp: &GpuBuf,
+    off: Option<&GpuBuf>,
     gamma: &GpuBuf,
     beta: &GpuBuf,
     x: Dims,
@@ -40,7 +43,8 @@ pub(crate) fn forward(
     let xp = dev.ptr(inp);
     let op_ = out.map(|o| dev.ptr_mut(o)).unwrap_or(0);
     let ap = act.map(|a| dev.ptr_mut(a)).unwrap_or(0);
-    forward_ptrs(dev, xp, op_, ap, mean, rstd, gamma, beta, x, groups, cl, bf);
+    let offp = off_ptr(dev, off, x);
+    forward_ptrs(dev, xp, offp, op_, ap, mean, rstd, gamma, beta, x, groups, cl, bf);
 }
 
 /// [`forward`] with SiLU, in place: `x` := silu(GN(x)) (the statistics pass reads x before the
@@ -60,15 +64,25 @@ pub(crate) fn forward_inplace(
     check(xd, groups, x.len(), gamma.len(), mean.len());
     let bf = x.bf();
     let xp = dev.ptr_mut(x);
-    forward_ptrs(dev, xp, 0, xp, mean, rstd, gamma, beta, xd, groups, cl, bf);
+    forward_ptrs(dev, xp, 0, 0, xp, mean, rstd, gamma, beta, xd, groups, cl, bf);
 }
 
-/// Statistics (stage 1 and 2), then the elementwise stage, on raw pointers (`op_`/`ap` 0: not
-/// written; either may be `xp` itself).
+/// The device pointer of an input offset (0: none), its length checked: f32, N·C.
+fn off_ptr(dev: &Device, off: Option<&GpuBuf>, x: Dims) -> u64 {
+    off.map(|o| {
+        assert!(o.len() == x.n * x.c && o.bf() == 0, "groupnorm {x}: the input offset is f32 [N·C], got {}", o.len());
+        dev.ptr(o)
+    })
+    .unwrap_or(0)
+}
+
+/// Statistics (stage 1 and 2), then the elementwise stage, on raw pointers (`offp` 0: no input
+/// offset; `op_`/`ap` 0: not written; either may be `xp` itself).
 #[allow(clippy::too_many_arguments)]
 fn forward_ptrs(
     dev: &Device,
     xp: u64,
+    offp: u64,
     op_: u64,
     ap: u64,
     mean: &mut GpuBuf,
@@ -91,6 +105,7 @@ fn forward_ptrs(
         (256, 1, 1),
         &[
             P(pp),
+            P(offp),
             P(mp),
             P(rp),
             I(x.n as i32),
@@ -102,10 +117,10 @@ fn forward_ptrs(
             F(EPS),
         ],
     );
-    apply(dev, xp, mp, rp, gamma, beta, op_, ap, x, groups, cl, bf);
+    apply(dev, xp, offp, mp, rp, gamma, beta, op_, ap, x, groups, cl, bf);
 }
 
-/// `act` = silu(GN(inp)) from statistics saved by [`forward`] (the backward's recomputation of a
+/// `act` = silu(GN(inp + off)) from statistics saved by [`forward`] (the backward's recomputation of a
 /// convolution's input): only the elementwise pass, bit for bit what the forward wrote.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn recompute(
@@ -114,6 +129,7 @@ pub(crate) fn recompute(
     mean: &GpuBuf,
     rstd: &GpuBuf,
     inp: &GpuBuf,
+    off: Option<&GpuBuf>,
     gamma: &GpuBuf,
     beta: &GpuBuf,
     x: Dims,
@@ -124,14 +140,17 @@ pub(crate) fn recompute(
     assert!(act.len() == x.numel() && rstd.len() == mean.len(), "groupnorm recompute {x}: lengths");
     let bf = same_bf("groupnorm recompute", &[inp, act]);
     let (xp, mp, rp, ap) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr_mut(act));
-    apply(dev, xp, mp, rp, gamma, beta, 0, ap, x, groups, cl, bf);
+    let offp = off_ptr(dev, off, x);
+    apply(dev, xp, offp, mp, rp, gamma, beta, 0, ap, x, groups, cl, bf);
 }
 
-/// The elementwise stage (kernel gn_apply): out = GN(x) and/or act = silu(GN(x)) (0: not written).
+/// The elementwise stage (kernel gn_apply): out = GN(x + off) and/or act = silu(GN(x + off)) (0:
+/// not written, no offset).
 #[allow(clippy::too_many_arguments)]
 fn apply(
     dev: &Device,
     xp: u64,
+    offp: u64,
     mp: u64,
     rp: u64,
     gamma: &GpuBuf,
@@ -151,6 +170,7 @@ fn apply(
         P(rp),
         P(dev.ptr(gamma)),
         P(dev.ptr(beta)),
+        P(offp),
         P(op_),
         P(ap),
         I(x.c as i32),
@@ -171,8 +191,8 @@ fn check(x: Dims, groups: usize, inp: usize, gamma: usize, stats: usize) {
 }
 
 /// Backward: dinp (per Accum), dgamma += , dbeta += . With `silu_beta` (the GroupNorm's beta) the
-/// incoming gradient is first multiplied by silu'(y), y = GN(inp) recomputed on the fly from the
-/// statistics (fused GroupNorm+SiLU backward).
+/// incoming gradient is first multiplied by silu'(y), y = GN(inp + off) recomputed on the fly from
+/// the statistics (fused GroupNorm+SiLU backward). dinp is also ∂loss/∂off per voxel.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &Device,
@@ -182,6 +202,7 @@ pub(crate) fn backward(
     dout: &GpuBuf,
     silu_beta: Option<&GpuBuf>,
     inp: &GpuBuf,
+    off: Option<&GpuBuf>,
     mean: &GpuBuf,
     rstd: &GpuBuf,
     gamma: &GpuBuf,
@@ -194,7 +215,9 @@ pub(crate) fn backward(
     let bf = same_bf("groupnorm backward", &[dinp.0, dout, inp]);
     let dp = dev.ptr(dout);
     let acc = dinp.1;
+    let offp = off_ptr(dev, off, x);
     let dxp = dev.ptr_mut(dinp.0);
+    let inp = (inp, offp);
     backward_ptrs(dev, (dxp, acc), dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf);
 }
 
@@ -221,10 +244,11 @@ pub(crate) fn backward_inplace(
     let bf = same_bf("groupnorm backward in place", &[d, inp]);
     let dp = dev.ptr_mut(d);
     let dx = (dp, Accum::Overwrite);
-    backward_ptrs(dev, dx, dgamma, dbeta, dp, Some(beta), inp, mean, rstd, gamma, x, groups, cl, bf);
+    backward_ptrs(dev, dx, dgamma, dbeta, dp, Some(beta), (inp, 0), mean, rstd, gamma, x, groups, cl, bf);
 }
 
-/// The three backward stages on raw gradient pointers (`dx.0` may be `dp`).
+/// The three backward stages on raw gradient pointers (`dx.0` may be `dp`); `inp` with its input
+/// offset's pointer (0: none).
 #[allow(clippy::too_many_arguments)]
 fn backward_ptrs(
     dev: &Device,
@@ -233,7 +257,7 @@ fn backward_ptrs(
     dbeta: &mut GpuBuf,
     dp: u64,
     silu_beta: Option<&GpuBuf>,
-    inp: &GpuBuf,
+    (inp, offp): (&GpuBuf, u64),
     mean: &GpuBuf,
     rstd: &GpuBuf,
     gamma: &GpuBuf,
@@ -249,7 +273,7 @@ fn backward_ptrs(
     let coef = pp + (npart * 4) as u64;
     let (xp, mp, rp, gp) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr(gamma));
     let bp = silu_beta.map(|b| dev.ptr(b)).unwrap_or(0);
-    launch_partial(dev, Partial::GnBwd, x, groups, cl, &[dp, xp, mp, rp, gp, bp], pp, bf);
+    launch_partial(dev, Partial::GnBwd, x, groups, cl, &[dp, xp, mp, rp, gp, bp, offp], pp, bf);
     dev.launch(
         "gn_bwd_finalize",
         (groups as u32, 1, 1),
@@ -277,6 +301,7 @@ fn backward_ptrs(
         P(rp),
         P(gp),
         P(bp),
+        P(offp),
         P(coef),
         P(dx.0),
         I(x.c as i32),

@@ -586,7 +586,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, Some(out), None, mean, rstd, inp, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, Some(out), None, mean, rstd, inp, None, gamma, beta, x, groups, self.cl());
     }
     fn groupnorm_backward(
         &self,
@@ -601,7 +601,22 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::backward(&self.dev, dinp, dgamma, dbeta, dout, None, inp, mean, rstd, gamma, x, groups, self.cl());
+        groupnorm::backward(
+            &self.dev,
+            dinp,
+            dgamma,
+            dbeta,
+            dout,
+            None,
+            inp,
+            None,
+            mean,
+            rstd,
+            gamma,
+            x,
+            groups,
+            self.cl(),
+        );
     }
     fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) {
         silu::forward(&self.dev, out, inp);
@@ -615,12 +630,13 @@ impl Backend for CudaBackend {
         mean: &mut Self::Buf,
         rstd: &mut Self::Buf,
         inp: &Self::Buf,
+        off: Option<&Self::Buf>,
         gamma: &Self::Buf,
         beta: &Self::Buf,
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, off, gamma, beta, x, groups, self.cl());
     }
     fn groupnorm_silu_forward_inplace(
         &self,
@@ -656,12 +672,13 @@ impl Backend for CudaBackend {
         mean: &Self::Buf,
         rstd: &Self::Buf,
         inp: &Self::Buf,
+        off: Option<&Self::Buf>,
         gamma: &Self::Buf,
         beta: &Self::Buf,
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::recompute(&self.dev, out, mean, rstd, inp, gamma, beta, x, groups, self.cl());
+        groupnorm::recompute(&self.dev, out, mean, rstd, inp, off, gamma, beta, x, groups, self.cl());
     }
     fn groupnorm_silu_backward(
         &self,
@@ -670,6 +687,7 @@ impl Backend for CudaBackend {
         dbeta: &mut Self::Buf,
         dout: &Self::Buf,
         inp: &Self::Buf,
+        off: Option<&Self::Buf>,
         mean: &Self::Buf,
         rstd: &Self::Buf,
         gamma: &Self::Buf,
@@ -678,7 +696,22 @@ impl Backend for CudaBackend {
         groups: usize,
     ) {
         let cl = self.cl();
-        groupnorm::backward(&self.dev, dinp, dgamma, dbeta, dout, Some(beta), inp, mean, rstd, gamma, x, groups, cl);
+        groupnorm::backward(
+            &self.dev,
+            dinp,
+            dgamma,
+            dbeta,
+            dout,
+            Some(beta),
+            inp,
+            off,
+            mean,
+            rstd,
+            gamma,
+            x,
+            groups,
+            cl,
+        );
     }
 
     fn linear_forward(

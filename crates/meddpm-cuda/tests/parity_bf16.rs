@@ -299,9 +299,9 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
         (vec![0f32; x.numel()], vec![0f32; x.numel()], vec![0f32; ng], vec![0f32; ng]);
     let (mut dg_c, mut db_c, mut dx_c) = (dg0.clone(), db0.clone(), dx0.clone());
     if fused {
-        cpu.groupnorm_silu_forward(&mut a_c, &mut m_c, &mut r_c, &xin, &gamma, &beta, x, groups);
+        cpu.groupnorm_silu_forward(&mut a_c, &mut m_c, &mut r_c, &xin, None, &gamma, &beta, x, groups);
         #[rustfmt::skip]
-        cpu.groupnorm_silu_backward((&mut dx_c, acc), &mut dg_c, &mut db_c, &dy, &xin, &m_c, &r_c, &gamma, &beta, x, groups);
+        cpu.groupnorm_silu_backward((&mut dx_c, acc), &mut dg_c, &mut db_c, &dy, &xin, None, &m_c, &r_c, &gamma, &beta, x, groups);
     } else {
         cpu.groupnorm_forward(&mut y_c, &mut m_c, &mut r_c, &xin, &gamma, &beta, x, groups);
         cpu.groupnorm_backward((&mut dx_c, acc), &mut dg_c, &mut db_c, &dy, &xin, &m_c, &r_c, &gamma, x, groups);
@@ -313,13 +313,13 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
         let (mut mg, mut rg) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
         let (mut dgg, mut dbg, mut dxg) = (raw(g, &dg0), raw(g, &db0), act(g, &dx0, x));
         if fused {
-            g.groupnorm_silu_forward(&mut ag, &mut mg, &mut rg, &xg, &gg, &bg, x, groups);
+            g.groupnorm_silu_forward(&mut ag, &mut mg, &mut rg, &xg, None, &gg, &bg, x, groups);
             #[rustfmt::skip]
-            g.groupnorm_silu_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, &bg, x, groups);
+            g.groupnorm_silu_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, None, &mg, &rg, &gg, &bg, x, groups);
             check(&format!("{tag} silu out"), &get_act(g, &ag, x), &a_c, BF);
             // the backward's recomputation from the saved statistics: the forward's output, bit for bit
             let mut a2 = g.alloc_act(x.numel()).unwrap();
-            g.groupnorm_silu_recompute(&mut a2, &mg, &rg, &xg, &gg, &bg, x, groups);
+            g.groupnorm_silu_recompute(&mut a2, &mg, &rg, &xg, None, &gg, &bg, x, groups);
             assert!(get_act(g, &a2, x) == get_act(g, &ag, x), "{tag}: recompute differs from the forward");
             // in place (the decoder ResBlocks over their skip concatenation): the same kernels,
             // so bit for bit the out-of-place results
@@ -329,7 +329,7 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
             assert!(get_raw(g, &mi) == get_raw(g, &mg) && get_raw(g, &ri) == get_raw(g, &rg), "{tag}: in-place stats");
             let (mut dgo, mut dbo, mut dxo) = (raw(g, &dg0), raw(g, &db0), g.alloc_act(x.numel()).unwrap());
             #[rustfmt::skip]
-            g.groupnorm_silu_backward((&mut dxo, Accum::Overwrite), &mut dgo, &mut dbo, &dyg, &xg, &mg, &rg, &gg, &bg, x, groups);
+            g.groupnorm_silu_backward((&mut dxo, Accum::Overwrite), &mut dgo, &mut dbo, &dyg, &xg, None, &mg, &rg, &gg, &bg, x, groups);
             let (mut dgi, mut dbi, mut di) = (raw(g, &dg0), raw(g, &db0), act(g, &dy, x));
             g.groupnorm_silu_backward_inplace(&mut di, &mut dgi, &mut dbi, &xg, &mg, &rg, &gg, &bg, x, groups);
             assert!(get_act(g, &di, x) == get_act(g, &dxo, x), "{tag}: in-place backward differs");
@@ -337,6 +337,14 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
                 get_raw(g, &dgi) == get_raw(g, &dgo) && get_raw(g, &dbi) == get_raw(g, &dbo),
                 "{tag}: in-place dgamma/dbeta"
             );
+            // with a per-(n, c) input offset (the ResBlock's time embedding folded in)
+            let off: Vec<f32> = rnd(x.n * x.c, seed + 7, 2.0);
+            let (up, down) = (&|v: &[f32]| act(g, v, x), &|b: &Buf| get_act(g, b, x));
+            let (upr, downr) = (&|v: &[f32]| raw(g, v), &|b: &Buf| get_raw(g, b));
+            let host = (&xin[..], &dy[..], &dx0[..]);
+            let chk = &|w: &str, got: &[f32], want: &[f32]| check(w, got, want, BF);
+            let ops = (&gamma[..], &beta[..], &off[..]);
+            common::check_gn_offset(g, &cpu, (x, groups, acc), host, ops, (up, down), (upr, downr), chk, &name(g));
         } else {
             g.groupnorm_forward(&mut yg, &mut mg, &mut rg, &xg, &gg, &bg, x, groups);
             g.groupnorm_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, x, groups);

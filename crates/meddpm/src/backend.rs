@@ -318,9 +318,15 @@ pub trait Backend {
     /// dinp (per `Accum`) = dout·σ(x)(1 + x(1−σ(x))).
     fn silu_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, inp: &Self::Buf);
 
-    /// Fused GroupNorm + SiLU (the ResBlock and output-head prologue): out = silu(GN(inp)), with
-    /// mean/rstd [N·G] saved. The GroupNorm output itself is not kept: the backward recomputes it
-    /// from `inp` and the statistics where SiLU's derivative needs it.
+    /// Fused GroupNorm + SiLU (the ResBlock and output-head prologue): out = silu(GN(inp + off)),
+    /// with mean/rstd [N·G] saved. The GroupNorm output itself is not kept: the backward recomputes
+    /// it from `inp` and the statistics where SiLU's derivative needs it.
+    ///
+    /// `off` (f32, [N·C], optional) is a per-(sample, channel) input offset: the GroupNorm reads
+    /// inp[n, c, ·] + off[n·C + c], summed in f32 and never stored or rounded (the ResBlock's
+    /// time-embedding add, `h + emb_out`, folded in: no pass over `h` that only adds it). The
+    /// recompute and the backward take the same offset; the backward's dinp is then also
+    /// ∂loss/∂off per voxel.
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_forward(
         &self,
@@ -328,6 +334,7 @@ pub trait Backend {
         mean: &mut Self::Buf,
         rstd: &mut Self::Buf,
         inp: &Self::Buf,
+        off: Option<&Self::Buf>,
         gamma: &Self::Buf,
         beta: &Self::Buf,
         x: Dims,
@@ -343,6 +350,7 @@ pub trait Backend {
         mean: &Self::Buf,
         rstd: &Self::Buf,
         inp: &Self::Buf,
+        off: Option<&Self::Buf>,
         gamma: &Self::Buf,
         beta: &Self::Buf,
         x: Dims,
@@ -387,6 +395,7 @@ pub trait Backend {
         dbeta: &mut Self::Buf,
         dout: &Self::Buf,
         inp: &Self::Buf,
+        off: Option<&Self::Buf>,
         mean: &Self::Buf,
         rstd: &Self::Buf,
         gamma: &Self::Buf,

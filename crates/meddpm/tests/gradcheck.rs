@@ -280,12 +280,12 @@ fn groupnorm_silu_default_method() {
     let (x32, g32, b32, r32) = (to_f32(&x), to_f32(&g), to_f32(&b), to_f32(&r));
     let mut out = vec![0f32; x.len()];
     let (mut mean32, mut rstd32) = (vec![0f32; xd.n * groups], vec![0f32; xd.n * groups]);
-    be.groupnorm_silu_forward(&mut out, &mut mean32, &mut rstd32, &x32, &g32, &b32, xd, groups);
+    be.groupnorm_silu_forward(&mut out, &mut mean32, &mut rstd32, &x32, None, &g32, &b32, xd, groups);
     compare("backend gn+silu forward", &out, &f(&x, &g, &b), F32_TOL).unwrap();
     let mut dx32 = vec![1f32; x.len()];
     let (mut dg32, mut db32) = (vec![0f32; xd.c], vec![0f32; xd.c]);
     let dinp = (&mut dx32, Accum::Add);
-    be.groupnorm_silu_backward(dinp, &mut dg32, &mut db32, &r32, &x32, &mean32, &rstd32, &g32, &b32, xd, groups);
+    be.groupnorm_silu_backward(dinp, &mut dg32, &mut db32, &r32, &x32, None, &mean32, &rstd32, &g32, &b32, xd, groups);
     let want_dx: Vec<f64> = dx.iter().map(|v| v + 1.0).collect();
     compare("backend gn+silu dinp (Add onto 1)", &dx32, &want_dx, F32_TOL).unwrap();
     compare("backend gn+silu dgamma", &dg32, &dg, F32_TOL).unwrap();

@@ -261,16 +261,49 @@ fn groupnorm_silu_in_place_equals_out_of_place() {
         };
         let (xin, gamma, beta, dy) = (r(x.numel(), 1), rand(x.c, 2, 1.0), rand(x.c, 3, 1.0), r(x.numel(), 4));
         let (mut a, mut m, mut s) = (vec![0f32; x.numel()], vec![0f32; 2 * groups], vec![0f32; 2 * groups]);
-        be.groupnorm_silu_forward(&mut a, &mut m, &mut s, &xin, &gamma, &beta, x, groups);
+        be.groupnorm_silu_forward(&mut a, &mut m, &mut s, &xin, None, &gamma, &beta, x, groups);
         let (mut xi, mut mi, mut si) = (xin.clone(), vec![0f32; 2 * groups], vec![0f32; 2 * groups]);
         be.groupnorm_silu_forward_inplace(&mut xi, &mut mi, &mut si, &gamma, &beta, x, groups);
         assert!(xi == a && mi == m && si == s, "bf16 {bf16}: forward in place");
         let (mut dx, mut dg, mut db) = (vec![7f32; x.numel()], vec![0.5f32; x.c], vec![0.25f32; x.c]);
         #[rustfmt::skip]
-        be.groupnorm_silu_backward((&mut dx, Accum::Overwrite), &mut dg, &mut db, &dy, &xin, &m, &s, &gamma, &beta, x, groups);
+        be.groupnorm_silu_backward((&mut dx, Accum::Overwrite), &mut dg, &mut db, &dy, &xin, None, &m, &s, &gamma, &beta, x, groups);
         let (mut di, mut dgi, mut dbi) = (dy.clone(), vec![0.5f32; x.c], vec![0.25f32; x.c]);
         be.groupnorm_silu_backward_inplace(&mut di, &mut dgi, &mut dbi, &xin, &m, &s, &gamma, &beta, x, groups);
         assert!(di == dx && dgi == dg && dbi == db, "bf16 {bf16}: backward in place");
         assert!(dx.iter().any(|&v| v != 7.0));
+    }
+}
+
+/// GroupNorm+SiLU with a per-(n, c) input offset (the ResBlock's time embedding, folded in) is
+/// GroupNorm+SiLU of the materialised sum, summed in f32 and not rounded: bit for bit in fp32;
+/// in bf16 mode the same as an fp32 sum fed to the bf16 backend (only outputs are rounded). The
+/// recompute and the backward take the same offset.
+#[test]
+fn groupnorm_silu_input_offset_is_the_unrounded_sum() {
+    use meddpm::{Accum, Dims};
+    for bf16 in [false, true] {
+        let be = if bf16 { CpuBackend::bf16() } else { CpuBackend::new() };
+        let (x, groups) = (Dims::new(2, 12, 3, 4, 5), 4);
+        let (xin, off, gamma, beta) =
+            (rand(x.numel(), 1, 1.0), rand(x.n * x.c, 5, 3.0), rand(x.c, 2, 1.0), rand(x.c, 3, 1.0));
+        let dy = rand(x.numel(), 4, 1.0);
+        let mut sum = xin.clone();
+        meddpm::cpu::CpuBackend::new().add_channel_bias(&mut sum, &off, x);
+        let ng = x.n * groups;
+        let run = |inp: &Vec<f32>, o: Option<&Vec<f32>>| {
+            let (mut a, mut m, mut s, mut a2) =
+                (vec![0f32; x.numel()], vec![0f32; ng], vec![0f32; ng], vec![0f32; x.numel()]);
+            be.groupnorm_silu_forward(&mut a, &mut m, &mut s, inp, o, &gamma, &beta, x, groups);
+            be.groupnorm_silu_recompute(&mut a2, &m, &s, inp, o, &gamma, &beta, x, groups);
+            let (mut dx, mut dg, mut db) = (vec![0.5f32; x.numel()], vec![0f32; x.c], vec![0f32; x.c]);
+            #[rustfmt::skip]
+            be.groupnorm_silu_backward((&mut dx, Accum::Add), &mut dg, &mut db, &dy, inp, o, &m, &s, &gamma, &beta, x, groups);
+            (a, m, s, a2, dx, dg, db)
+        };
+        let (got, want) = (run(&xin, Some(&off)), run(&sum, None));
+        assert!(got == want, "bf16 {bf16}: the offset differs from the materialised sum");
+        // and the offset matters: without it the output differs
+        assert!(run(&xin, None).0 != want.0);
     }
 }

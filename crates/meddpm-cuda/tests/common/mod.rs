@@ -1,12 +1,13 @@
 //! Helpers shared by the GPU parity test binaries (parity.rs, parity_bf16.rs): which convolution
 //! path, ours or cuDNN, a conv shape must have taken; the accumulating conv forward vs the CPU;
-//! the f32 bias-vector primitives (the same in every precision).
+//! the f32 bias-vector primitives (the same in every precision); GroupNorm+SiLU with an input
+//! offset.
 
 use meddpm::cpu::CpuBackend;
-use meddpm::{Accum, Backend, ConvShape};
+use meddpm::{Accum, Backend, ConvShape, Dims};
 use meddpm_cuda::CudaBackend;
 
-type Buf = <CudaBackend as Backend>::Buf;
+pub type Buf = <CudaBackend as Backend>::Buf;
 
 /// The accumulating and bias-less forwards (`Backend::conv3d_forward_acc`, the U-Net's residual
 /// convs) against the CPU twin: y0 + conv, y0 + conv + b and conv alone, each twice (a shape's
@@ -94,4 +95,47 @@ pub fn check_bias_vector_ops(g: &CudaBackend, cpu: &CpuBackend, rnd: &dyn Fn(usi
         let tol = 1e-6 * db[c].abs().max(1.0);
         assert!((got[c] - db[c]).abs() <= tol, "bias_grad_rows [{tag}] [{c}]: {} vs CPU {}", got[c], db[c]);
     }
+}
+
+/// Fused GroupNorm+SiLU with a per-(n, c) input offset (`off`, f32 [N·C]: the ResBlock's folded
+/// time embedding) on `g` against the CPU twin: the forward's output and statistics, the recompute
+/// (bit for bit the forward), the backward's dx (per `acc`), dγ and dβ. `host` = (x, dy, dx0) as
+/// the GPU stores them; `up`/`down` move an activation to and from the GPU, `upr`/`downr` an f32
+/// vector; `check(what, got, want)` compares.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn check_gn_offset(
+    g: &CudaBackend,
+    cpu: &CpuBackend,
+    (x, groups, acc): (Dims, usize, Accum),
+    host: (&[f32], &[f32], &[f32]),
+    (gamma, beta, off): (&[f32], &[f32], &[f32]),
+    (up, down): (&dyn Fn(&[f32]) -> Buf, &dyn Fn(&Buf) -> Vec<f32>),
+    (upr, downr): (&dyn Fn(&[f32]) -> Buf, &dyn Fn(&Buf) -> Vec<f32>),
+    check: &dyn Fn(&str, &[f32], &[f32]),
+    tag: &str,
+) {
+    let (xin, dy, dx0) = host;
+    let (xin, dy, gamma, beta, off) = (xin.to_vec(), dy.to_vec(), gamma.to_vec(), beta.to_vec(), off.to_vec());
+    let (n, ng) = (x.numel(), x.n * groups);
+    let (mut a_c, mut m_c, mut r_c) = (vec![0f32; n], vec![0f32; ng], vec![0f32; ng]);
+    let (mut dg_c, mut db_c, mut dx_c) = (vec![0.5f32; x.c], vec![0.25f32; x.c], dx0.to_vec());
+    cpu.groupnorm_silu_forward(&mut a_c, &mut m_c, &mut r_c, &xin, Some(&off), &gamma, &beta, x, groups);
+    let d = (&mut dx_c, acc);
+    cpu.groupnorm_silu_backward(d, &mut dg_c, &mut db_c, &dy, &xin, Some(&off), &m_c, &r_c, &gamma, &beta, x, groups);
+    let (xg, dyg, og, gg, bg) = (up(&xin), up(&dy), upr(&off), upr(&gamma), upr(&beta));
+    let (mut ag, mut a2, mut mg, mut rg) =
+        (up(&vec![0.0; n]), up(&vec![0.0; n]), upr(&vec![0.0; ng]), upr(&vec![0.0; ng]));
+    let (mut dgg, mut dbg, mut dxg) = (upr(&vec![0.5; x.c]), upr(&vec![0.25; x.c]), up(dx0));
+    g.groupnorm_silu_forward(&mut ag, &mut mg, &mut rg, &xg, Some(&og), &gg, &bg, x, groups);
+    g.groupnorm_silu_recompute(&mut a2, &mg, &rg, &xg, Some(&og), &gg, &bg, x, groups);
+    let d = (&mut dxg, acc);
+    g.groupnorm_silu_backward(d, &mut dgg, &mut dbg, &dyg, &xg, Some(&og), &mg, &rg, &gg, &bg, x, groups);
+    let tag = format!("groupnorm+silu, input offset {x} G{groups} {acc:?} [{tag}]");
+    assert!(down(&a2) == down(&ag), "{tag}: recompute differs from the forward");
+    check(&format!("{tag} silu out"), &down(&ag), &a_c);
+    check(&format!("{tag} mean"), &downr(&mg), &m_c);
+    check(&format!("{tag} rstd"), &downr(&rg), &r_c);
+    check(&format!("{tag} dx"), &down(&dxg), &dx_c);
+    check(&format!("{tag} dgamma+="), &downr(&dgg), &dg_c);
+    check(&format!("{tag} dbeta+="), &downr(&dbg), &db_c);
 }

@@ -67,6 +67,10 @@ impl<B: Backend> Timed<B> {
     fn l(&self, b: &B::Buf) -> f64 {
         self.inner.len(b) as f64
     }
+    /// [`Self::l`] of an optional operand (0 when absent).
+    fn lo(&self, b: Option<&B::Buf>) -> f64 {
+        b.map_or(0.0, |b| self.l(b))
+    }
     /// Elements moved by an input-gradient write: written once, read too when accumulating.
     fn acc(&self, b: &B::Buf, a: Accum) -> f64 {
         match a {
@@ -236,14 +240,15 @@ impl<B: Backend> Backend for Timed<B> {
         mean: &mut Self::Buf,
         rstd: &mut Self::Buf,
         inp: &Self::Buf,
+        off: Option<&Self::Buf>,
         gamma: &Self::Buf,
         beta: &Self::Buf,
         x: Dims,
         groups: usize,
     ) {
-        let e = self.l(out) + self.l(mean) + self.l(rstd) + self.l(inp) + self.l(gamma) + self.l(beta);
+        let e = self.l(out) + self.l(mean) + self.l(rstd) + self.l(inp) + self.lo(off) + self.l(gamma) + self.l(beta);
         self.rec("groupnorm_silu_forward", Category::Normalization, None, e, || {
-            self.inner.groupnorm_silu_forward(out, mean, rstd, inp, gamma, beta, x, groups)
+            self.inner.groupnorm_silu_forward(out, mean, rstd, inp, off, gamma, beta, x, groups)
         })
     }
     fn groupnorm_silu_forward_inplace(
@@ -292,14 +297,15 @@ impl<B: Backend> Backend for Timed<B> {
         mean: &Self::Buf,
         rstd: &Self::Buf,
         inp: &Self::Buf,
+        off: Option<&Self::Buf>,
         gamma: &Self::Buf,
         beta: &Self::Buf,
         x: Dims,
         groups: usize,
     ) {
-        let e = self.l(out) + self.l(mean) + self.l(rstd) + self.l(inp) + self.l(gamma) + self.l(beta);
+        let e = self.l(out) + self.l(mean) + self.l(rstd) + self.l(inp) + self.lo(off) + self.l(gamma) + self.l(beta);
         self.rec("groupnorm_silu_recompute", Category::Normalization, None, e, || {
-            self.inner.groupnorm_silu_recompute(out, mean, rstd, inp, gamma, beta, x, groups)
+            self.inner.groupnorm_silu_recompute(out, mean, rstd, inp, off, gamma, beta, x, groups)
         })
     }
     fn groupnorm_silu_backward(
@@ -309,6 +315,7 @@ impl<B: Backend> Backend for Timed<B> {
         dbeta: &mut Self::Buf,
         dout: &Self::Buf,
         inp: &Self::Buf,
+        off: Option<&Self::Buf>,
         mean: &Self::Buf,
         rstd: &Self::Buf,
         gamma: &Self::Buf,
@@ -320,12 +327,13 @@ impl<B: Backend> Backend for Timed<B> {
             + 2.0 * (self.l(dgamma) + self.l(dbeta))
             + self.l(dout)
             + self.l(inp)
+            + self.lo(off)
             + self.l(mean)
             + self.l(rstd)
             + self.l(gamma)
             + self.l(beta);
         self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
-            self.inner.groupnorm_silu_backward(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, beta, x, groups)
+            self.inner.groupnorm_silu_backward(dinp, dgamma, dbeta, dout, inp, off, mean, rstd, gamma, beta, x, groups)
         })
     }
     fn linear_forward(
@@ -587,6 +595,7 @@ impl Backend for NullBackend {
         mean: &mut usize,
         rstd: &mut usize,
         inp: &usize,
+        off: Option<&usize>,
         gamma: &usize,
         beta: &usize,
         x: Dims,
@@ -624,6 +633,7 @@ impl Backend for NullBackend {
         mean: &usize,
         rstd: &usize,
         inp: &usize,
+        off: Option<&usize>,
         gamma: &usize,
         beta: &usize,
         x: Dims,
@@ -637,6 +647,7 @@ impl Backend for NullBackend {
         dbeta: &mut usize,
         dout: &usize,
         inp: &usize,
+        off: Option<&usize>,
         mean: &usize,
         rstd: &usize,
         gamma: &usize,

@@ -45,12 +45,29 @@ thread_local! {
     /// GroupNorm+SiLU backward: the gradient before GroupNorm (grown on the first call of a size,
     /// then reused).
     static GN_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A GroupNorm's input plus its per-(n, c) offset (`groupnorm_silu_*` with `off`).
+    static GN_OFF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Recomputed GroupNorm statistics (`groupnorm_silu_recompute`).
     static GN_STATS: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
     /// bf16 emulation: rounded copies of conv operands and a weight-gradient temporary (grown on
     /// the first call of a size, then reused).
     static EMU: std::cell::RefCell<[Vec<f32>; 4]> =
         const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+/// `f(inp)`, or with a per-(n, c) input offset `f(inp + off)`: the sum in a per-thread scratch,
+/// in f32 and not rounded in bf16 mode (the GPU adds the offset in registers; see
+/// `Backend::groupnorm_silu_forward`).
+fn with_offset<R>(inp: &[f32], off: Option<&Vec<f32>>, x: Dims, f: impl FnOnce(&[f32]) -> R) -> R {
+    match off {
+        None => f(inp),
+        Some(off) => GN_OFF.with_borrow_mut(|s| {
+            s.clear();
+            s.extend_from_slice(inp);
+            elementwise::add_channel_bias(s, off, x);
+            f(s)
+        }),
+    }
 }
 
 /// The CPU reference backend (fp32, NCDHW, rayon); optionally emulating bf16 storage.
@@ -271,12 +288,13 @@ impl Backend for CpuBackend {
         mean: &mut Vec<f32>,
         rstd: &mut Vec<f32>,
         inp: &Vec<f32>,
+        off: Option<&Vec<f32>>,
         gamma: &Vec<f32>,
         beta: &Vec<f32>,
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::groupnorm_silu_forward(out, mean, rstd, inp, gamma, beta, x, groups);
+        with_offset(inp, off, x, |xi| groupnorm::groupnorm_silu_forward(out, mean, rstd, xi, gamma, beta, x, groups));
         self.r(out);
     }
     /// The forward's fused pass again, its statistics into a scratch (bit for bit the forward's
@@ -287,6 +305,7 @@ impl Backend for CpuBackend {
         mean: &Vec<f32>,
         rstd: &Vec<f32>,
         inp: &Vec<f32>,
+        off: Option<&Vec<f32>>,
         gamma: &Vec<f32>,
         beta: &Vec<f32>,
         x: Dims,
@@ -295,7 +314,7 @@ impl Backend for CpuBackend {
         GN_STATS.with_borrow_mut(|[m, r]| {
             m.resize(mean.len(), 0.0);
             r.resize(rstd.len(), 0.0);
-            groupnorm::groupnorm_silu_forward(out, m, r, inp, gamma, beta, x, groups);
+            with_offset(inp, off, x, |xi| groupnorm::groupnorm_silu_forward(out, m, r, xi, gamma, beta, x, groups));
         });
         self.r(out);
     }
@@ -340,6 +359,7 @@ impl Backend for CpuBackend {
         dbeta: &mut Vec<f32>,
         dout: &Vec<f32>,
         inp: &Vec<f32>,
+        off: Option<&Vec<f32>>,
         mean: &Vec<f32>,
         rstd: &Vec<f32>,
         gamma: &Vec<f32>,
@@ -350,7 +370,9 @@ impl Backend for CpuBackend {
         GN_SCRATCH.with_borrow_mut(|g| {
             g.resize(inp.len(), 0.0);
             let d = (dinp.0.as_mut_slice(), dinp.1);
-            groupnorm::groupnorm_silu_backward(d, dgamma, dbeta, dout, inp, mean, rstd, gamma, beta, x, groups, g);
+            with_offset(inp, off, x, |xi| {
+                groupnorm::groupnorm_silu_backward(d, dgamma, dbeta, dout, xi, mean, rstd, gamma, beta, x, groups, g)
+            });
         });
         self.r(dinp.0);
     }

@@ -58,7 +58,10 @@ pub struct ResBlock<B: Backend> {
     cout: usize,
     mean1: B::Buf,
     rstd1: B::Buf,
+    /// in_layers' conv output without any bias: the GroupNorm that reads it adds `e` per (n, c)
+    /// as its input offset (`Backend::groupnorm_silu_forward`'s `off`), so h + e is never stored.
     h: B::Buf,
+    /// emb_layers' output + both folded biases (f32, N × cout): h's per-channel offset.
     e: B::Buf,
     /// ∂loss/∂e in backward (f32, N × cout); summed over N it is also in_layers' conv bias
     /// gradient.
@@ -66,7 +69,8 @@ pub struct ResBlock<B: Backend> {
     /// dout summed over voxels per sample in backward (f32, N × cout): out_layers' conv bias
     /// gradient and the skip conv's (one reduction for both).
     ds: B::Buf,
-    /// emb_layers' bias + in_layers' conv bias (f32, cout): added to h in one pass with e.
+    /// emb_layers' bias + in_layers' conv bias (f32, cout): the bias of emb_layers' Linear, so `e`
+    /// carries both.
     b_in: B::Buf,
     /// out_layers' conv bias + the skip conv's bias (f32, cout; skip-conv blocks only): added to
     /// the skip branch, onto which out_layers' conv is accumulated (cuDNN's β = 1).
@@ -724,8 +728,9 @@ impl<B: Backend> UNet<B> {
                     let skip_cs = ConvShape::new(xd, r.cout, 1, 1);
                     let (in_cs, out_cs) = (ConvShape::new(xd, r.cout, 3, 1), ConvShape::new(yd, r.cout, 3, 1));
                     // Biases folded, so no pass only adds one: in_layers' conv bias rides with
-                    // the time embedding's; out_layers' conv bias with the skip branch, onto
-                    // which that conv is accumulated (out = skip + conv + biases, cuDNN β = 1).
+                    // the time embedding's, and both reach h as the second GroupNorm's input
+                    // offset; out_layers' conv bias rides with the skip branch, onto which that
+                    // conv is accumulated (out = skip + conv + biases, cuDNN β = 1).
                     be.add_bias_vectors(&mut r.b_in, &w[p + 5], &w[p + 3]);
                     if let Some(b_out) = &mut r.b_out {
                         be.add_bias_vectors(b_out, &w[p + 11], &w[p + 9]);
@@ -739,13 +744,13 @@ impl<B: Backend> UNet<B> {
                         be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), x, cw(p + 2), None, in_cs);
                     } else {
                         let [a] = scr.get([(xd.numel(), 0)]);
-                        be.groupnorm_silu_forward(a, &mut r.mean1, &mut r.rstd1, x, &w[p], &w[p + 1], xd, g);
+                        be.groupnorm_silu_forward(a, &mut r.mean1, &mut r.rstd1, x, None, &w[p], &w[p + 1], xd, g);
                         be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), a, cw(p + 2), None, in_cs);
                     }
                     be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &r.b_in, n, emb, r.cout);
-                    be.add_channel_bias(&mut r.h, &r.e, yd);
                     let [a] = scr.get([(yd.numel(), 0)]);
-                    be.groupnorm_silu_forward(a, &mut r.mean2, &mut r.rstd2, &r.h, &w[p + 6], &w[p + 7], yd, g);
+                    let (m, rs, e) = (&mut r.mean2, &mut r.rstd2, Some(&r.e));
+                    be.groupnorm_silu_forward(a, m, rs, &r.h, e, &w[p + 6], &w[p + 7], yd, g);
                     if r.cat_in {
                         // out already holds skip_connection(x) + the folded bias
                     } else if r.b_out.is_some() {
@@ -774,7 +779,7 @@ impl<B: Backend> UNet<B> {
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
                     let [a] = scr.get([(xd.numel(), 0)]);
-                    be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, x, &w[p], &w[p + 1], xd, g);
+                    be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, x, None, &w[p], &w[p + 1], xd, g);
                     be.conv3d_forward(out, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
                 }
             }
@@ -882,14 +887,15 @@ impl<B: Backend> UNet<B> {
                     // 1; GroupNorm+SiLU backward → dh in slot 2.
                     let [a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2)]);
                     let (m, rs) = (&r.mean2, &r.rstd2);
-                    be.groupnorm_silu_recompute(a, m, rs, &r.h, &w[p + 6], &w[p + 7], yd, g);
+                    be.groupnorm_silu_recompute(a, m, rs, &r.h, Some(&r.e), &w[p + 6], &w[p + 7], yd, g);
                     let cs = ConvShape::new(yd, r.cout, 3, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), &mut dw[p + 8], None, dout, a, cw(p + 8), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
                     let (m, rs) = (&r.mean2, &r.rstd2);
                     let (gm, bt) = (&w[p + 6], &w[p + 7]);
-                    be.groupnorm_silu_backward((dh, Accum::Overwrite), gg, gb, da, &r.h, m, rs, gm, bt, yd, g);
-                    // emb_layers: h += Linear(SiLU(emb)), broadcast over voxels
+                    let h = (&r.h, Some(&r.e));
+                    be.groupnorm_silu_backward((dh, Accum::Overwrite), gg, gb, da, h.0, h.1, m, rs, gm, bt, yd, g);
+                    // emb_layers: h + Linear(SiLU(emb)), broadcast over voxels (the offset)
                     let [dh] = scr.get([(yn, 2)]);
                     be.channel_sum(&mut r.de, dh, yd);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
@@ -928,12 +934,12 @@ impl<B: Backend> UNet<B> {
                     // backward added into dx.
                     let [dh, a, da] = scr.get([(yn, 2), (xn, 0), (xn, 1)]);
                     let (m, rs) = (&r.mean1, &r.rstd1);
-                    be.groupnorm_silu_recompute(a, m, rs, x, &w[p], &w[p + 1], xd, g);
+                    be.groupnorm_silu_recompute(a, m, rs, x, None, &w[p], &w[p + 1], xd, g);
                     let cs = ConvShape::new(xd, r.cout, 3, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), &mut dw[p + 2], None, dh, a, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     let (m, rs) = (&r.mean1, &r.rstd1);
-                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, da, x, m, rs, &w[p], &w[p + 1], xd, g);
+                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, da, x, None, m, rs, &w[p], &w[p + 1], xd, g);
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
@@ -969,13 +975,13 @@ impl<B: Backend> UNet<B> {
                     let (p, xd) = (o.p, o.x);
                     let xo = &*x;
                     let [a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
-                    be.groupnorm_silu_recompute(a, &o.mean, &o.rstd, xo, &w[p], &w[p + 1], xd, g);
+                    be.groupnorm_silu_recompute(a, &o.mean, &o.rstd, xo, None, &w[p], &w[p + 1], xd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, o.cout, 3, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), gw, Some(gb), dout, a, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     let (gm, bt) = (&w[p], &w[p + 1]);
-                    be.groupnorm_silu_backward((dx, mode), gg, gb, da, xo, &o.mean, &o.rstd, gm, bt, xd, g);
+                    be.groupnorm_silu_backward((dx, mode), gg, gb, da, xo, None, &o.mean, &o.rstd, gm, bt, xd, g);
                 }
             }
             be.pop_range();
