@@ -10,6 +10,9 @@
 #   profile  CUPTI kernel breakdown, optimization matrix, ncu counters, PyTorch comparison
 #   ab       A/B of the overlapped input (bench --no-overlap) and of the few-channel convs
 #            (MEDDPM_SMALL_CONV=1 vs auto), whole-head, alternated in one call
+#   abmma    A/B of the tensor-core few-channel convs (MEDDPM_SMALL_MMA=1 vs 0), whole-head bf16
+#            NDHWC, alternated twice
+#   brats    meddpm bench of the BraTS preset, bf16 NDHWC
 #   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
 #   study    scripts/gpu/study.sh $STUDY (demo model, sampler study, whole-head 20-step timing, BraTS)
 #   study64  scripts/gpu/study64.sh $STUDY64 (default: all parts): 64³ data from testdata/mni64 +
@@ -66,6 +69,14 @@ for part in "$@"; do
         MEDDPM_SMALL_CONV=$v "$BIN/meddpm" bench --device cuda --preset whole-head --precision bf16,tf32 --layout ndhwc \
           --iters 7 --json "$RES/small-$v.json" 2>&1 | grep -E '^cuda:0' | sed "s/^/[small conv $v] /"
       done ;;
+    abmma)
+      for i in 1 2; do for v in 1 0; do
+        MEDDPM_SMALL_MMA=$v "$BIN/meddpm" bench --device cuda --preset whole-head --precision bf16 --layout ndhwc \
+          --iters 7 2>&1 | grep -E '^cuda:0' | sed "s/^/[small mma $v] /"
+      done; done ;;
+    brats)
+      "$BIN/meddpm" bench --device cuda --preset brats --precision bf16 --layout ndhwc --iters 3 --warmup 1 \
+        --json "$RES/bench-brats.json" 2>&1 | grep -E '^cuda:0|^device' ;;
     nvtx)    BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/nvtx_probe.sh ;;
     torch)   TEST_BIN="$BIN/torch_full" BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/torch_full.sh ;;
     evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;

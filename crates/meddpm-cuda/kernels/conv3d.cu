@@ -3,7 +3,8 @@
 // on these (no tensor-core kernel fits 3 or 1 channels; layout conversions around the generic ones),
 // while they are nearly memory-bound, so they are done here with f32 FMA arithmetic, twins of the
 // CPU reference (src/cpu/conv3d.rs). They run wherever they apply (MEDDPM_SMALL_CONV=0 forbids
-// them, =auto times them against cuDNN per shape; conv3d.rs).
+// them, =auto times them against cuDNN per shape; conv3d.rs). In bf16 the forward of Cin <= 4 and
+// the data gradient of Cout <= 4 use the tensor cores instead (conv3d_small_cin_mma, below).
 //   off(t) = (kd - 1, kh - 1, kw - 1) for tap t = kd*9 + kh*3 + kw.
 //
 // ---- weight gradient of Cout <= 4 convs ----------------------------------------------------------
@@ -405,6 +406,161 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         small_cin_body<bf16>(ws, xs, dy, w, wbf, nullptr, dx, xbf, N, COUT, CIN, D, H, W, cl, accum, 1);
     else
         small_cin_body<float>(ws, xs, dy, w, wbf, nullptr, dx, xbf, N, COUT, CIN, D, H, W, cl, accum, 1);
+}
+
+// -- conv3d_small_cin_mma: small_cin_body's job on the tensor cores, for NDHWC with CI <= 4 and
+// CO a multiple of 8 up to 64 (the whole-head first conv 3 -> 64 and the output conv's data
+// gradient 1 -> 64). ncu showed the FMA kernel issue-bound (docs/perf/h200-2026-12-01c); here
+// the 27 taps x 4 channels (CI padded with zeros) are the K = 108 of an implicit GEMM, padded to
+// 112 = 7 steps of mma.m16n8k16 (bf16 operands, f32 sums). Inputs are rounded to bf16 when
+// staged (as cuDNN's bf16 convs and PyTorch's autocast round them); bias, accumulation and the
+// output (f32 or bf16) as small_cin_body.
+//   Block 256 = 8 warps over a tile of 1 (d) x 8 (h) x 32 (w) output voxels: warp i takes row
+// h0 + i, two m16 tiles along w; each warp holds all CO outputs (CO / 8 n8 tiles) in 64 f32 sums
+// a thread. Shared memory: the weights in B-fragment order (wf[(ks*8 + nt)*32 + lane] = the two
+// 32-bit registers lane needs), arranged once per block, and the tile's 3 x 10 x 34 input halo,
+// 4 bf16 channels a voxel (zeros outside the volume). A fragment register = the 2 channels
+// (ci, ci + 1) of one tap at one voxel: a single 32-bit shared-memory load. Blocks are persistent
+// (grid-stride over tiles).
+//   tw as small_cin_body: 0 forward (w = (CO, CI) weights), 1 data gradient of the conv with CI
+// outputs and CO inputs (w'[co, ci, t] = w[ci, co, 26 - t]).
+#define MMA_TH 8
+#define MMA_TW 32
+#define MMA_HALO (3 * (MMA_TH + 2) * (MMA_TW + 2))
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return (u32)f2bf(lo).b | ((u32)f2bf(hi).b << 16); }
+__device__ __forceinline__ void mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <typename TX>
+__device__ void small_cin_mma_body(const void* xv, const void* w, int wbf, const float* bias, void* y, int ybf, int N,
+                                   int CI, int CO, int D, int H, int W, int accum, int tw) {
+    __shared__ uint2 wf[7 * 8 * 32];
+    __shared__ uint2 xs[MMA_HALO];
+    const TX* x = (const TX*)xv;
+    const int NT = CO / 8;
+    // W'(n, k) for k = tap*4 + ci: 0 past the 27 taps, CI or CO
+    auto wk = [&](int n, int k) -> float {
+        const int t = k >> 2, ci = k & 3;
+        if (t >= 27 || ci >= CI || n >= CO) return 0.0f;
+        return tw ? wat(w, wbf, ci, n, 26 - t, CI, CO, 1) : wat(w, wbf, n, ci, t, CO, CI, 1);
+    };
+    for (int i = threadIdx.x; i < 7 * 8 * 32; i += blockDim.x) {
+        const int l = i & 31, nt = (i >> 5) & 7, ks = i >> 8;
+        const int n = nt * 8 + (l >> 2), k = ks * 16 + (l & 3) * 2;
+        wf[i] = make_uint2(pack_bf2(wk(n, k), wk(n, k + 1)), pack_bf2(wk(n, k + 8), wk(n, k + 9)));
+    }
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    const int hb = (H + MMA_TH - 1) / MMA_TH, wb = (W + MMA_TW - 1) / MMA_TW;
+    const i64 ntiles = (i64)N * D * hb * wb;
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const int w0 = (int)(tile % wb) * MMA_TW;
+        const int h0 = (int)((tile / wb) % hb) * MMA_TH;
+        const int d = (int)((tile / ((i64)wb * hb)) % D);
+        const int n = (int)(tile / ((i64)wb * hb * D));
+        __syncthreads();  // the weights are arranged / the previous tile's reads are done
+        for (int i = threadIdx.x; i < MMA_HALO; i += blockDim.x) {
+            const int c = i % (MMA_TW + 2), r = (i / (MMA_TW + 2)) % (MMA_TH + 2), kd = i / ((MMA_TW + 2) * (MMA_TH + 2));
+            const int dd = d + kd - 1, hh = h0 + r - 1, ww = w0 + c - 1;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (dd >= 0 && dd < D && hh >= 0 && hh < H && ww >= 0 && ww < W) {
+                const i64 o = ((((i64)n * D + dd) * H + hh) * W + ww) * CI;
+#pragma unroll
+                for (int ci = 0; ci < 4; ci++)
+                    if (ci < CI) v[ci] = ld(x, o + ci);
+            }
+            xs[i] = make_uint2(pack_bf2(v[0], v[1]), pack_bf2(v[2], v[3]));
+        }
+        __syncthreads();
+        float acc[2][8][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+        const u32* xw = reinterpret_cast<const u32*>(xs);
+#pragma unroll
+        for (int ks = 0; ks < 7; ks++) {
+            // this thread's taps: k = ks*16 + tig*2 (+ 8) -> taps ks*4 + tig/2 (+ 2), channels (tig & 1) * 2 + {0, 1};
+            // fragment order a0 (row g, k lo), a1 (row g + 8, k lo), a2 (row g, k hi), a3 (row g + 8, k hi)
+            u32 a[2][4];
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int t = ks * 4 + (tig >> 1) + 2 * half;
+                const int kd = t / 9, kh = (t / 3) % 3, kw = t % 3;
+                const int base = ((kd * (MMA_TH + 2) + wi + kh) * (MMA_TW + 2) + kw + g) * 2 + (tig & 1);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    const bool live = t < 27;
+                    a[mt][2 * half] = live ? xw[base + mt * 16 * 2] : 0u;
+                    a[mt][2 * half + 1] = live ? xw[base + (mt * 16 + 8) * 2] : 0u;
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                if (nt >= NT) break;
+                const uint2 b = wf[(ks * 8 + nt) * 32 + lane];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) mma_bf16_16816(acc[mt][nt], a[mt], b.x, b.y);
+            }
+        }
+        // c0, c1: row g, columns tig*2 + {0, 1}; c2, c3: row g + 8
+        const int h = h0 + wi;
+        if (h >= H) continue;
+        const i64 row = (((i64)n * D + d) * H + h) * W;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int ww = w0 + mt * 16 + g + 8 * hr;
+                if (ww >= W) continue;
+                const i64 o = (row + ww) * CO;
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    if (nt >= NT) break;
+                    const int co = nt * 8 + tig * 2;
+                    float v0 = acc[mt][nt][2 * hr], v1 = acc[mt][nt][2 * hr + 1];
+                    if (bias != nullptr) {
+                        v0 += bias[co];
+                        v1 += bias[co + 1];
+                    }
+                    if (ybf) {
+                        u32* p = reinterpret_cast<u32*>((bf16*)y + o + co);
+                        if (accum) {
+                            const u32 old = *p;
+                            v0 += __uint_as_float(old << 16);
+                            v1 += __uint_as_float(old & 0xffff0000u);
+                        }
+                        *p = pack_bf2(v0, v1);
+                    } else {
+                        float2* p = reinterpret_cast<float2*>((float*)y + o + co);
+                        if (accum) {
+                            const float2 old = *p;
+                            v0 += old.x;
+                            v1 += old.y;
+                        }
+                        *p = make_float2(v0, v1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. b: f32 (CO) or null. NDHWC only; CO % 8 == 0, CO <= 64,
+// CI <= 4. tw, accum: see small_cin_mma_body.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    conv3d_small_cin_mma(const void* x, const void* w, const float* b, void* y, int N, int CI, int CO, int D, int H,
+                         int W, int dt, int accum, int tw) {
+    const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;
+    if (dt & 1)
+        small_cin_mma_body<bf16>(x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, tw);
+    else
+        small_cin_mma_body<float>(x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, tw);
 }
 
 // -- conv3d_fwd_small_cout<COT>: out[n, co, v] = b[co] + sum over ci < CI, t of w[co, ci, t] * x[n, ci, v + off(t)]

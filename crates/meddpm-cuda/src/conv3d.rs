@@ -276,6 +276,10 @@ pub(crate) struct ConvCache {
     /// (`small_fwd_kind`, `small_dgrad`; the default is Some(true)); None: time them against
     /// cuDNN on first use.
     pub(crate) force_small: Option<bool>,
+    /// bf16 only: the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
+    /// cores (`conv3d_small_cin_mma`) where the other side is a multiple of 8 up to 64; false: the
+    /// FMA kernel (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
+    pub(crate) small_mma: bool,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel.
@@ -357,6 +361,7 @@ impl ConvCache {
                 Ok("0") => Some(false),
                 _ => Some(true),
             },
+            small_mma: std::env::var("MEDDPM_SMALL_MMA").map_or(true, |v| v != "0"),
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -719,11 +724,12 @@ pub(crate) fn forward(
     };
     if let Some(kind) = small_fwd_kind(cs) {
         let cl = cache.layout == Layout::Ndhwc;
+        let mma = cache.small_mma && cache.precision == Precision::Bf16;
         let ours = match small_decided(cache, cs, Dir::Fwd) {
             Some(f) => f,
             None => time_small(dev, cache, cs, Dir::Fwd, |cache, ours| {
                 if ours {
-                    small_forward(dev, kind, out, inp, w, b, cs, cl);
+                    small_forward(dev, kind, out, inp, w, b, cs, (cl, mma));
                 } else {
                     cudnn_forward(dev, cache, out, inp, w, b, cs);
                 }
@@ -731,7 +737,7 @@ pub(crate) fn forward(
         };
         cache.small_used.insert((cs, Dir::Fwd), ours);
         if ours {
-            small_forward(dev, kind, out, inp, w, b, cs, cl);
+            small_forward(dev, kind, out, inp, w, b, cs, (cl, mma));
             return;
         }
     }
@@ -1215,7 +1221,50 @@ fn small_cout_launch(x: Dims, cl: bool, xdt: DType, sms: u32) -> ((u32, u32, u32
     ((gx as u32, 1, 1), (256, 1, 1))
 }
 
-/// out = conv(inp, w) + b through our direct kernel `kind`; every operand in its own type.
+/// Whether `conv3d_small_cin_mma` computes a few-channel conv of `ci` ≤ 4 inputs and `co`
+/// outputs (the forward's, or the data gradient's with the roles swapped): NDHWC, `co` a multiple
+/// of 8 up to 64, asked for (`mma`: bf16 precision and `ConvCache::small_mma`).
+fn mma_fits(cl: bool, mma: bool, ci: usize, co: usize) -> bool {
+    cl && mma && ci <= 4 && co.is_multiple_of(8) && co <= 64
+}
+
+/// `conv3d_small_cin_mma`: y (= or += per `acc`) = conv of `ci`-channel x to `co` channels (+ b
+/// where `bp` ≠ 0) over volume `x`; `tw` 1: the data gradient of the conv with `ci` outputs (w
+/// are that conv's weights). Persistent blocks, two per SM.
+#[allow(clippy::too_many_arguments)]
+fn small_mma_run(
+    dev: &Device,
+    (xp, wp, bp, yp): (u64, u64, u64, u64),
+    x: Dims,
+    ci: usize,
+    co: usize,
+    dt: i32,
+    acc: Accum,
+    tw: bool,
+) {
+    use Arg::{I, P};
+    let tiles = x.n * x.d * x.h.div_ceil(8) * x.w.div_ceil(32);
+    let grid = tiles.min(dev.info.sms as usize * 2).max(1) as u32;
+    let args = [
+        P(xp),
+        P(wp),
+        P(bp),
+        P(yp),
+        I(x.n as i32),
+        I(ci as i32),
+        I(co as i32),
+        I(x.d as i32),
+        I(x.h as i32),
+        I(x.w as i32),
+        I(dt),
+        I((acc == Accum::Add) as i32),
+        I(tw as i32),
+    ];
+    dev.launch("conv3d_small_cin_mma", (grid, 1, 1), (256, 1, 1), &args);
+}
+
+/// out = conv(inp, w) + b through our direct kernel `kind` (the tensor-core one where
+/// [`mma_fits`]); every operand in its own type.
 #[allow(clippy::too_many_arguments)]
 fn small_forward(
     dev: &Device,
@@ -1225,10 +1274,16 @@ fn small_forward(
     w: &GpuBuf,
     b: &GpuBuf,
     cs: ConvShape,
-    cl: bool,
+    (cl, mma): (bool, bool),
 ) {
     use Arg::{I, P};
     let x = cs.x;
+    if kind == SmallFwd::Cin && mma_fits(cl, mma, x.c, cs.cout) {
+        let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
+        let ptrs = (dev.ptr(inp), dev.ptr(w), dev.ptr(b), dev.ptr_mut(out));
+        small_mma_run(dev, ptrs, x, x.c, cs.cout, dt, Accum::Overwrite, false);
+        return;
+    }
     let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
     let args = [
         P(dev.ptr(inp)),
@@ -1259,7 +1314,8 @@ fn small_forward(
 }
 
 /// dx (type `dxdt`, = or += per `acc`) = the data gradient of a Cout ≤ 4 conv through our direct
-/// kernel, from dy (type `dydt`) and the weights in their own type.
+/// kernel (the tensor-core one where [`mma_fits`]), from dy (type `dydt`) and the weights in their
+/// own type.
 #[allow(clippy::too_many_arguments)]
 fn small_dgrad_run(
     dev: &Device,
@@ -1270,10 +1326,15 @@ fn small_dgrad_run(
     dyp: u64,
     dydt: DType,
     cs: ConvShape,
-    cl: bool,
+    (cl, mma): (bool, bool),
 ) {
     use Arg::{I, P};
     let x = cs.x;
+    if mma_fits(cl, mma, cs.cout, x.c) {
+        let dt = small_dt(dydt, w.dtype(), dxdt);
+        small_mma_run(dev, (dyp, dev.ptr(w), 0, dxp), x, cs.cout, x.c, dt, acc, true);
+        return;
+    }
     let (grid, block) = small_cin_launch(x, x.c, dev.info.sms);
     let args = [
         P(dyp),
@@ -1402,6 +1463,7 @@ pub(crate) fn backward(
     }
     let cdt = compute_type(cache.precision);
     let (xp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, dout, cdt, T_DY));
+    let mma = (cl, cache.small_mma && cache.precision == Precision::Bf16);
 
     if small_cout_wgrad(cs, cdt) {
         wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, cl);
@@ -1422,7 +1484,7 @@ pub(crate) fn backward(
                     let tp = dev.ptr_mut(&mut tmp);
                     let f = time_small(dev, cache, cs, Dir::BwdData, |cache, ours| {
                         if ours {
-                            small_dgrad_run(dev, tp, dxdt, Accum::Overwrite, w, dyp, cdt, cs, cl);
+                            small_dgrad_run(dev, tp, dxdt, Accum::Overwrite, w, dyp, cdt, cs, mma);
                         } else {
                             cudnn_dgrad(dev, cache, tp, dxdt, Accum::Overwrite, w, dyp, cs);
                         }
@@ -1437,7 +1499,7 @@ pub(crate) fn backward(
         }
         let dxp = dev.ptr_mut(dx);
         if ours {
-            small_dgrad_run(dev, dxp, dxdt, acc, w, dyp, cdt, cs, cl);
+            small_dgrad_run(dev, dxp, dxdt, acc, w, dyp, cdt, cs, mma);
         } else {
             cudnn_dgrad(dev, cache, dxp, dxdt, acc, w, dyp, cs);
         }

@@ -284,6 +284,13 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_small = mode;
     }
 
+    /// bf16: run the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
+    /// cores where the other side is a multiple of 8 up to 64 (true, the default) or through the
+    /// FMA kernel (false). For tests and benchmarks; `MEDDPM_SMALL_MMA=0` sets false at start-up.
+    pub fn set_small_mma(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_mma = on;
+    }
+
     /// Whether the latest [forward, data gradient] of `cs` ran our few-channel kernels (None: no
     /// such call yet, or not a shape of theirs).
     pub fn conv_small_used(&self, cs: &ConvShape) -> [Option<bool>; 2] {

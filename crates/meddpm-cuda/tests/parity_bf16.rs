@@ -177,11 +177,13 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
     for g in gs {
         let mk = |h: &[f32], d: Dims| if f32_io { f32_act(g, h, d) } else { act(g, h, d) };
         let (xg, wg, bg, dyg) = (mk(&x, cs.x), param(g, &w, &wshape), raw(g, &b), mk(&dy, o));
-        // our few-channel kernels forbidden (cuDNN), forced (where the shape is theirs), timed
-        for small in [Some(false), Some(true), None] {
+        // our few-channel kernels forbidden (cuDNN), forced (where the shape is theirs: on the
+        // tensor cores where they fit, and the FMA kernel), timed
+        for (small, mma) in [(Some(false), true), (Some(true), true), (Some(true), false), (None, true)] {
             g.set_small_conv(small);
+            g.set_small_mma(mma);
             let tag = format!(
-                "bf16 conv {} -> {} k{} s{} {with_dinp:?} f32 io {f32_io} small {small:?} [{}]",
+                "bf16 conv {} -> {} k{} s{} {with_dinp:?} f32 io {f32_io} small {small:?} mma {mma} [{}]",
                 cs.x,
                 cs.cout,
                 k,
@@ -226,7 +228,8 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
                 }
             }
         }
-        g.set_small_conv(Some(true)); // the default
+        g.set_small_conv(Some(true)); // the defaults
+        g.set_small_mma(true);
         let y0 = store(rnd(o.numel(), seed + 7, 1.0));
         let tag = format!("bf16 conv {} -> {} k{} s{} f32 io {f32_io} [{}]", cs.x, cs.cout, k, cs.stride, name(g));
         check_forward_acc(
@@ -273,6 +276,13 @@ fn conv3d_bf16_parity() {
         (ConvShape::new(Dims::new(2, 2, 5, 6, 8), 20, 3, 1), Some(Accum::Add), false),
         (ConvShape::new(Dims::new(1, 1, 4, 5, 6), 130, 3, 1), Some(Accum::Overwrite), true),
         (ConvShape::new(Dims::new(1, 4, 6, 5, 7), 4, 3, 1), Some(Accum::Overwrite), false),
+        // the tensor-core few-channel kernel (NDHWC): tiles of 8 h × 32 w cut by H = 9 / 10 and
+        // W = 33 / 34 / 35; Cin 1 and 3 → 16 and 64; data gradients onto 40 (5 n-tiles,
+        // accumulated, f32 dy) and 64 channels from 1 and 4
+        (ConvShape::new(Dims::new(2, 3, 5, 9, 35), 64, 3, 1), None, true),
+        (ConvShape::new(Dims::new(1, 1, 4, 6, 7), 16, 3, 1), None, false),
+        (ConvShape::new(Dims::new(1, 40, 5, 9, 33), 1, 3, 1), Some(Accum::Add), true),
+        (ConvShape::new(Dims::new(2, 64, 3, 10, 34), 4, 3, 1), Some(Accum::Overwrite), false),
     ];
     for (i, (cs, acc, f32_io)) in cases.into_iter().enumerate() {
         conv_case(&gs, cs, acc, f32_io, 100 + 10 * i as u64);
