@@ -125,6 +125,137 @@ WGRAD_SMALL(2, 0, )
 WGRAD_SMALL(3, 0, )
 WGRAD_SMALL(4, 1, )
 
+// -- conv3d_wgrad_small1_mma: stage 1 of the Cout = 1 weight gradient on the tensor cores (bf16,
+// NDHWC, C a multiple of 16 up to 64: the whole-head output conv 64 -> 1). The tap shift moves from
+// x to dy:  dW[ci, t] = sum over voxels u of dy[u - off(t)] * x[ci, u], an M x N x K GEMM with
+// M = the 27 taps (padded to 32, two m16 tiles), N = the input channels, K = the voxels, on
+// mma.m16n8k16 (bf16 operands, f32 sums). A block takes 1 x 8 x 32 voxel tiles (persistent,
+// grid-stride): x's tile in shared memory, 16-byte chunks of 8 channels swizzled by the voxel
+// (chunk ^ (voxel & 7): the 8 rows an ldmatrix reads fall in distinct banks), read as B fragments
+// by ldmatrix.x4.trans; dy's 3 x 10 x 34 halo as pairs along w (ps[i] = dy[i], dy[i + 1]), so an
+// A register (two consecutive voxels of one tap) is one 32-bit load at any shift. Warp i takes
+// row h0 + i (two k16 steps). Warp i of block b writes its sums to part[((b * 8 + i) * C + ci) * 27
+// + t] (conv3d_wgrad_small_finalize's layout for CO = 1, a chunk per warp). The FMA kernel above needed 10 loads per 27
+// FMAs and waited on them (1.38 ms at 128^3; docs/perf/h200-2026-12-01c/ncu-small-convs).
+// bf16 helpers of the tensor-core kernels: two values packed into one 32-bit register (lower index
+// in the low half, as mma fragments hold them), and D = A*B + D on mma.m16n8k16 (row.col, f32 sums).
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return (u32)f2bf(lo).b | ((u32)f2bf(hi).b << 16); }
+__device__ __forceinline__ void mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#define WG_TH 8
+#define WG_TW 32
+#define WG_HALO (3 * (WG_TH + 2) * (WG_TW + 2))
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const void* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    conv3d_wgrad_small1_mma(const bf16* x, const bf16* dy, float* part, int N, int C, int D, int H, int W) {
+    __shared__ __align__(16) uint4 xs[WG_TH * WG_TW * 8];
+    __shared__ u32 ps[WG_HALO];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    const int NCH = C / 8;  // 16-byte chunks a voxel
+    const int hb = (H + WG_TH - 1) / WG_TH, wb = (W + WG_TW - 1) / WG_TW;
+    const i64 ntiles = (i64)N * D * hb * wb;
+    float acc[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    // this thread's A rows (taps) and their dy-halo offsets (a = 2 - kd, b = wi + 2 - kh, c = 2 - kw + voxel)
+    int aoff[2][2];
+    bool alive[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int t = mt * 16 + g + 8 * hr;
+            alive[mt][hr] = t < 27;
+            const int kd = t / 9, kh = (t / 3) % 3, kw = t % 3;
+            aoff[mt][hr] = alive[mt][hr] ? ((2 - kd) * (WG_TH + 2) + wi + 2 - kh) * (WG_TW + 2) + 2 - kw : 0;
+        }
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const int w0 = (int)(tile % wb) * WG_TW;
+        const int h0 = (int)((tile / wb) % hb) * WG_TH;
+        const int d = (int)((tile / ((i64)wb * hb)) % D);
+        const int n = (int)(tile / ((i64)wb * hb * D));
+        __syncthreads();  // the previous tile's reads are done
+        for (int i = threadIdx.x; i < WG_TH * WG_TW * NCH; i += blockDim.x) {
+            const int vi = i / NCH, ch = i - vi * NCH;
+            const int h = h0 + vi / WG_TW, w = w0 + vi % WG_TW;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (h < H && w < W) v = *reinterpret_cast<const uint4*>(x + ((((i64)n * D + d) * H + h) * W + w) * C + ch * 8);
+            xs[vi * 8 + (ch ^ (vi & 7))] = v;
+        }
+        for (int i = threadIdx.x; i < WG_HALO; i += blockDim.x) {
+            const int c = i % (WG_TW + 2), r = (i / (WG_TW + 2)) % (WG_TH + 2), a = i / ((WG_TW + 2) * (WG_TH + 2));
+            const int dd = d + a - 1, hh = h0 + r - 1, ww = w0 + c - 1;
+            u32 pr = 0u;
+            if (dd >= 0 && dd < D && hh >= 0 && hh < H) {
+                const i64 line = (((i64)n * D + dd) * H + hh) * W;
+                const u32 lo = (ww >= 0 && ww < W) ? (u32)dy[line + ww].b : 0u;
+                const u32 hi = (ww + 1 >= 0 && ww + 1 < W && c + 1 < WG_TW + 2) ? (u32)dy[line + ww + 1].b : 0u;
+                pr = lo | (hi << 16);
+            }
+            ps[i] = pr;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            const int j = ks * 16 + tig * 2;  // this thread's first voxel (k) of the step, along w
+            u32 a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                a[mt][0] = alive[mt][0] ? ps[aoff[mt][0] + j] : 0u;
+                a[mt][1] = alive[mt][1] ? ps[aoff[mt][1] + j] : 0u;
+                a[mt][2] = alive[mt][0] ? ps[aoff[mt][0] + j + 8] : 0u;
+                a[mt][3] = alive[mt][1] ? ps[aoff[mt][1] + j + 8] : 0u;
+            }
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                if (2 * p >= NCH) break;
+                // matrices: (k 0-7, chunk 2p), (k 8-15, chunk 2p), (k 0-7, chunk 2p+1), (k 8-15, chunk 2p+1)
+                const int mi = lane >> 3;
+                const int vi = wi * WG_TW + ks * 16 + (mi & 1) * 8 + (lane & 7);
+                const int ch = 2 * p + (mi >> 1);
+                u32 b[4];
+                ldsm_x4_trans(b, &xs[vi * 8 + (ch ^ (vi & 7))]);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_bf16_16816(acc[mt][2 * p], a[mt], b[0], b[1]);
+                    mma_bf16_16816(acc[mt][2 * p + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+    }
+    // c0, c1: row (tap) g, columns (channels) tig*2 + {0, 1}; c2, c3: row g + 8
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int t = mt * 16 + g + 8 * hr;
+            if (t >= 27) continue;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                if (nt >= NCH) break;
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int ci = nt * 8 + tig * 2 + e;
+                    part[(((i64)blockIdx.x * 8 + wi) * C + ci) * 27 + t] = acc[mt][nt][2 * hr + e];
+                }
+            }
+        }
+}
+
 // Stage 2: grid CO*C*27 (one block per weight, index j = (co*C + ci)*27 + t), block 256.
 extern "C" __global__ void conv3d_wgrad_small_finalize(const float* part, float* dw, int C, int CO, int nchunks,
                                                        int cl) {
@@ -427,14 +558,6 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 #define MMA_TH 8
 #define MMA_TW 32
 #define MMA_HALO (3 * (MMA_TH + 2) * (MMA_TW + 2))
-__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return (u32)f2bf(lo).b | ((u32)f2bf(hi).b << 16); }
-__device__ __forceinline__ void mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 template <typename TX>
 __device__ void small_cin_mma_body(const void* xv, const void* w, int wbf, const float* bias, void* y, int ybf, int N,
                                    int CI, int CO, int D, int H, int W, int accum, int tw) {

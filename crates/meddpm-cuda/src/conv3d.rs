@@ -277,8 +277,9 @@ pub(crate) struct ConvCache {
     /// cuDNN on first use.
     pub(crate) force_small: Option<bool>,
     /// bf16 only: the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
-    /// cores (`conv3d_small_cin_mma`) where the other side is a multiple of 8 up to 64; false: the
-    /// FMA kernel (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
+    /// cores (`conv3d_small_cin_mma`) where the other side is a multiple of 8 up to 64, and the
+    /// Cout = 1 weight gradient's stage 1 (`conv3d_wgrad_small1_mma`) where Cin is a multiple of
+    /// 16 up to 64; false: the FMA kernels (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
     pub(crate) small_mma: bool,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
@@ -1111,11 +1112,30 @@ pub(crate) fn small_cout_wgrad(cs: ConvShape, cdt: DType) -> bool {
 }
 
 /// dW += the weight gradient of a few-output-channel conv (kernels/conv3d.cu), fp32 in every
-/// precision mode.
+/// precision mode. `(cl, mma)`: NDHWC, and the tensor-core stage 1 asked for (bf16 precision and
+/// `ConvCache::small_mma`): it runs where Cout = 1 and Cin is a multiple of 16 up to 64.
 #[allow(clippy::too_many_arguments)]
-fn wgrad_small(dev: &Device, dw: &mut GpuBuf, xp: u64, dyp: u64, bf: i32, cs: ConvShape, cl: bool) {
+fn wgrad_small(dev: &Device, dw: &mut GpuBuf, xp: u64, dyp: u64, bf: i32, cs: ConvShape, (cl, mma): (bool, bool)) {
     use Arg::{I, P};
     let x = cs.x;
+    if cl && mma && bf == 1 && cs.cout == 1 && x.c.is_multiple_of(16) && x.c <= 64 {
+        let tiles = x.n * x.d * x.h.div_ceil(8) * x.w.div_ceil(32);
+        // persistent blocks, two per SM; a chunk of partial sums per warp (8 a block)
+        let blocks = tiles.min(dev.info.sms as usize * 2).max(1);
+        let nchunks = blocks * 8;
+        let part = dev.scratch(nchunks * x.c * 27);
+        let pp = dev.ptr(&*part);
+        let dims = [x.n, x.c, x.d, x.h, x.w].map(|v| I(v as i32));
+        let args = [P(xp), P(dyp), P(pp), dims[0], dims[1], dims[2], dims[3], dims[4]];
+        dev.launch("conv3d_wgrad_small1_mma", (blocks as u32, 1, 1), (256, 1, 1), &args);
+        dev.launch(
+            "conv3d_wgrad_small_finalize",
+            ((27 * x.c) as u32, 1, 1),
+            (256, 1, 1),
+            &[P(pp), P(dev.ptr_mut(dw)), I(x.c as i32), I(1), I(nchunks as i32), I(1)],
+        );
+        return;
+    }
     // channels per block and line slots per block (kernels/conv3d.cu); NDHWC threads take 4 lines each
     let cg = if cl { x.c.min(64) } else { 1 };
     let rows = 256 / cg;
@@ -1466,7 +1486,7 @@ pub(crate) fn backward(
     let mma = (cl, cache.small_mma && cache.precision == Precision::Bf16);
 
     if small_cout_wgrad(cs, cdt) {
-        wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, cl);
+        wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, mma);
     } else {
         cudnn_wgrad(dev, cache, dw, xp, dyp, cs);
     }

@@ -108,6 +108,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_fwd_small_cout4",
     "conv3d_dgrad_small_cout",
     "conv3d_small_cin_mma",
+    "conv3d_wgrad_small1_mma",
 ];
 
 /// One kernel argument. Pointers are raw device addresses; `Raw` passes a `#[repr(C)]` struct by

@@ -285,8 +285,9 @@ impl CudaBackend {
     }
 
     /// bf16: run the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
-    /// cores where the other side is a multiple of 8 up to 64 (true, the default) or through the
-    /// FMA kernel (false). For tests and benchmarks; `MEDDPM_SMALL_MMA=0` sets false at start-up.
+    /// cores where the other side is a multiple of 8 up to 64, and the weight gradient of Cout = 1
+    /// where Cin is a multiple of 16 up to 64 (true, the default), or through the FMA kernels
+    /// (false). For tests and benchmarks; `MEDDPM_SMALL_MMA=0` sets false at start-up.
     pub fn set_small_mma(&self, on: bool) {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_mma = on;
     }

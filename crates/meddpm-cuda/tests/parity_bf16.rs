@@ -283,6 +283,11 @@ fn conv3d_bf16_parity() {
         (ConvShape::new(Dims::new(1, 1, 4, 6, 7), 16, 3, 1), None, false),
         (ConvShape::new(Dims::new(1, 40, 5, 9, 33), 1, 3, 1), Some(Accum::Add), true),
         (ConvShape::new(Dims::new(2, 64, 3, 10, 34), 4, 3, 1), Some(Accum::Overwrite), false),
+        // the tensor-core Cout = 1 weight gradient: Cin 64, 16, 48 (a multiple of 16), the same
+        // tile edges
+        (ConvShape::new(Dims::new(2, 64, 5, 9, 35), 1, 3, 1), Some(Accum::Add), true),
+        (ConvShape::new(Dims::new(1, 16, 4, 10, 33), 1, 3, 1), Some(Accum::Overwrite), false),
+        (ConvShape::new(Dims::new(1, 48, 3, 8, 32), 1, 3, 1), None, false),
     ];
     for (i, (cs, acc, f32_io)) in cases.into_iter().enumerate() {
         conv_case(&gs, cs, acc, f32_io, 100 + 10 * i as u64);
