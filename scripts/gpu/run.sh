@@ -75,7 +75,7 @@ for part in "$@"; do
           --iters 7 2>&1 | grep -E '^cuda:0' | sed "s/^/[small mma $v] /"
       done; done ;;
     brats)
-      "$BIN/meddpm" bench --device cuda --preset brats --precision bf16 --layout ndhwc --iters 3 --warmup 1 \
+      "$BIN/meddpm" bench --device cuda --preset brats --precision bf16 --layout ndhwc --iters 7 --warmup 2 \
         --json "$RES/bench-brats.json" 2>&1 | grep -E '^cuda:0|^device' ;;
     nvtx)    BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/nvtx_probe.sh ;;
     torch)   TEST_BIN="$BIN/torch_full" BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/torch_full.sh ;;

@@ -168,6 +168,18 @@ __device__ double block_sum_d(double v, double* sh) {
     v = (lane < nw) ? sh[lane] : 0.0;
     return warp_sum_d(v);
 }
+// Two sums over a 1-D block at once (one pair of barriers); `sh` must hold 32 double2.
+__device__ void block_sum_d2(double& a, double& b, double2* sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    a = warp_sum_d(a);
+    b = warp_sum_d(b);
+    __syncthreads();
+    if (lane == 0) sh[wid] = make_double2(a, b);
+    __syncthreads();
+    const double2 v = (lane < nw) ? sh[lane] : make_double2(0.0, 0.0);
+    a = warp_sum_d(v.x);
+    b = warp_sum_d(v.y);
+}
 __device__ float block_max(float v, float* sh) {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_max(v);

@@ -546,9 +546,10 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // 112 = 7 steps of mma.m16n8k16 (bf16 operands, f32 sums). Inputs are rounded to bf16 when
 // staged (as cuDNN's bf16 convs and PyTorch's autocast round them); bias, accumulation and the
 // output (f32 or bf16) as small_cin_body.
-//   Block 256 = 8 warps over a tile of 1 (d) x 8 (h) x 32 (w) output voxels: warp i takes row
-// h0 + i, two m16 tiles along w; each warp holds all CO outputs (CO / 8 n8 tiles) in 64 f32 sums
-// a thread. Shared memory: the weights in B-fragment order (wf[(ks*8 + nt)*32 + lane] = the two
+//   Block 256 = 8 warps over a tile of 1 (d) x 8 (h) x 16*MMA_MT (w) output voxels: warp i takes
+// row h0 + i, MMA_MT m16 tiles along w; each warp holds all CO outputs (CO / 8 n8 tiles) in
+// 32*MMA_MT f32 sums a thread. MMA_MT = 1 and three blocks per SM: with two m16 tiles a warp (64
+// sums, 120 registers, two blocks per SM) ncu showed 25 % occupancy, 42 % issue, 13 % DRAM. Shared memory: the weights in B-fragment order (wf[(ks*8 + nt)*32 + lane] = the two
 // 32-bit registers lane needs), arranged once per block, and the tile's 3 x 10 x 34 input halo,
 // 4 bf16 channels a voxel (zeros outside the volume). A fragment register = the 2 channels
 // (ci, ci + 1) of one tap at one voxel: a single 32-bit shared-memory load. Blocks are persistent
@@ -556,13 +557,12 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 //   tw as small_cin_body: 0 forward (w = (CO, CI) weights), 1 data gradient of the conv with CI
 // outputs and CO inputs (w'[co, ci, t] = w[ci, co, 26 - t]).
 #define MMA_TH 8
-#define MMA_TW 32
+#define MMA_MT 1                 // m16 tiles (along w) a warp
+#define MMA_TW (16 * MMA_MT)
 #define MMA_HALO (3 * (MMA_TH + 2) * (MMA_TW + 2))
 template <typename TX>
-__device__ void small_cin_mma_body(const void* xv, const void* w, int wbf, const float* bias, void* y, int ybf, int N,
-                                   int CI, int CO, int D, int H, int W, int accum, int tw) {
-    __shared__ uint2 wf[7 * 8 * 32];
-    __shared__ uint2 xs[MMA_HALO];
+__device__ void small_cin_mma_body(uint2* wf, uint2* xs, const void* xv, const void* w, int wbf, const float* bias,
+                                   void* y, int ybf, int N, int CI, int CO, int D, int H, int W, int accum, int tw) {
     const TX* x = (const TX*)xv;
     const int NT = CO / 8;
     // W'(n, k) for k = tap*4 + ci: 0 past the 27 taps, CI or CO
@@ -598,9 +598,9 @@ __device__ void small_cin_mma_body(const void* xv, const void* w, int wbf, const
             xs[i] = make_uint2(pack_bf2(v[0], v[1]), pack_bf2(v[2], v[3]));
         }
         __syncthreads();
-        float acc[2][8][4];
+        float acc[MMA_MT][8][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -610,14 +610,14 @@ __device__ void small_cin_mma_body(const void* xv, const void* w, int wbf, const
         for (int ks = 0; ks < 7; ks++) {
             // this thread's taps: k = ks*16 + tig*2 (+ 8) -> taps ks*4 + tig/2 (+ 2), channels (tig & 1) * 2 + {0, 1};
             // fragment order a0 (row g, k lo), a1 (row g + 8, k lo), a2 (row g, k hi), a3 (row g + 8, k hi)
-            u32 a[2][4];
+            u32 a[MMA_MT][4];
 #pragma unroll
             for (int half = 0; half < 2; half++) {
                 const int t = ks * 4 + (tig >> 1) + 2 * half;
                 const int kd = t / 9, kh = (t / 3) % 3, kw = t % 3;
                 const int base = ((kd * (MMA_TH + 2) + wi + kh) * (MMA_TW + 2) + kw + g) * 2 + (tig & 1);
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
+                for (int mt = 0; mt < MMA_MT; mt++) {
                     const bool live = t < 27;
                     a[mt][2 * half] = live ? xw[base + mt * 16 * 2] : 0u;
                     a[mt][2 * half + 1] = live ? xw[base + (mt * 16 + 8) * 2] : 0u;
@@ -628,7 +628,7 @@ __device__ void small_cin_mma_body(const void* xv, const void* w, int wbf, const
                 if (nt >= NT) break;
                 const uint2 b = wf[(ks * 8 + nt) * 32 + lane];
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) mma_bf16_16816(acc[mt][nt], a[mt], b.x, b.y);
+                for (int mt = 0; mt < MMA_MT; mt++) mma_bf16_16816(acc[mt][nt], a[mt], b.x, b.y);
             }
         }
         // c0, c1: row g, columns tig*2 + {0, 1}; c2, c3: row g + 8
@@ -636,7 +636,7 @@ __device__ void small_cin_mma_body(const void* xv, const void* w, int wbf, const
         if (h >= H) continue;
         const i64 row = (((i64)n * D + d) * H + h) * W;
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
+        for (int mt = 0; mt < MMA_MT; mt++) {
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const int ww = w0 + mt * 16 + g + 8 * hr;
@@ -676,14 +676,17 @@ __device__ void small_cin_mma_body(const void* xv, const void* w, int wbf, const
 
 // dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. b: f32 (CO) or null. NDHWC only; CO % 8 == 0, CO <= 64,
 // CI <= 4. tw, accum: see small_cin_mma_body.
-extern "C" __global__ void __launch_bounds__(256, 2)
+extern "C" __global__ void __launch_bounds__(256, 3)
     conv3d_small_cin_mma(const void* x, const void* w, const float* b, void* y, int N, int CI, int CO, int D, int H,
                          int W, int dt, int accum, int tw) {
+    // shared memory: the weights in B-fragment order, the input halo (both instantiations share it)
+    __shared__ uint2 wf[7 * 8 * 32];
+    __shared__ uint2 xs[MMA_HALO];
     const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;
     if (dt & 1)
-        small_cin_mma_body<bf16>(x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, tw);
+        small_cin_mma_body<bf16>(wf, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, tw);
     else
-        small_cin_mma_body<float>(x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, tw);
+        small_cin_mma_body<float>(wf, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, tw);
 }
 
 // -- conv3d_fwd_small_cout<COT>: out[n, co, v] = b[co] + sum over ci < CI, t of w[co, ci, t] * x[n, ci, v + off(t)]

@@ -15,34 +15,32 @@
 // reads x alone: gn_stats_finalize adds the offset to each chunk's channel mean (the chunk's M2
 // does not move), and every elementwise pass uses mu - off[n*C + c] as the channel's mean.
 
-// grid G, block 256 (loops over n). Writes mean[n*G + g], rstd[n*G + g] of x + off.
+// grid G, block 256 (loops over n). Writes mean[n*G + g], rstd[n*G + g] of x + off. One pass over
+// the chunk partials (count c_k, mean m_k, M2_k): in double, sum c_k*m_k and sum (M2_k + c_k*m_k^2),
+// one block reduction of both; var = the second / count - mu^2 (double: the f32 partials' own
+// rounding, ~1e-7 relative, dominates the cancellation by far).
 extern "C" __global__ void gn_stats_finalize(const float* part, const float* off, float* mean, float* rstd, int N,
                                              int C, i64 S, int G, int chunk_len, int nchunks, float eps) {
-    __shared__ double sh[32];
+    __shared__ double2 sh[32];
     int g = blockIdx.x, cpg = C / G;
     int items = nchunks * cpg;
     double total = (double)S * cpg;
     for (int n = 0; n < N; n++) {
-        double sm = 0.0;
+        double s1 = 0.0, s2 = 0.0;
         for (int j = threadIdx.x; j < items; j += blockDim.x) {
             int k = j / cpg, c = g * cpg + j % cpg;
-            i64 cnt = min((i64)chunk_len, S - (i64)k * chunk_len);
-            double o = off ? (double)off[n * C + c] : 0.0;
-            sm += (double)cnt * ((double)part[(((i64)n * nchunks + k) * C + c) * 2] + o);
-        }
-        double mu = block_sum_d(sm, sh) / total;
-        double m2 = 0.0;
-        for (int j = threadIdx.x; j < items; j += blockDim.x) {
-            int k = j / cpg, c = g * cpg + j % cpg;
-            i64 cnt = min((i64)chunk_len, S - (i64)k * chunk_len);
+            double cnt = (double)min((i64)chunk_len, S - (i64)k * chunk_len);
             i64 idx = (((i64)n * nchunks + k) * C + c) * 2;
-            double d = (double)part[idx] + (off ? (double)off[n * C + c] : 0.0) - mu;
-            m2 += (double)part[idx + 1] + (double)cnt * d * d;
+            double m = (double)part[idx] + (off ? (double)off[n * C + c] : 0.0);
+            s1 += cnt * m;
+            s2 += (double)part[idx + 1] + cnt * m * m;
         }
-        m2 = block_sum_d(m2, sh);
+        block_sum_d2(s1, s2, sh);
         if (threadIdx.x == 0) {
+            double mu = s1 / total;
+            double var = fmax(s2 / total - mu * mu, 0.0);
             mean[n * G + g] = (float)mu;
-            rstd[n * G + g] = (float)(1.0 / sqrt(m2 / total + (double)eps));
+            rstd[n * G + g] = (float)(1.0 / sqrt(var + (double)eps));
         }
     }
 }
@@ -50,7 +48,7 @@ extern "C" __global__ void gn_stats_finalize(const float* part, const float* off
 // grid G, block 256. dgamma[c] += sum_n r*B, dbeta[c] += sum_n A; coef[(n*G+g)*2] = (m1, m2).
 extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd, const float* gamma, float* dgamma,
                                            float* dbeta, float* coef, int N, int C, i64 S, int G, int nchunks) {
-    __shared__ double sh[32];
+    __shared__ double2 sh[32];
     int g = blockIdx.x, cpg = C / G;
     double inv = 1.0 / ((double)S * cpg);
     for (int cc = 0; cc < cpg; cc++) {
@@ -63,8 +61,7 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
                 a += (double)part[idx];
                 b += (double)part[idx + 1];
             }
-            a = block_sum_d(a, sh);
-            b = block_sum_d(b, sh);
+            block_sum_d2(a, b, sh);
             double r = (double)rstd[n * G + g];
             ta += a;
             tb += b * r;

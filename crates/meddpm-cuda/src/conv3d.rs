@@ -1250,7 +1250,7 @@ fn mma_fits(cl: bool, mma: bool, ci: usize, co: usize) -> bool {
 
 /// `conv3d_small_cin_mma`: y (= or += per `acc`) = conv of `ci`-channel x to `co` channels (+ b
 /// where `bp` ≠ 0) over volume `x`; `tw` 1: the data gradient of the conv with `ci` outputs (w
-/// are that conv's weights). Persistent blocks, two per SM.
+/// are that conv's weights). Persistent blocks, three per SM, over 1 × 8 × 16-voxel tiles.
 #[allow(clippy::too_many_arguments)]
 fn small_mma_run(
     dev: &Device,
@@ -1263,8 +1263,8 @@ fn small_mma_run(
     tw: bool,
 ) {
     use Arg::{I, P};
-    let tiles = x.n * x.d * x.h.div_ceil(8) * x.w.div_ceil(32);
-    let grid = tiles.min(dev.info.sms as usize * 2).max(1) as u32;
+    let tiles = x.n * x.d * x.h.div_ceil(8) * x.w.div_ceil(16);
+    let grid = tiles.min(dev.info.sms as usize * 3).max(1) as u32;
     let args = [
         P(xp),
         P(wp),
