@@ -4,7 +4,7 @@
 // while they are nearly memory-bound, so they are done here with f32 FMA arithmetic, twins of the
 // CPU reference (src/cpu/conv3d.rs). They run wherever they apply (MEDDPM_SMALL_CONV=0 forbids
 // them, =auto times them against cuDNN per shape; conv3d.rs). In bf16 the forward of Cin <= 4 and
-// the data gradient of Cout <= 4 use the tensor cores instead (conv3d_small_cin_mma, below).
+// the data gradient of Cout <= 4 use the tensor cores instead (small_cin_mma_body, below).
 //   off(t) = (kd - 1, kh - 1, kw - 1) for tap t = kd*9 + kh*3 + kw.
 //
 // ---- weight gradient of Cout <= 4 convs ----------------------------------------------------------
@@ -539,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         small_cin_body<float>(ws, xs, dy, w, wbf, nullptr, dx, xbf, N, COUT, CIN, D, H, W, cl, accum, 1);
 }
 
-// -- conv3d_small_cin_mma: small_cin_body's job on the tensor cores, for NDHWC with CI <= 4 and
+// -- conv3d_fwd_small_cin_mma / conv3d_dgrad_small_cout_mma: small_cin_body's job on the tensor cores, for NDHWC with CI <= 4 and
 // CO a multiple of 8 up to 64 (the whole-head first conv 3 -> 64 and the output conv's data
 // gradient 1 -> 64). ncu showed the FMA kernel issue-bound (docs/perf/h200-2026-12-01c); here
 // the 27 taps x 4 channels (CI padded with zeros) are the K = 108 of an implicit GEMM, padded to
@@ -674,20 +674,23 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, const void* xv, const v
     }
 }
 
-// dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. b: f32 (CO) or null. NDHWC only; CO % 8 == 0, CO <= 64,
-// CI <= 4. tw, accum: see small_cin_mma_body.
-extern "C" __global__ void __launch_bounds__(256, 3)
-    conv3d_small_cin_mma(const void* x, const void* w, const float* b, void* y, int N, int CI, int CO, int D, int H,
-                         int W, int dt, int accum, int tw) {
-    // shared memory: the weights in B-fragment order, the input halo (both instantiations share it)
-    __shared__ uint2 wf[7 * 8 * 32];
-    __shared__ uint2 xs[MMA_HALO];
-    const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;
-    if (dt & 1)
-        small_cin_mma_body<bf16>(wf, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, tw);
-    else
-        small_cin_mma_body<float>(wf, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, tw);
-}
+// The two entry points (one profiler category each): the forward of a Cin <= 4 conv (bias b, f32
+// CO) and the data gradient of a Cout <= 4 conv (CI = that conv's Cout, CO = its Cin; no bias).
+// dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. NDHWC only; CO % 8 == 0, CO <= 64, CI <= 4.
+#define SMALL_MMA_ENTRY(NAME, TW)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, 3)                                                   \
+        NAME(const void* x, const void* w, const float* b, void* y, int N, int CI, int CO, int D, int H, int W, \
+             int dt, int accum) {                                                                          \
+        __shared__ uint2 wf[7 * 8 * 32];                                                                   \
+        __shared__ uint2 xs[MMA_HALO];                                                                     \
+        const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;                                                \
+        if (dt & 1)                                                                                        \
+            small_cin_mma_body<bf16>(wf, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, TW);         \
+        else                                                                                               \
+            small_cin_mma_body<float>(wf, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, TW);        \
+    }
+SMALL_MMA_ENTRY(conv3d_fwd_small_cin_mma, 0)
+SMALL_MMA_ENTRY(conv3d_dgrad_small_cout_mma, 1)
 
 // -- conv3d_fwd_small_cout<COT>: out[n, co, v] = b[co] + sum over ci < CI, t of w[co, ci, t] * x[n, ci, v + off(t)]
 // for CO <= COT output channels (COT = 1, or 4 for 2..4), any CI: a skinny reduction over 27 * CI

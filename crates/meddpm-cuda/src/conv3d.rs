@@ -277,7 +277,7 @@ pub(crate) struct ConvCache {
     /// cuDNN on first use.
     pub(crate) force_small: Option<bool>,
     /// bf16 only: the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
-    /// cores (`conv3d_small_cin_mma`) where the other side is a multiple of 8 up to 64, and the
+    /// cores (`conv3d_fwd_small_cin_mma` / `conv3d_dgrad_small_cout_mma`) where the other side is a multiple of 8 up to 64, and the
     /// Cout = 1 weight gradient's stage 1 (`conv3d_wgrad_small1_mma`) where Cin is a multiple of
     /// 16 up to 64; false: the FMA kernels (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
     pub(crate) small_mma: bool,
@@ -1241,14 +1241,14 @@ fn small_cout_launch(x: Dims, cl: bool, xdt: DType, sms: u32) -> ((u32, u32, u32
     ((gx as u32, 1, 1), (256, 1, 1))
 }
 
-/// Whether `conv3d_small_cin_mma` computes a few-channel conv of `ci` ≤ 4 inputs and `co`
+/// Whether `conv3d_fwd_small_cin_mma` / `conv3d_dgrad_small_cout_mma` computes a few-channel conv of `ci` ≤ 4 inputs and `co`
 /// outputs (the forward's, or the data gradient's with the roles swapped): NDHWC, `co` a multiple
 /// of 8 up to 64, asked for (`mma`: bf16 precision and `ConvCache::small_mma`).
 fn mma_fits(cl: bool, mma: bool, ci: usize, co: usize) -> bool {
     cl && mma && ci <= 4 && co.is_multiple_of(8) && co <= 64
 }
 
-/// `conv3d_small_cin_mma`: y (= or += per `acc`) = conv of `ci`-channel x to `co` channels (+ b
+/// `conv3d_fwd_small_cin_mma` / `conv3d_dgrad_small_cout_mma`: y (= or += per `acc`) = conv of `ci`-channel x to `co` channels (+ b
 /// where `bp` ≠ 0) over volume `x`; `tw` 1: the data gradient of the conv with `ci` outputs (w
 /// are that conv's weights). Persistent blocks, three per SM, over 1 × 8 × 16-voxel tiles.
 #[allow(clippy::too_many_arguments)]
@@ -1278,9 +1278,9 @@ fn small_mma_run(
         I(x.w as i32),
         I(dt),
         I((acc == Accum::Add) as i32),
-        I(tw as i32),
     ];
-    dev.launch("conv3d_small_cin_mma", (grid, 1, 1), (256, 1, 1), &args);
+    let name = if tw { "conv3d_dgrad_small_cout_mma" } else { "conv3d_fwd_small_cin_mma" };
+    dev.launch(name, (grid, 1, 1), (256, 1, 1), &args);
 }
 
 /// out = conv(inp, w) + b through our direct kernel `kind` (the tensor-core one where

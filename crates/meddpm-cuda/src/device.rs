@@ -107,7 +107,8 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_fwd_small_cout1",
     "conv3d_fwd_small_cout4",
     "conv3d_dgrad_small_cout",
-    "conv3d_small_cin_mma",
+    "conv3d_fwd_small_cin_mma",
+    "conv3d_dgrad_small_cout_mma",
     "conv3d_wgrad_small1_mma",
 ];
 

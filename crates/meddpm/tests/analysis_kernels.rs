@@ -171,6 +171,10 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_fwd_small_cout1", ConvForward),
     ("conv3d_fwd_small_cout4", ConvForward),
     ("conv3d_dgrad_small_cout", ConvDgrad),
+    // the same three jobs on the tensor cores (bf16)
+    ("conv3d_fwd_small_cin_mma", ConvForward),
+    ("conv3d_dgrad_small_cout_mma", ConvDgrad),
+    ("conv3d_wgrad_small1_mma", ConvWgrad),
 ];
 
 #[test]

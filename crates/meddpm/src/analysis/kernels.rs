@@ -224,6 +224,9 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_fwd_small_cout1", Category::ConvForward),
     ("conv3d_fwd_small_cout4", Category::ConvForward),
     ("conv3d_dgrad_small_cout", Category::ConvDgrad),
+    ("conv3d_fwd_small_cin_mma", Category::ConvForward),
+    ("conv3d_dgrad_small_cout_mma", Category::ConvDgrad),
+    ("conv3d_wgrad_small1_mma", Category::ConvWgrad),
 ];
 
 /// The category of one of our own NVRTC kernels, by exact name ([`OUR_KERNELS`]); `None` for any
