@@ -193,7 +193,10 @@ extern "C" __global__ void __launch_bounds__(256, 2)
             const int vi = i / NCH, ch = i - vi * NCH;
             const int h = h0 + vi / WG_TW, w = w0 + vi % WG_TW;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (h < H && w < W) v = *reinterpret_cast<const uint4*>(x + ((((i64)n * D + d) * H + h) * W + w) * C + ch * 8);
+            if (h < H && w < W) {
+                const i64 o = ((((i64)n * D + d) * H + h) * W + w) * C + ch * 8;
+                v = *reinterpret_cast<const uint4*>(x + o);
+            }
             xs[vi * 8 + (ch ^ (vi & 7))] = v;
         }
         for (int i = threadIdx.x; i < WG_HALO; i += blockDim.x) {
@@ -539,19 +542,20 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         small_cin_body<float>(ws, xs, dy, w, wbf, nullptr, dx, xbf, N, COUT, CIN, D, H, W, cl, accum, 1);
 }
 
-// -- conv3d_fwd_small_cin_mma / conv3d_dgrad_small_cout_mma: small_cin_body's job on the tensor cores, for NDHWC with CI <= 4 and
-// CO a multiple of 8 up to 64 (the whole-head first conv 3 -> 64 and the output conv's data
-// gradient 1 -> 64). ncu showed the FMA kernel issue-bound (docs/perf/h200-2026-12-01c); here
-// the 27 taps x 4 channels (CI padded with zeros) are the K = 108 of an implicit GEMM, padded to
-// 112 = 7 steps of mma.m16n8k16 (bf16 operands, f32 sums). Inputs are rounded to bf16 when
-// staged (as cuDNN's bf16 convs and PyTorch's autocast round them); bias, accumulation and the
-// output (f32 or bf16) as small_cin_body.
+// -- conv3d_fwd_small_cin_mma / conv3d_dgrad_small_cout_mma: small_cin_body's job on the tensor
+// cores, for NDHWC with CI <= 4 and CO a multiple of 8 up to 64 (the whole-head first conv 3 -> 64
+// and the output conv's data gradient 1 -> 64). ncu showed the FMA kernel issue-bound
+// (docs/perf/h200-2026-12-01c); here the 27 taps x 4 channels (CI padded with zeros) are the
+// K = 108 of an implicit GEMM, padded to 112 = 7 steps of mma.m16n8k16 (bf16 operands, f32 sums).
+// Inputs are rounded to bf16 when staged (as cuDNN's bf16 convs and PyTorch's autocast round
+// them); bias, accumulation and the output (f32 or bf16) as small_cin_body.
 //   Block 256 = 8 warps over a tile of 1 (d) x 8 (h) x 16*MMA_MT (w) output voxels: warp i takes
 // row h0 + i, MMA_MT m16 tiles along w; each warp holds all CO outputs (CO / 8 n8 tiles) in
 // 32*MMA_MT f32 sums a thread. MMA_MT = 1 and three blocks per SM: with two m16 tiles a warp (64
-// sums, 120 registers, two blocks per SM) ncu showed 25 % occupancy, 42 % issue, 13 % DRAM. Shared memory: the weights in B-fragment order (wf[(ks*8 + nt)*32 + lane] = the two
-// 32-bit registers lane needs), arranged once per block, and the tile's 3 x 10 x 34 input halo,
-// 4 bf16 channels a voxel (zeros outside the volume). A fragment register = the 2 channels
+// sums, 120 registers, two blocks per SM) ncu showed 25 % occupancy, 42 % issue, 13 % DRAM.
+// Shared memory: the weights in B-fragment order (wf[(ks*8 + nt)*32 + lane] = the two 32-bit
+// registers lane needs), arranged once per block, and the tile's 3 x 10 x (16*MMA_MT + 2) input
+// halo, 4 bf16 channels a voxel (zeros outside the volume). A fragment register = the 2 channels
 // (ci, ci + 1) of one tap at one voxel: a single 32-bit shared-memory load. Blocks are persistent
 // (grid-stride over tiles).
 //   tw as small_cin_body: 0 forward (w = (CO, CI) weights), 1 data gradient of the conv with CI
@@ -586,7 +590,8 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, const void* xv, const v
         const int n = (int)(tile / ((i64)wb * hb * D));
         __syncthreads();  // the weights are arranged / the previous tile's reads are done
         for (int i = threadIdx.x; i < MMA_HALO; i += blockDim.x) {
-            const int c = i % (MMA_TW + 2), r = (i / (MMA_TW + 2)) % (MMA_TH + 2), kd = i / ((MMA_TW + 2) * (MMA_TH + 2));
+            const int c = i % (MMA_TW + 2), r = (i / (MMA_TW + 2)) % (MMA_TH + 2);
+            const int kd = i / ((MMA_TW + 2) * (MMA_TH + 2));
             const int dd = d + kd - 1, hh = h0 + r - 1, ww = w0 + c - 1;
             float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (dd >= 0 && dd < D && hh >= 0 && hh < H && ww >= 0 && ww < W) {

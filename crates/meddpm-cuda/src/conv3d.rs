@@ -277,9 +277,10 @@ pub(crate) struct ConvCache {
     /// cuDNN on first use.
     pub(crate) force_small: Option<bool>,
     /// bf16 only: the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
-    /// cores (`conv3d_fwd_small_cin_mma` / `conv3d_dgrad_small_cout_mma`) where the other side is a multiple of 8 up to 64, and the
-    /// Cout = 1 weight gradient's stage 1 (`conv3d_wgrad_small1_mma`) where Cin is a multiple of
-    /// 16 up to 64; false: the FMA kernels (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
+    /// cores (`conv3d_fwd_small_cin_mma`, `conv3d_dgrad_small_cout_mma`) where the other side is
+    /// a multiple of 8 up to 64, and the Cout = 1 weight gradient's stage 1
+    /// (`conv3d_wgrad_small1_mma`) where Cin is a multiple of 16 up to 64; false: the FMA kernels
+    /// (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
     pub(crate) small_mma: bool,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
@@ -1241,16 +1242,18 @@ fn small_cout_launch(x: Dims, cl: bool, xdt: DType, sms: u32) -> ((u32, u32, u32
     ((gx as u32, 1, 1), (256, 1, 1))
 }
 
-/// Whether `conv3d_fwd_small_cin_mma` / `conv3d_dgrad_small_cout_mma` computes a few-channel conv of `ci` ≤ 4 inputs and `co`
-/// outputs (the forward's, or the data gradient's with the roles swapped): NDHWC, `co` a multiple
-/// of 8 up to 64, asked for (`mma`: bf16 precision and `ConvCache::small_mma`).
+/// Whether the tensor-core kernels (`conv3d_fwd_small_cin_mma`, `conv3d_dgrad_small_cout_mma`)
+/// compute a few-channel conv of `ci` ≤ 4 inputs and `co` outputs (the forward's, or the data
+/// gradient's with the roles swapped): NDHWC, `co` a multiple of 8 up to 64, asked for (`mma`:
+/// bf16 precision and `ConvCache::small_mma`).
 fn mma_fits(cl: bool, mma: bool, ci: usize, co: usize) -> bool {
     cl && mma && ci <= 4 && co.is_multiple_of(8) && co <= 64
 }
 
-/// `conv3d_fwd_small_cin_mma` / `conv3d_dgrad_small_cout_mma`: y (= or += per `acc`) = conv of `ci`-channel x to `co` channels (+ b
-/// where `bp` ≠ 0) over volume `x`; `tw` 1: the data gradient of the conv with `ci` outputs (w
-/// are that conv's weights). Persistent blocks, three per SM, over 1 × 8 × 16-voxel tiles.
+/// `conv3d_fwd_small_cin_mma` (`tw` false) / `conv3d_dgrad_small_cout_mma` (`tw` true): y (= or +=
+/// per `acc`) = conv of `ci`-channel x to `co` channels (+ b where `bp` ≠ 0) over volume `x`; the
+/// data gradient's w are the weights of the conv with `ci` outputs. Persistent blocks, three per
+/// SM, over 1 × 8 × 16-voxel tiles.
 #[allow(clippy::too_many_arguments)]
 fn small_mma_run(
     dev: &Device,
@@ -1298,13 +1301,12 @@ fn small_forward(
 ) {
     use Arg::{I, P};
     let x = cs.x;
+    let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
     if kind == SmallFwd::Cin && mma_fits(cl, mma, x.c, cs.cout) {
-        let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
         let ptrs = (dev.ptr(inp), dev.ptr(w), dev.ptr(b), dev.ptr_mut(out));
         small_mma_run(dev, ptrs, x, x.c, cs.cout, dt, Accum::Overwrite, false);
         return;
     }
-    let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
     let args = [
         P(dev.ptr(inp)),
         P(dev.ptr(w)),
