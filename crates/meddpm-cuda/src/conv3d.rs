@@ -372,6 +372,11 @@ impl ConvCache {
         }
     }
 
+    /// Whether the tensor-core few-channel kernels run (`small_mma`, bf16 precision only).
+    fn mma_on(&self) -> bool {
+        self.small_mma && self.precision == Precision::Bf16
+    }
+
     fn plan(&mut self, cs: ConvShape) -> &mut Plan {
         let (layout, precision) = (self.layout, self.precision);
         self.plans.entry(cs).or_insert_with(|| {
@@ -726,7 +731,7 @@ pub(crate) fn forward(
     };
     if let Some(kind) = small_fwd_kind(cs) {
         let cl = cache.layout == Layout::Ndhwc;
-        let mma = cache.small_mma && cache.precision == Precision::Bf16;
+        let mma = cache.mma_on();
         let ours = match small_decided(cache, cs, Dir::Fwd) {
             Some(f) => f,
             None => time_small(dev, cache, cs, Dir::Fwd, |cache, ours| {
@@ -1485,10 +1490,10 @@ pub(crate) fn backward(
     }
     let cdt = compute_type(cache.precision);
     let (xp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, dout, cdt, T_DY));
-    let mma = (cl, cache.small_mma && cache.precision == Precision::Bf16);
+    let ly = (cl, cache.mma_on());
 
     if small_cout_wgrad(cs, cdt) {
-        wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, mma);
+        wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, ly);
     } else {
         cudnn_wgrad(dev, cache, dw, xp, dyp, cs);
     }
@@ -1506,7 +1511,7 @@ pub(crate) fn backward(
                     let tp = dev.ptr_mut(&mut tmp);
                     let f = time_small(dev, cache, cs, Dir::BwdData, |cache, ours| {
                         if ours {
-                            small_dgrad_run(dev, tp, dxdt, Accum::Overwrite, w, dyp, cdt, cs, mma);
+                            small_dgrad_run(dev, tp, dxdt, Accum::Overwrite, w, dyp, cdt, cs, ly);
                         } else {
                             cudnn_dgrad(dev, cache, tp, dxdt, Accum::Overwrite, w, dyp, cs);
                         }
@@ -1521,7 +1526,7 @@ pub(crate) fn backward(
         }
         let dxp = dev.ptr_mut(dx);
         if ours {
-            small_dgrad_run(dev, dxp, dxdt, acc, w, dyp, cdt, cs, mma);
+            small_dgrad_run(dev, dxp, dxdt, acc, w, dyp, cdt, cs, ly);
         } else {
             cudnn_dgrad(dev, cache, dxp, dxdt, acc, w, dyp, cs);
         }
