@@ -200,3 +200,145 @@ extern "C" __global__ void upsample_bwd_cl(void* dx, const void* dout, int C, in
                                            int V) {
     DISPATCH_V(bf, V, upsample_bwd_cl_t, dx, dout, C, D, H, W, accum);
 }
+
+// ---- NDHWC, one block per row, separable through shared memory -----------------------------------
+// The kernels above gather 8 (forward) or up to 64 (backward) 16-byte vectors per 16-byte result
+// and pay 64-bit index divisions per vector; on the H200 the top-level ones ran at 0.5–0.9 TB/s.
+// These split the interpolation: a block first combines the (at most 4) rows along d and h that
+// its row needs into t[w][c] in shared memory (f32), then interpolates along w from there. The
+// forward's block is an output row (n, od, oh); the backward's an input row (n, d, h), which
+// gathers its (at most 4 × 4) output rows. Results equal the kernels above up to the order of
+// the f32 additions. The host uses them where t fits in 48 KB and falls back otherwise.
+
+// V consecutive f32 in shared memory, as float4 where V allows (i a multiple of V).
+template <int V>
+__device__ __forceinline__ void sts(float* s, int i, const float* v) {
+    if (V % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 4) *reinterpret_cast<float4*>(s + i + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) s[i + j] = v[j];
+    }
+}
+template <int V>
+__device__ __forceinline__ void lds(const float* s, int i, float* v) {
+    if (V % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 4) {
+            float4 q = *reinterpret_cast<const float4*>(s + i + j);
+            v[j] = q.x;
+            v[j + 1] = q.y;
+            v[j + 2] = q.z;
+            v[j + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) v[j] = s[i + j];
+    }
+}
+
+// x: (N, D, H, W, C); out: (N, 2D, 2H, 2W, C); grid N·2D·2H blocks; shared W·C floats.
+template <typename T, int V>
+__device__ void upsample_fwd_rows_t(void* outv, const void* xv, int C, int D, int H, int W) {
+    extern __shared__ float4 smem4[];
+    float* t = reinterpret_cast<float*>(smem4);
+    T* out = (T*)outv;
+    const T* x = (const T*)xv;
+    int Do = 2 * D, Ho = 2 * H, Wo = 2 * W, lanes = C / V;
+    int row = blockIdx.x, oh = row % Ho, od = (row / Ho) % Do, n = row / (Ho * Do);
+    int d0, d1, h0, h1;
+    float ld0, ld1, lh0, lh1;
+    src_index(od, D, d0, d1, ld0, ld1);
+    src_index(oh, H, h0, h1, lh0, lh1);
+    i64 xb = (i64)n * D * H * W * C, rs = (i64)W * C;
+    const T* r00 = x + xb + ((i64)d0 * H + h0) * rs;
+    const T* r01 = x + xb + ((i64)d0 * H + h1) * rs;
+    const T* r10 = x + xb + ((i64)d1 * H + h0) * rs;
+    const T* r11 = x + xb + ((i64)d1 * H + h1) * rs;
+    for (int k = threadIdx.x; k < W * lanes; k += blockDim.x) {
+        int i = k * V;  // = w·C + c
+        float a[V], b[V], e[V], f[V], s[V];
+        ldv<V>(r00, i, a);
+        ldv<V>(r01, i, b);
+        ldv<V>(r10, i, e);
+        ldv<V>(r11, i, f);
+#pragma unroll
+        for (int j = 0; j < V; j++) s[j] = ld0 * (lh0 * a[j] + lh1 * b[j]) + ld1 * (lh0 * e[j] + lh1 * f[j]);
+        sts<V>(t, i, s);
+    }
+    __syncthreads();
+    T* o = out + (((i64)n * Do + od) * Ho + oh) * ((i64)Wo * C);
+    for (int k = threadIdx.x; k < Wo * lanes; k += blockDim.x) {
+        int ow = k / lanes, c = (k - ow * lanes) * V;
+        int w0, w1;
+        float lw0, lw1, p[V], q[V];
+        src_index(ow, W, w0, w1, lw0, lw1);
+        lds<V>(t, w0 * C + c, p);
+        lds<V>(t, w1 * C + c, q);
+#pragma unroll
+        for (int j = 0; j < V; j++) p[j] = lw0 * p[j] + lw1 * q[j];
+        stv<V>(o, (i64)k * V, p);
+    }
+}
+extern "C" __global__ void upsample_fwd_rows(void* out, const void* x, int C, int D, int H, int W, int bf, int V) {
+    DISPATCH_V(bf, V, upsample_fwd_rows_t, out, x, C, D, H, W);
+}
+
+// dx: (N, D, H, W, C) from dout: (N, 2D, 2H, 2W, C); grid N·D·H blocks; shared 2W·C floats.
+template <typename T, int V>
+__device__ void upsample_bwd_rows_t(void* dxv, const void* doutv, int C, int D, int H, int W, int accum) {
+    extern __shared__ float4 smem4[];
+    float* t = reinterpret_cast<float*>(smem4);
+    T* dx = (T*)dxv;
+    const T* dout = (const T*)doutv;
+    int Ho = 2 * H, Wo = 2 * W, lanes = C / V;
+    int row = blockIdx.x, h = row % H, d = (row / H) % D, n = row / (H * D);
+    int od[4], oh[4];
+    float wd[4], wh[4];
+    int md = readers(d, D, od, wd), mh = readers(h, H, oh, wh);
+    i64 rs = (i64)Wo * C, ob = (i64)n * 2 * D * Ho * rs;
+    for (int k = threadIdx.x; k < Wo * lanes; k += blockDim.x) {
+        int i = k * V;  // = ow·C + c
+        float s[V], sb[V], q[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) s[j] = 0.0f;
+        for (int a = 0; a < md; a++) {
+#pragma unroll
+            for (int j = 0; j < V; j++) sb[j] = 0.0f;
+            for (int b = 0; b < mh; b++) {
+                ldv<V>(dout, ob + ((i64)od[a] * Ho + oh[b]) * rs + i, q);
+#pragma unroll
+                for (int j = 0; j < V; j++) sb[j] += wh[b] * q[j];
+            }
+#pragma unroll
+            for (int j = 0; j < V; j++) s[j] += wd[a] * sb[j];
+        }
+        sts<V>(t, i, s);
+    }
+    __syncthreads();
+    T* o = dx + (((i64)n * D + d) * H + h) * ((i64)W * C);
+    for (int k = threadIdx.x; k < W * lanes; k += blockDim.x) {
+        int w = k / lanes, c = (k - w * lanes) * V;
+        int ow[4];
+        float ww[4], acc[V], q[V];
+        int mw = readers(w, W, ow, ww);
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] = 0.0f;
+        for (int e = 0; e < mw; e++) {
+            lds<V>(t, ow[e] * C + c, q);
+#pragma unroll
+            for (int j = 0; j < V; j++) acc[j] += ww[e] * q[j];
+        }
+        if (accum) {
+            ldv<V>(o, (i64)k * V, q);
+#pragma unroll
+            for (int j = 0; j < V; j++) acc[j] += q[j];
+        }
+        stv<V>(o, (i64)k * V, acc);
+    }
+}
+extern "C" __global__ void upsample_bwd_rows(void* dx, const void* dout, int C, int D, int H, int W, int accum, int bf,
+                                             int V) {
+    DISPATCH_V(bf, V, upsample_bwd_rows_t, dx, dout, C, D, H, W, accum);
+}

@@ -60,6 +60,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "chan_gnbwd_ndhwc1",
     "chan_gnbwd_ndhwc4",
     "chan_gnbwd_ndhwc8",
+    "concat_stats_ndhwc",
     "chan_sum_ncdhw",
     "chan_sum_ndhwc1",
     "chan_sum_ndhwc4",
@@ -85,6 +86,8 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "upsample_bwd",
     "upsample_fwd_cl",
     "upsample_bwd_cl",
+    "upsample_fwd_rows",
+    "upsample_bwd_rows",
     "loss_partial",
     "loss_final",
     "loss_bwd",
@@ -527,6 +530,19 @@ impl Device {
 
     /// Launch kernel `name` with the given grid/block and arguments.
     pub(crate) fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) {
+        self.launch_shared(name, grid, block, 0, args)
+    }
+
+    /// [`Device::launch`] with `smem` bytes of dynamic shared memory (at most 48 KB).
+    pub(crate) fn launch_shared(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+    ) {
+        assert!(smem <= 48 * 1024, "kernel {name}: {smem} bytes of dynamic shared memory (48 KB at most)");
         let f = self.funcs.get(name).unwrap_or_else(|| panic!("unknown kernel {name}"));
         assert!(args.len() <= 24, "kernel {name}: too many arguments");
         let mut slots = [0u64; 24];
@@ -549,7 +565,7 @@ impl Device {
         }
         self.bind();
         unsafe {
-            dres::launch_kernel(f.cu_function(), grid, block, 0, self.stream.cu_stream(), &mut params[..args.len()])
+            dres::launch_kernel(f.cu_function(), grid, block, smem, self.stream.cu_stream(), &mut params[..args.len()])
         }
         .unwrap_or_else(|e| panic!("launching kernel {name} (grid {grid:?}, block {block:?}): {e}"));
     }

@@ -13,7 +13,7 @@ use crate::device::{Arg::*, Device};
 pub(crate) const MAX_CHANNELS_NDHWC: usize = 1024;
 
 /// Channels per thread of the NDHWC partial kernels for C channels of the given type.
-fn ndhwc_vec(c: usize, bf: i32) -> usize {
+pub(crate) fn ndhwc_vec(c: usize, bf: i32) -> usize {
     if bf == 1 && c.is_multiple_of(8) && c / 8 <= 256 {
         8
     } else if c.is_multiple_of(4) && c / 4 <= 256 {

@@ -16,7 +16,7 @@ use meddpm::{Accum, Dims};
 
 use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
-use crate::elementwise::{chunking, launch_partial, row_launch, row_vec, same_bf, Partial};
+use crate::elementwise::{chunking, launch_partial, ndhwc_vec, row_launch, row_vec, same_bf, Partial};
 
 pub(crate) const EPS: f32 = 1e-5;
 
@@ -94,10 +94,28 @@ fn forward_ptrs(
     cl: bool,
     bf: i32,
 ) {
-    let (len, nchunks) = chunking(x, cl);
+    let (_, nchunks) = chunking(x, cl);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
     let pp = dev.ptr(&*part);
     launch_partial(dev, Partial::Stats, x, groups, cl, &[xp], pp, bf);
+    finalize_stats(dev, pp, offp, mean, rstd, x, groups, cl);
+    apply(dev, xp, offp, dev.ptr(mean), dev.ptr(rstd), gamma, beta, op_, ap, x, groups, cl, bf);
+}
+
+/// Stage 2 of the statistics: mean/rstd [N·G] from the chunk partials at `pp` (kernel
+/// gn_stats_finalize).
+#[allow(clippy::too_many_arguments)]
+fn finalize_stats(
+    dev: &Device,
+    pp: u64,
+    offp: u64,
+    mean: &mut GpuBuf,
+    rstd: &mut GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    let (len, nchunks) = chunking(x, cl);
     let (mp, rp) = (dev.ptr_mut(mean), dev.ptr_mut(rstd));
     dev.launch(
         "gn_stats_finalize",
@@ -117,7 +135,72 @@ fn forward_ptrs(
             F(EPS),
         ],
     );
-    apply(dev, xp, offp, mp, rp, gamma, beta, op_, ap, x, groups, cl, bf);
+}
+
+/// `out` = cat([a (+ a_bias), b]) along channels (as `elementwise::concat`) and the GroupNorm
+/// statistics of `out` (as [`forward`] saves them), in one pass over the data where the layout
+/// allows (NDHWC, both parts' channels a multiple of the vector width: kernel
+/// concat_stats_ndhwc), else the concatenation and then the statistics pass.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn concat_stats(
+    dev: &Device,
+    out: &mut GpuBuf,
+    a: &GpuBuf,
+    a_bias: Option<&GpuBuf>,
+    b: &GpuBuf,
+    (mean, rstd): (&mut GpuBuf, &mut GpuBuf),
+    x: Dims,
+    (ca, cb): (usize, usize),
+    groups: usize,
+    cl: bool,
+) {
+    let od = x.with_c(ca + cb);
+    assert!(
+        groups > 0 && od.c.is_multiple_of(groups) && mean.len() == od.n * groups && rstd.len() == mean.len(),
+        "concat statistics {od} groups {groups}: mean/rstd lengths {} {}",
+        mean.len(),
+        rstd.len()
+    );
+    let bf = out.bf();
+    let v = if cl { ndhwc_vec(od.c, bf) } else { 0 };
+    if v < 4 || !ca.is_multiple_of(v) || !cb.is_multiple_of(v) {
+        crate::elementwise::concat(dev, out, a, a_bias, b, x, ca, cb, cl);
+        let (_, nchunks) = chunking(od, cl);
+        let part = dev.scratch(od.n * nchunks * od.c * 2);
+        let pp = dev.ptr(&*part);
+        launch_partial(dev, Partial::Stats, od, groups, cl, &[dev.ptr(out)], pp, bf);
+        return finalize_stats(dev, pp, 0, mean, rstd, od, groups, cl);
+    }
+    if let Some(bias) = a_bias {
+        assert!(bias.len() == ca && bias.bf() == 0, "concat statistics: a_bias is f32 [{ca}], got {}", bias.len());
+    }
+    assert!(
+        out.len() == od.numel() && a.len() == x.with_c(ca).numel() && b.len() == x.with_c(cb).numel(),
+        "concat statistics {x} ca {ca} cb {cb}: lengths out {} a {} b {}",
+        out.len(),
+        a.len(),
+        b.len()
+    );
+    same_bf("concat statistics", &[out, a, b]);
+    let (len, nchunks) = chunking(od, cl);
+    let part = dev.scratch(od.n * nchunks * od.c * 2);
+    let pp = dev.ptr(&*part);
+    let args = [
+        P(dev.ptr_mut(out)),
+        P(dev.ptr(a)),
+        P(dev.ptr(b)),
+        P(a_bias.map_or(0, |v| dev.ptr(v))),
+        P(pp),
+        I(ca as i32),
+        I(cb as i32),
+        L(od.s() as i64),
+        I(len as i32),
+        I(nchunks as i32),
+        I(bf),
+        I(v as i32),
+    ];
+    dev.launch("concat_stats_ndhwc", (nchunks as u32, od.n as u32, 1), (256, 1, 1), &args);
+    finalize_stats(dev, pp, 0, mean, rstd, od, groups, cl);
 }
 
 /// `act` = silu(GN(inp + off)) from statistics saved by [`forward`] (the backward's recomputation of a
@@ -142,6 +225,26 @@ pub(crate) fn recompute(
     let (xp, mp, rp, ap) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr_mut(act));
     let offp = off_ptr(dev, off, x);
     apply(dev, xp, offp, mp, rp, gamma, beta, 0, ap, x, groups, cl, bf);
+}
+
+/// [`recompute`] in place: `x` := silu(GN(x)) (one gn_apply pass reading and writing `x`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn recompute_inplace(
+    dev: &Device,
+    x: &mut GpuBuf,
+    mean: &GpuBuf,
+    rstd: &GpuBuf,
+    gamma: &GpuBuf,
+    beta: &GpuBuf,
+    xd: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    check(xd, groups, x.len(), gamma.len(), mean.len());
+    assert!(rstd.len() == mean.len(), "groupnorm recompute in place {xd}: lengths");
+    let bf = x.bf();
+    let (mp, rp, xp) = (dev.ptr(mean), dev.ptr(rstd), dev.ptr_mut(x));
+    apply(dev, xp, 0, mp, rp, gamma, beta, 0, xp, xd, groups, cl, bf);
 }
 
 /// The elementwise stage (kernel gn_apply): out = GN(x + off) and/or act = silu(GN(x + off)) (0:

@@ -658,6 +658,32 @@ impl Backend for CudaBackend {
     ) {
         groupnorm::forward_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.cl());
     }
+    fn concat_channels_stats(
+        &self,
+        out: &mut Self::Buf,
+        a: &Self::Buf,
+        a_bias: Option<&Self::Buf>,
+        b: &Self::Buf,
+        stats: (&mut Self::Buf, &mut Self::Buf),
+        x: Dims,
+        ca: usize,
+        cb: usize,
+        groups: usize,
+    ) {
+        groupnorm::concat_stats(&self.dev, out, a, a_bias, b, stats, x, (ca, cb), groups, self.cl());
+    }
+    fn groupnorm_silu_recompute_inplace(
+        &self,
+        x: &mut Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        xd: Dims,
+        groups: usize,
+    ) {
+        groupnorm::recompute_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.cl());
+    }
     fn groupnorm_silu_backward_inplace(
         &self,
         d: &mut Self::Buf,

@@ -1,11 +1,22 @@
 //! Trilinear ×2 upsampling, align_corners=False, forward and backward (kernels/upsample.cu).
-//! Semantics: `Backend::upsample_*` (PyTorch F.interpolate); CPU twin cpu/upsample.rs.
+//! Semantics: `Backend::upsample_*` (PyTorch F.interpolate); CPU twin cpu/upsample.rs. NDHWC runs
+//! the row kernels (separable through shared memory) where a row fits in 48 KB, else per voxel.
 
 use meddpm::{Accum, Dims};
 
 use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
 use crate::elementwise::{row_launch, row_vec, same_bf};
+
+/// Threads of an `upsample_{fwd,bwd}_rows` block.
+const ROWS_BLOCK: u32 = 256;
+
+/// Shared memory of an `upsample_*_rows` block holding `floats` f32 (one row of all channels), or
+/// None where that exceeds the 48 KB a launch gets without opting in (the per-voxel kernels run).
+fn rows_smem(floats: usize) -> Option<u32> {
+    let bytes = floats * 4;
+    (bytes <= 48 * 1024).then_some(bytes as u32)
+}
 
 pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl: bool) {
     assert!(
@@ -17,8 +28,16 @@ pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl:
     let total = x.up2().numel();
     let bf = same_bf("upsample_forward", &[out, inp]);
     if cl {
-        // channels-last: each thread interpolates V channels of one voxel (16-byte accesses)
         let v = row_vec(x, true, bf);
+        if let Some(smem) = rows_smem(x.w * x.c) {
+            // one block per output row, separable through shared memory
+            let (op_, ip) = (dev.ptr_mut(out), dev.ptr(inp));
+            let dims = [x.c, x.d, x.h, x.w].map(|d| I(d as i32));
+            let args = [P(op_), P(ip), dims[0], dims[1], dims[2], dims[3], I(bf), I(v as i32)];
+            let grid = ((x.n * 2 * x.d * 2 * x.h) as u32, 1, 1);
+            return dev.launch_shared("upsample_fwd_rows", grid, (ROWS_BLOCK, 1, 1), smem, &args);
+        }
+        // channels-last: each thread interpolates V channels of one voxel (16-byte accesses)
         let (grid, block) = row_launch(dev, x.up2(), v, true);
         let (op_, ip) = (dev.ptr_mut(out), dev.ptr(inp));
         let args = [P(op_), P(ip), I(x.c as i32), I(x.d as i32), I(x.h as i32), I(x.w as i32), I(bf), I(v as i32)];
@@ -46,8 +65,16 @@ pub(crate) fn backward(dev: &Device, dinp: (&mut GpuBuf, Accum), dout: &GpuBuf, 
     let bf = same_bf("upsample_backward", &[dinp.0, dout]);
     if cl {
         let v = row_vec(x, true, bf);
-        let (grid, block) = row_launch(dev, x, v, true);
         let acc = (dinp.1 == Accum::Add) as i32;
+        if let Some(smem) = rows_smem(2 * x.w * x.c) {
+            // one block per input row, separable through shared memory
+            let (dp, op_) = (dev.ptr_mut(dinp.0), dev.ptr(dout));
+            let dims = [x.c, x.d, x.h, x.w].map(|d| I(d as i32));
+            let args = [P(dp), P(op_), dims[0], dims[1], dims[2], dims[3], I(acc), I(bf), I(v as i32)];
+            let grid = ((x.n * x.d * x.h) as u32, 1, 1);
+            return dev.launch_shared("upsample_bwd_rows", grid, (ROWS_BLOCK, 1, 1), smem, &args);
+        }
+        let (grid, block) = row_launch(dev, x, v, true);
         let (dp, op_) = (dev.ptr_mut(dinp.0), dev.ptr(dout));
         let args =
             [P(dp), P(op_), I(x.c as i32), I(x.d as i32), I(x.h as i32), I(x.w as i32), I(acc), I(bf), I(v as i32)];

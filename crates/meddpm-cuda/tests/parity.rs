@@ -386,6 +386,9 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
             let (mut xi, mut mi, mut ri) = (act(g, &xin, x), g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
             g.groupnorm_silu_forward_inplace(&mut xi, &mut mi, &mut ri, &gg, &bg, x, groups);
             assert!(get_act(g, &xi, x) == get_act(g, &ag, x), "{tag}: in-place forward differs");
+            let mut xr = act(g, &xin, x);
+            g.groupnorm_silu_recompute_inplace(&mut xr, &mg, &rg, &gg, &bg, x, groups);
+            assert!(get_act(g, &xr, x) == get_act(g, &ag, x), "{tag}: in-place recompute differs");
             assert!(get_raw(g, &mi) == get_raw(g, &mg) && get_raw(g, &ri) == get_raw(g, &rg), "{tag}: in-place stats");
             let (mut dgo, mut dbo, mut dxo) = (raw(g, &dg0), raw(g, &db0), g.alloc(x.numel()).unwrap());
             #[rustfmt::skip]
@@ -528,7 +531,8 @@ fn attention_parity() {
 fn upsample_parity() {
     let Some(gs) = gpus() else { return };
     let cpu = Cpu::new();
-    for x in [ODD, Dims::new(1, 3, 1, 2, 3), Dims::new(1, 64, 8, 8, 8)] {
+    for x in [ODD, Dims::new(1, 3, 1, 2, 3), Dims::new(1, 64, 8, 8, 8), Dims::new(1, 128, 1, 2, 97)] {
+        // the last one's rows exceed the row kernels' 48 KB of shared memory: the per-voxel kernels
         let u = x.up2();
         let xin = rnd(x.numel(), 1, 1.0);
         let dy = rnd(u.numel(), 2, 1.0);
@@ -605,6 +609,9 @@ fn plumbing_parity() {
         g.add_channel_bias_to(&mut og, &act(g, &xs, x), &raw(g, &bias_c), x);
         check(&format!("add_channel_bias_to [{t}]"), &get_act(g, &og, x), &xbc_c, 1e-6);
         common::check_bias_vector_ops(g, &cpu, &rnd, &t);
+        let (up, down) = (|v: &[f32], d: Dims| act(g, v, d), |b: &Buf, d: Dims| get_act(g, b, d));
+        let (upr, downr) = (|v: &[f32]| raw(g, v), |b: &Buf| get_raw(g, b));
+        common::check_concat_stats(g, &cpu, &rnd, (&up, &down), (&upr, &downr), &check, (1e-6, 1e-5), &t);
         let mut csg = raw(g, &rnd(x.n * x.c, 9, 1.0));
         g.channel_sum(&mut csg, &act(g, &xs, x), x);
         check(&format!("channel_sum [{t}]"), &get_raw(g, &csg), &cs, 1e-5);

@@ -370,6 +370,20 @@ pub trait Backend {
         xd: Dims,
         groups: usize,
     );
+    /// [`Backend::groupnorm_silu_recompute`] in place: `x` := silu(GN(x)) with the statistics the
+    /// [`Backend::groupnorm_silu_forward_inplace`] of the same `x` saved, bit for bit that forward's
+    /// output (the decoder ResBlock's backward; on the GPU one elementwise pass, no statistics).
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_recompute_inplace(
+        &self,
+        x: &mut Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        xd: Dims,
+        groups: usize,
+    );
     /// [`Backend::groupnorm_silu_backward`] in place with `Accum::Overwrite`: `d` holds
     /// ∂loss/∂silu(GN(inp)) on entry and ∂loss/∂inp on return; dgamma += , dbeta += .
     #[allow(clippy::too_many_arguments)]
@@ -491,6 +505,24 @@ pub trait Backend {
         x: Dims,
         ca: usize,
         cb: usize,
+    );
+    /// [`Backend::concat_channels_bias`] and the GroupNorm statistics of `out` (`groups` groups of
+    /// the ca + cb channels) into mean/rstd, as [`Backend::groupnorm_silu_forward_inplace`] of
+    /// `out` saves them: a decoder ResBlock builds its skip concatenation with this, then runs
+    /// [`Backend::groupnorm_silu_recompute_inplace`] (on the GPU one pass less over the
+    /// concatenation).
+    #[allow(clippy::too_many_arguments)]
+    fn concat_channels_stats(
+        &self,
+        out: &mut Self::Buf,
+        a: &Self::Buf,
+        a_bias: Option<&Self::Buf>,
+        b: &Self::Buf,
+        stats: (&mut Self::Buf, &mut Self::Buf),
+        x: Dims,
+        ca: usize,
+        cb: usize,
+        groups: usize,
     );
     /// Backward of concat: da and db (each per its `Accum`) from dout.
     #[allow(clippy::too_many_arguments)]

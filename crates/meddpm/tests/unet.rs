@@ -265,6 +265,10 @@ fn groupnorm_silu_in_place_equals_out_of_place() {
         let (mut xi, mut mi, mut si) = (xin.clone(), vec![0f32; 2 * groups], vec![0f32; 2 * groups]);
         be.groupnorm_silu_forward_inplace(&mut xi, &mut mi, &mut si, &gamma, &beta, x, groups);
         assert!(xi == a && mi == m && si == s, "bf16 {bf16}: forward in place");
+        // the backward's in-place recomputation from the saved statistics
+        let mut xr = xin.clone();
+        be.groupnorm_silu_recompute_inplace(&mut xr, &m, &s, &gamma, &beta, x, groups);
+        assert!(xr == a, "bf16 {bf16}: recompute in place");
         let (mut dx, mut dg, mut db) = (vec![7f32; x.numel()], vec![0.5f32; x.c], vec![0.25f32; x.c]);
         #[rustfmt::skip]
         be.groupnorm_silu_backward((&mut dx, Accum::Overwrite), &mut dg, &mut db, &dy, &xin, None, &m, &s, &gamma, &beta, x, groups);
@@ -272,6 +276,35 @@ fn groupnorm_silu_in_place_equals_out_of_place() {
         be.groupnorm_silu_backward_inplace(&mut di, &mut dgi, &mut dbi, &xin, &m, &s, &gamma, &beta, x, groups);
         assert!(di == dx && dgi == dg && dbi == db, "bf16 {bf16}: backward in place");
         assert!(dx.iter().any(|&v| v != 7.0));
+    }
+}
+
+/// The skip concatenation built with its GroupNorm statistics (`concat_channels_stats`, the
+/// decoder ResBlock's forward) is the plain concatenation, and its statistics are bit for bit those
+/// the in-place GroupNorm+SiLU forward of that concatenation saves (CPU, both rounding modes).
+#[test]
+fn concat_with_statistics_equals_concat_then_groupnorm() {
+    use meddpm::Dims;
+    for bf16 in [false, true] {
+        let be = if bf16 { CpuBackend::bf16() } else { CpuBackend::new() };
+        let (x, ca, cb, groups) = (Dims::new(2, 0, 3, 4, 5), 4, 8, 3);
+        let xo = x.with_c(ca + cb);
+        let r = |len: usize, s: u64| -> Vec<f32> {
+            rand(len, s, 1.0).iter().map(|&v| meddpm::backend::round_bf16(v + 2.0)).collect()
+        };
+        let (a, b, abias) = (r(x.with_c(ca).numel(), 1), r(x.with_c(cb).numel(), 2), rand(ca, 3, 1.0));
+        let (gamma, beta) = (rand(xo.c, 4, 1.0), rand(xo.c, 5, 1.0));
+        let (mut cat, mut m, mut s) = (vec![0f32; xo.numel()], vec![0f32; 2 * groups], vec![0f32; 2 * groups]);
+        be.concat_channels_stats(&mut cat, &a, Some(&abias), &b, (&mut m, &mut s), x, ca, cb, groups);
+        let mut want = vec![0f32; xo.numel()];
+        be.concat_channels_bias(&mut want, &a, Some(&abias), &b, x, ca, cb);
+        assert!(cat == want, "bf16 {bf16}: the concatenation");
+        let (mut mi, mut si) = (vec![0f32; 2 * groups], vec![0f32; 2 * groups]);
+        be.groupnorm_silu_forward_inplace(&mut want, &mut mi, &mut si, &gamma, &beta, xo, groups);
+        assert!(m == mi && s == si, "bf16 {bf16}: statistics {m:?} {s:?} vs {mi:?} {si:?}");
+        // and the in-place recompute from them gives the in-place forward's output
+        be.groupnorm_silu_recompute_inplace(&mut cat, &m, &s, &gamma, &beta, xo, groups);
+        assert!(cat == want, "bf16 {bf16}: recompute in place from the concatenation's statistics");
     }
 }
 

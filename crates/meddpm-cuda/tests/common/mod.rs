@@ -1,7 +1,7 @@
 //! Helpers shared by the GPU parity test binaries (parity.rs, parity_bf16.rs): which convolution
 //! path, ours or cuDNN, a conv shape must have taken; the accumulating conv forward vs the CPU;
 //! the f32 bias-vector primitives (the same in every precision); GroupNorm+SiLU with an input
-//! offset.
+//! offset; the skip concatenation with its GroupNorm statistics.
 
 use meddpm::cpu::CpuBackend;
 use meddpm::{Accum, Backend, ConvShape, Dims};
@@ -138,4 +138,51 @@ pub fn check_gn_offset(
     check(&format!("{tag} dx"), &down(&dxg), &dx_c);
     check(&format!("{tag} dgamma+="), &downr(&dgg), &dg_c);
     check(&format!("{tag} dbeta+="), &downr(&dbg), &db_c);
+}
+
+/// `concat_channels_stats` (a decoder ResBlock's skip concatenation with its GroupNorm
+/// statistics) on `g` against the CPU twin, with and without a bias on the first part: shapes the
+/// fused NDHWC kernel takes (both parts' channels a multiple of the vector width: 8 + 16, 4 + 8,
+/// 64 + 32 over 5 508 voxels) and one it does not (3 + 4: the concatenation, then the statistics
+/// pass). `rnd(len, seed, scale)` gives values as the GPU stores them; `up`/`down` move an
+/// activation of the given shape to and from the GPU, `upr`/`downr` an f32 vector;
+/// `check(what, got, want, tol)` compares, the concatenation at `tol.0`, the statistics at `tol.1`.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn check_concat_stats(
+    g: &CudaBackend,
+    cpu: &CpuBackend,
+    rnd: &dyn Fn(usize, u64, f32) -> Vec<f32>,
+    (up, down): (&dyn Fn(&[f32], Dims) -> Buf, &dyn Fn(&Buf, Dims) -> Vec<f32>),
+    (upr, downr): (&dyn Fn(&[f32]) -> Buf, &dyn Fn(&Buf) -> Vec<f32>),
+    check: &dyn Fn(&str, &[f32], &[f32], f64),
+    tol: (f64, f64),
+    tag: &str,
+) {
+    let cases = [
+        (Dims::new(2, 0, 5, 6, 7), 3, 4, 7),
+        (Dims::new(2, 0, 5, 6, 7), 8, 16, 4),
+        (Dims::new(2, 0, 5, 6, 7), 4, 8, 3),
+        (Dims::new(1, 0, 16, 17, 18), 64, 32, 8),
+    ];
+    for (i, (x, ca, cb, groups)) in cases.into_iter().enumerate() {
+        let (xa, xb, xo) = (x.with_c(ca), x.with_c(cb), x.with_c(ca + cb));
+        let s = 100 + 10 * i as u64;
+        // a mean offset, so the statistics' shifted sums matter (as the GPU stores it)
+        let a: Vec<f32> = rnd(xa.numel(), s, 1.0).iter().map(|v| v + 3.0).collect();
+        let a = down(&up(&a, xa), xa);
+        let (b, abias) = (rnd(xb.numel(), s + 1, 2.0), rnd(ca, s + 2, 1.0));
+        let ng = x.n * groups;
+        for bias in [None, Some(&abias)] {
+            let (mut cat, mut m, mut r) = (vec![0f32; xo.numel()], vec![0f32; ng], vec![0f32; ng]);
+            cpu.concat_channels_stats(&mut cat, &a, bias, &b, (&mut m, &mut r), x, ca, cb, groups);
+            let (mut catg, mut mg, mut rg) = (up(&vec![0.0; xo.numel()], xo), upr(&vec![0.0; ng]), upr(&vec![0.0; ng]));
+            let bg = bias.map(|v| upr(v));
+            let (ag, bbg) = (up(&a, xa), up(&b, xb));
+            g.concat_channels_stats(&mut catg, &ag, bg.as_ref(), &bbg, (&mut mg, &mut rg), x, ca, cb, groups);
+            let t = format!("concat + statistics {xo} ({ca} + {cb}) G{groups} bias {} [{tag}]", bias.is_some());
+            check(&format!("{t} out"), &down(&catg, xo), &cat, tol.0);
+            check(&format!("{t} mean"), &downr(&mg), &m, tol.1);
+            check(&format!("{t} rstd"), &downr(&rg), &r, tol.1);
+        }
+    }
 }

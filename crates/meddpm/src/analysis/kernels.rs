@@ -166,7 +166,8 @@ pub fn short_name(name: &str, max: usize) -> String {
 /// - `pad_nc`, `unpad_c_bias` (channel padding for the tensor-core layouts): layout conversion;
 /// - `softmax_*` (attention): GEMM/attention;
 /// - `loss_partial`, `loss_final`: reduction; `loss_bwd`: elementwise;
-/// - activations, adds, scales, concat/split, upsampling, RNG and the diffusion update: elementwise;
+/// - activations, adds, scales, concat/split (`concat_stats_ndhwc`, the concatenation that also
+///   takes its GroupNorm statistics, too), upsampling, RNG and the diffusion update: elementwise;
 /// - `adam_step`, `ema_update`: optimizer.
 pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("chan_stats_ncdhw", Category::Normalization),
@@ -177,6 +178,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("chan_gnbwd_ndhwc1", Category::Normalization),
     ("chan_gnbwd_ndhwc4", Category::Normalization),
     ("chan_gnbwd_ndhwc8", Category::Normalization),
+    ("concat_stats_ndhwc", Category::Elementwise),
     ("chan_sum_ncdhw", Category::Reduction),
     ("chan_sum_ndhwc1", Category::Reduction),
     ("chan_sum_ndhwc4", Category::Reduction),
@@ -202,6 +204,8 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("upsample_bwd", Category::Elementwise),
     ("upsample_fwd_cl", Category::Elementwise),
     ("upsample_bwd_cl", Category::Elementwise),
+    ("upsample_fwd_rows", Category::Elementwise),
+    ("upsample_bwd_rows", Category::Elementwise),
     ("loss_partial", Category::Reduction),
     ("loss_final", Category::Reduction),
     ("loss_bwd", Category::Elementwise),

@@ -266,6 +266,38 @@ impl<B: Backend> Backend for Timed<B> {
             self.inner.groupnorm_silu_forward_inplace(x, mean, rstd, gamma, beta, xd, groups)
         })
     }
+    fn concat_channels_stats(
+        &self,
+        out: &mut Self::Buf,
+        a: &Self::Buf,
+        a_bias: Option<&Self::Buf>,
+        b: &Self::Buf,
+        stats: (&mut Self::Buf, &mut Self::Buf),
+        x: Dims,
+        ca: usize,
+        cb: usize,
+        groups: usize,
+    ) {
+        let e = self.l(out) + self.l(a) + self.lo(a_bias) + self.l(b) + self.l(stats.0) + self.l(stats.1);
+        self.rec("concat_channels_stats", Category::Elementwise, None, e, || {
+            self.inner.concat_channels_stats(out, a, a_bias, b, stats, x, ca, cb, groups)
+        })
+    }
+    fn groupnorm_silu_recompute_inplace(
+        &self,
+        x: &mut Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        xd: Dims,
+        groups: usize,
+    ) {
+        let e = 2.0 * self.l(x) + self.l(mean) + self.l(rstd) + self.l(gamma) + self.l(beta);
+        self.rec("groupnorm_silu_recompute", Category::Normalization, None, e, || {
+            self.inner.groupnorm_silu_recompute_inplace(x, mean, rstd, gamma, beta, xd, groups)
+        })
+    }
     fn groupnorm_silu_backward_inplace(
         &self,
         d: &mut Self::Buf,
@@ -607,6 +639,30 @@ impl Backend for NullBackend {
         x: &mut usize,
         mean: &mut usize,
         rstd: &mut usize,
+        gamma: &usize,
+        beta: &usize,
+        xd: Dims,
+        groups: usize,
+    ) {
+    }
+    fn concat_channels_stats(
+        &self,
+        out: &mut usize,
+        a: &usize,
+        a_bias: Option<&usize>,
+        b: &usize,
+        stats: (&mut usize, &mut usize),
+        x: Dims,
+        ca: usize,
+        cb: usize,
+        groups: usize,
+    ) {
+    }
+    fn groupnorm_silu_recompute_inplace(
+        &self,
+        x: &mut usize,
+        mean: &usize,
+        rstd: &usize,
         gamma: &usize,
         beta: &usize,
         xd: Dims,

@@ -95,6 +95,18 @@ fn forward_with<T: Float>(
     }
 }
 
+/// The statistics a forward of `inp` saves (mean and rstd, length N·G), and nothing else.
+pub fn groupnorm_stats<T: Float>(mean: &mut [T], rstd: &mut [T], inp: &[T], x: Dims, groups: usize) {
+    check(inp.len(), &x, groups);
+    assert!(mean.len() == x.n * groups && rstd.len() == x.n * groups, "groupnorm: mean/rstd length vs N·G");
+    let cg = x.c / groups;
+    let st: Vec<(f64, f64)> = inp.par_chunks(cg * x.s()).map(|xi| vectorized(|| stats(xi))).collect();
+    for (i, (mu, rs)) in st.into_iter().enumerate() {
+        mean[i] = T::from_f64(mu);
+        rstd[i] = T::from_f64(rs);
+    }
+}
+
 /// out = GroupNorm(inp); mean and rstd (length N·G) are saved for backward.
 #[allow(clippy::too_many_arguments)]
 pub fn groupnorm_forward<T: Float>(

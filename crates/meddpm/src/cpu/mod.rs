@@ -331,6 +331,25 @@ impl Backend for CpuBackend {
         groupnorm::groupnorm_silu_forward_inplace(x, mean, rstd, gamma, beta, xd, groups);
         self.r(x);
     }
+    /// The forward's in-place pass again, its statistics into a scratch (see
+    /// `groupnorm_silu_recompute`).
+    fn groupnorm_silu_recompute_inplace(
+        &self,
+        x: &mut Vec<f32>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        xd: Dims,
+        groups: usize,
+    ) {
+        GN_STATS.with_borrow_mut(|[m, r]| {
+            m.resize(mean.len(), 0.0);
+            r.resize(rstd.len(), 0.0);
+            groupnorm::groupnorm_silu_forward_inplace(x, m, r, gamma, beta, xd, groups);
+        });
+        self.r(x);
+    }
     fn groupnorm_silu_backward_inplace(
         &self,
         d: &mut Vec<f32>,
@@ -469,6 +488,21 @@ impl Backend for CpuBackend {
     ) {
         elementwise::concat_channels_bias(out, a, a_bias.map(|v| &v[..]), b, x, ca, cb);
         self.r(out);
+    }
+    fn concat_channels_stats(
+        &self,
+        out: &mut Vec<f32>,
+        a: &Vec<f32>,
+        a_bias: Option<&Vec<f32>>,
+        b: &Vec<f32>,
+        (mean, rstd): (&mut Vec<f32>, &mut Vec<f32>),
+        x: Dims,
+        ca: usize,
+        cb: usize,
+        groups: usize,
+    ) {
+        self.concat_channels_bias(out, a, a_bias, b, x, ca, cb);
+        groupnorm::groupnorm_stats(mean, rstd, out, x.with_c(ca + cb), groups);
     }
     fn split_channels(
         &self,

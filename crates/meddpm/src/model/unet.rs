@@ -79,11 +79,13 @@ pub struct ResBlock<B: Backend> {
     rstd2: B::Buf,
     /// The input is a skip concatenation (the decoder's ResBlocks). Its buffer is recomputed
     /// before this block's backward anyway, so the block works on it in place and needs no
-    /// scratch of the concatenation's size (the largest tensors at 128³): forward runs the skip
-    /// conv first, then GroupNorm+SiLU over the concatenation in place; backward recomputes that
-    /// in place for the conv's weight gradient, writes the conv's data gradient straight into the
-    /// concatenation's gradient, concatenates again and runs GroupNorm+SiLU's backward in place
-    /// there, and adds the skip conv's data gradient last.
+    /// scratch of the concatenation's size (the largest tensors at 128³): forward builds the
+    /// concatenation itself with its GroupNorm statistics (`concat_channels_stats`; the Concat
+    /// layer's forward does nothing), runs the skip conv, then GroupNorm+SiLU over it in place
+    /// from those statistics; backward recomputes that in place from the saved statistics for the
+    /// conv's weight gradient, writes the conv's data gradient straight into the concatenation's
+    /// gradient, concatenates again and runs GroupNorm+SiLU's backward in place there, and adds
+    /// the skip conv's data gradient last.
     cat_in: bool,
 }
 
@@ -514,8 +516,12 @@ impl<B: Backend> UNet<B> {
             }
         }
         // a concatenation has one consumer, which therefore overwrites its gradient (the in-place
-        // backward of a `cat_in` ResBlock relies on it)
+        // backward of a `cat_in` ResBlock relies on it); that consumer is a `cat_in` ResBlock,
+        // which builds the concatenation in forward
         assert!(layers.iter().all(|l| !matches!(&l.op, Op::Res(r) if r.cat_in) || l.mode == Accum::Overwrite));
+        assert!(layers
+            .iter()
+            .all(|l| { !matches!(layers[l.input].op, Op::Concat { .. }) || matches!(&l.op, Op::Res(r) if r.cat_in) }));
         let acts = plan_acts(&mut layers, &mut mem, &alloc, &act)?;
         let small = &mut mem.small;
         let temb = TimeEmbed {
@@ -704,21 +710,31 @@ impl<B: Backend> UNet<B> {
         be.pop_range();
         for i in 1..layers.len() {
             let (oi, xi) = (layers[i].out, layers[layers[i].input].out);
-            let si = match layers[i].op {
-                Op::Concat { skip, .. } => layers[skip].out,
-                _ => oi,
-            };
-            let ab = cat_bias(layers, layers[i].input);
-            let l = &mut layers[i];
-            be.push_range(&l.name);
-            if let Op::Concat { x: xd, ca, cb, .. } = &l.op {
-                let [out, x, s] = acts.get_disjoint_mut([oi, xi, si]).expect("distinct buffers");
-                be.concat_channels_bias(out, x, ab.map(|k| &w[k]), s, *xd, *ca, *cb);
-                be.pop_range();
+            // a skip concatenation is built by the ResBlock that reads it (with its statistics)
+            if let Op::Concat { .. } = layers[i].op {
                 continue;
             }
-            // the output and the input
-            let [out, x] = acts.get_disjoint_mut([oi, xi]).expect("distinct buffers");
+            let cat = match &layers[layers[i].input].op {
+                Op::Concat { skip, x: xd, ca, cb, .. } => {
+                    let inp = layers[i].input;
+                    let ab = cat_bias(layers, layers[inp].input);
+                    Some((layers[layers[inp].input].out, layers[*skip].out, ab, *xd, *ca, *cb))
+                }
+                _ => None,
+            };
+            let l = &mut layers[i];
+            be.push_range(&l.name);
+            // the output and the input; where the input is a concatenation, its two parts
+            let (out, x, parts) = match cat {
+                Some((hi, si, ..)) => {
+                    let [out, x, h, s] = acts.get_disjoint_mut([oi, xi, hi, si]).expect("distinct buffers");
+                    (out, x, Some((&*h, &*s)))
+                }
+                None => {
+                    let [out, x] = acts.get_disjoint_mut([oi, xi]).expect("distinct buffers");
+                    (out, x, None)
+                }
+            };
             match &mut l.op {
                 Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
                 Op::Conv { p, cs } => be.conv3d_forward(out, x, cw(*p), &w[*p + 1], *cs),
@@ -737,10 +753,14 @@ impl<B: Backend> UNet<B> {
                     }
                     let b_out = r.b_out.as_ref().unwrap_or(&w[p + 9]);
                     if r.cat_in {
-                        // x is the skip concatenation: skip conv first, then GroupNorm+SiLU over
-                        // it in place (see `ResBlock::cat_in`)
+                        // x is the skip concatenation, built here with its GroupNorm statistics;
+                        // skip conv first, then GroupNorm+SiLU over it in place (see
+                        // `ResBlock::cat_in`)
+                        let ((h, sk), (_, _, ab, cd, ca, cb)) = (parts.expect("cat_in"), cat.expect("cat_in"));
+                        let stats = (&mut r.mean1, &mut r.rstd1);
+                        be.concat_channels_stats(x, h, ab.map(|k| &w[k]), sk, stats, cd, ca, cb, g);
                         be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), skip_cs);
-                        be.groupnorm_silu_forward_inplace(x, &mut r.mean1, &mut r.rstd1, &w[p], &w[p + 1], xd, g);
+                        be.groupnorm_silu_recompute_inplace(x, &r.mean1, &r.rstd1, &w[p], &w[p + 1], xd, g);
                         be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), x, cw(p + 2), None, in_cs);
                     } else {
                         let [a] = scr.get([(xd.numel(), 0)]);
@@ -909,7 +929,7 @@ impl<B: Backend> UNet<B> {
                         // skip conv's backward adds its data gradient.
                         let ((h, sk), (_, _, cd, ca, cb)) = (parts.expect("cat_in"), cat.expect("cat_in"));
                         let [dh] = scr.get([(yn, 2)]);
-                        be.groupnorm_silu_forward_inplace(x, &mut r.mean1, &mut r.rstd1, &w[p], &w[p + 1], xd, g);
+                        be.groupnorm_silu_recompute_inplace(x, &r.mean1, &r.rstd1, &w[p], &w[p + 1], xd, g);
                         let cs = ConvShape::new(xd, r.cout, 3, 1);
                         be.conv3d_backward(
                             Some((&mut *dx, Accum::Overwrite)),
