@@ -88,6 +88,27 @@ __device__ void chan_partial_ncdhw_t(const void* av, const void* bv, GnBwdIn gp,
     if (threadIdx.x == 0) chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, s, q, v1 - v0, shift);
 }
 
+// The NDHWC stage-1 block's two steps after its loop: each row's sums of its VEC channels into
+// shared memory (red[2][256 * VEC]), then, after a barrier, one thread per channel c adds the rows'.
+template <int VEC>
+__device__ __forceinline__ void rows_store(float (*red)[256 * VEC], int r, int C, int c0, const float* s,
+                                           const float* q) {
+#pragma unroll
+    for (int j = 0; j < VEC; j++) {
+        red[0][r * C + c0 + j] = s[j];
+        red[1][r * C + c0 + j] = q[j];
+    }
+}
+template <int VEC>
+__device__ __forceinline__ void rows_sum(float (*red)[256 * VEC], int rows, int C, int c, float& ss, float& qq) {
+    ss = 0.0f;
+    qq = 0.0f;
+    for (int rr = 0; rr < rows; rr++) {
+        ss += red[0][rr * C + c];
+        qq += red[1][rr * C + c];
+    }
+}
+
 // NDHWC: grid (nchunks, N), block 256. Each thread owns VEC consecutive channels (VEC = 4 f32 or
 // 8 bf16: 16-byte loads; needs C % VEC == 0) of one voxel row; the block's rows = 256 / (C / VEC)
 // stride over the chunk's voxels, so every thread issues useful, coalesced loads. Host ensures
@@ -121,20 +142,13 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
             for (int j = 0; j < VEC; j++)
                 chan_acc1<T, OP>(va[j], OP == OP_GNBWD ? vb[j] : 0.0f, silu, mu[j], sc[j], shf[j], shift[j], s[j], q[j]);
         }
-#pragma unroll
-        for (int j = 0; j < VEC; j++) {
-            red[0][r * C + c0 + j] = s[j];
-            red[1][r * C + c0 + j] = q[j];
-        }
+        rows_store<VEC>(red, r, C, c0, s, q);
     }
     __syncthreads();
     // Every row used the same per-channel shift, so the rows' shifted sums add up.
     for (int c = t; c < C; c += blockDim.x) {
-        float ss = 0.0f, qq = 0.0f;
-        for (int rr = 0; rr < rows; rr++) {
-            ss += red[0][rr * C + c];
-            qq += red[1][rr * C + c];
-        }
+        float ss, qq;
+        rows_sum<VEC>(red, rows, C, c, ss, qq);
         float sh = (OP == OP_STATS) ? ld(a, ((i64)n * S + v0) * C + c) : 0.0f;
         chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, ss, qq, v1 - v0, sh);
     }
@@ -272,19 +286,12 @@ __device__ void concat_stats_ndhwc_t(void* outv, const void* av, const void* bv,
                 q[j] += d * d;
             }
         }
-#pragma unroll
-        for (int j = 0; j < VEC; j++) {
-            red[0][r * C + c0 + j] = s[j];
-            red[1][r * C + c0 + j] = q[j];
-        }
+        rows_store<VEC>(red, r, C, c0, s, q);
     }
     __syncthreads();
     for (int c = t; c < C; c += blockDim.x) {
-        float ss = 0.0f, qq = 0.0f;
-        for (int rr = 0; rr < rows; rr++) {
-            ss += red[0][rr * C + c];
-            qq += red[1][rr * C + c];
-        }
+        float ss, qq;
+        rows_sum<VEC>(red, rows, C, c, ss, qq);
         float sh;
         cat_load<T, 1>(a, b, abias, ca, cb, n, S, v0, c, &sh);
         chan_write<OP_STATS>(part, (((i64)n * nchunks + chunk) * C + c) * 2, ss, qq, v1 - v0, sh);
