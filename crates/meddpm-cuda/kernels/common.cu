@@ -192,14 +192,19 @@ __device__ float block_max(float v, float* sh) {
 
 // ---- vectors of V consecutive elements (16-byte accesses for (float, 4) and (bf16, 8)) -----------
 // i is an element index, a multiple of V; the host guarantees the alignment.
+// f32: float4 accesses for any V that is a multiple of 4 (V = 8: the upsampling's shared-memory
+// rows of bf16 activations).
 template <int V>
 __device__ __forceinline__ void ldv(const float* p, i64 i, float* v) {
-    if (V == 4) {
-        float4 t = *reinterpret_cast<const float4*>(p + i);
-        v[0] = t.x;
-        v[1] = t.y;
-        v[2] = t.z;
-        v[3] = t.w;
+    if (V % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 4) {
+            float4 t = *reinterpret_cast<const float4*>(p + i + j);
+            v[j] = t.x;
+            v[j + 1] = t.y;
+            v[j + 2] = t.z;
+            v[j + 3] = t.w;
+        }
     } else {
 #pragma unroll
         for (int j = 0; j < V; j++) v[j] = p[i + j];
@@ -229,8 +234,9 @@ __device__ __forceinline__ void ldv(const bf16* p, i64 i, float* v) {
 }
 template <int V>
 __device__ __forceinline__ void stv(float* p, i64 i, const float* v) {
-    if (V == 4) {
-        *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+    if (V % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 4) *reinterpret_cast<float4*>(p + i + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
     } else {
 #pragma unroll
         for (int j = 0; j < V; j++) p[i + j] = v[j];

@@ -210,34 +210,6 @@ extern "C" __global__ void upsample_bwd_cl(void* dx, const void* dout, int C, in
 // gathers its (at most 4 × 4) output rows. Results equal the kernels above up to the order of
 // the f32 additions. The host uses them where t fits in 48 KB and falls back otherwise.
 
-// V consecutive f32 in shared memory, as float4 where V allows (i a multiple of V).
-template <int V>
-__device__ __forceinline__ void sts(float* s, int i, const float* v) {
-    if (V % 4 == 0) {
-#pragma unroll
-        for (int j = 0; j < V; j += 4) *reinterpret_cast<float4*>(s + i + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
-    } else {
-#pragma unroll
-        for (int j = 0; j < V; j++) s[i + j] = v[j];
-    }
-}
-template <int V>
-__device__ __forceinline__ void lds(const float* s, int i, float* v) {
-    if (V % 4 == 0) {
-#pragma unroll
-        for (int j = 0; j < V; j += 4) {
-            float4 q = *reinterpret_cast<const float4*>(s + i + j);
-            v[j] = q.x;
-            v[j + 1] = q.y;
-            v[j + 2] = q.z;
-            v[j + 3] = q.w;
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < V; j++) v[j] = s[i + j];
-    }
-}
-
 // x: (N, D, H, W, C); out: (N, 2D, 2H, 2W, C); grid N·2D·2H blocks; shared W·C floats.
 template <typename T, int V>
 __device__ void upsample_fwd_rows_t(void* outv, const void* xv, int C, int D, int H, int W) {
@@ -265,7 +237,7 @@ __device__ void upsample_fwd_rows_t(void* outv, const void* xv, int C, int D, in
         ldv<V>(r11, i, f);
 #pragma unroll
         for (int j = 0; j < V; j++) s[j] = ld0 * (lh0 * a[j] + lh1 * b[j]) + ld1 * (lh0 * e[j] + lh1 * f[j]);
-        sts<V>(t, i, s);
+        stv<V>(t, i, s);
     }
     __syncthreads();
     T* o = out + (((i64)n * Do + od) * Ho + oh) * ((i64)Wo * C);
@@ -274,8 +246,8 @@ __device__ void upsample_fwd_rows_t(void* outv, const void* xv, int C, int D, in
         int w0, w1;
         float lw0, lw1, p[V], q[V];
         src_index(ow, W, w0, w1, lw0, lw1);
-        lds<V>(t, w0 * C + c, p);
-        lds<V>(t, w1 * C + c, q);
+        ldv<V>(t, w0 * C + c, p);
+        ldv<V>(t, w1 * C + c, q);
 #pragma unroll
         for (int j = 0; j < V; j++) p[j] = lw0 * p[j] + lw1 * q[j];
         stv<V>(o, (i64)k * V, p);
@@ -314,7 +286,7 @@ __device__ void upsample_bwd_rows_t(void* dxv, const void* doutv, int C, int D, 
 #pragma unroll
             for (int j = 0; j < V; j++) s[j] += wd[a] * sb[j];
         }
-        sts<V>(t, i, s);
+        stv<V>(t, i, s);
     }
     __syncthreads();
     T* o = dx + (((i64)n * D + d) * H + h) * ((i64)W * C);
@@ -326,7 +298,7 @@ __device__ void upsample_bwd_rows_t(void* dxv, const void* doutv, int C, int D, 
 #pragma unroll
         for (int j = 0; j < V; j++) acc[j] = 0.0f;
         for (int e = 0; e < mw; e++) {
-            lds<V>(t, ow[e] * C + c, q);
+            ldv<V>(t, ow[e] * C + c, q);
 #pragma unroll
             for (int j = 0; j < V; j++) acc[j] += ww[e] * q[j];
         }

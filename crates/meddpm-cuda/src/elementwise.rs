@@ -229,6 +229,33 @@ fn cat_vec(x: Dims, ca: usize, cb: usize, cl: bool, bf: i32) -> usize {
     })
 }
 
+/// The operands of a concatenation out = cat([a (+ a_bias), b]) checked (`what` names it):
+/// lengths, the bias f32 [ca], one activation type (returned as the kernels' `bf` flag).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_concat(
+    what: &str,
+    out: &GpuBuf,
+    a: &GpuBuf,
+    a_bias: Option<&GpuBuf>,
+    b: &GpuBuf,
+    x: Dims,
+    ca: usize,
+    cb: usize,
+) -> i32 {
+    if let Some(bias) = a_bias {
+        assert_eq!(bias.len(), ca, "{what}: a_bias length vs ca {ca}");
+        require_f32(&format!("{what}: a_bias"), &[bias]);
+    }
+    assert!(
+        out.len() == x.with_c(ca + cb).numel() && a.len() == x.with_c(ca).numel() && b.len() == x.with_c(cb).numel(),
+        "{what} {x} ca {ca} cb {cb}: lengths out {} a {} b {}",
+        out.len(),
+        a.len(),
+        b.len()
+    );
+    same_bf(what, &[out, a, b])
+}
+
 /// out = cat([a (+ a_bias[c], f32, where given), b]) along channels.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn concat(
@@ -243,18 +270,7 @@ pub(crate) fn concat(
     cl: bool,
 ) {
     let od = x.with_c(ca + cb);
-    if let Some(bias) = a_bias {
-        assert_eq!(bias.len(), ca, "concat_channels: a_bias length vs ca {ca}");
-        require_f32("concat_channels: a_bias", &[bias]);
-    }
-    assert!(
-        out.len() == od.numel() && a.len() == x.with_c(ca).numel() && b.len() == x.with_c(cb).numel(),
-        "concat_channels {x} ca {ca} cb {cb}: lengths out {} a {} b {}",
-        out.len(),
-        a.len(),
-        b.len()
-    );
-    let bf = same_bf("concat_channels", &[out, a, b]);
+    let bf = check_concat("concat_channels", out, a, a_bias, b, x, ca, cb);
     let v = cat_vec(x, ca, cb, cl, bf);
     let (grid, block) = row_launch(dev, od, v, cl);
     let args = [

@@ -16,7 +16,7 @@ use meddpm::{Accum, Dims};
 
 use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
-use crate::elementwise::{chunking, launch_partial, ndhwc_vec, row_launch, row_vec, same_bf, Partial};
+use crate::elementwise::{check_concat, chunking, launch_partial, ndhwc_vec, row_launch, row_vec, same_bf, Partial};
 
 pub(crate) const EPS: f32 = 1e-5;
 
@@ -94,12 +94,28 @@ fn forward_ptrs(
     cl: bool,
     bf: i32,
 ) {
+    stats_ptrs(dev, xp, offp, mean, rstd, x, groups, cl, bf);
+    apply(dev, xp, offp, dev.ptr(mean), dev.ptr(rstd), gamma, beta, op_, ap, x, groups, cl, bf);
+}
+
+/// Stages 1 and 2 of the statistics of x at `xp` (+ the offset at `offp`, 0: none) into mean/rstd.
+#[allow(clippy::too_many_arguments)]
+fn stats_ptrs(
+    dev: &Device,
+    xp: u64,
+    offp: u64,
+    mean: &mut GpuBuf,
+    rstd: &mut GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+    bf: i32,
+) {
     let (_, nchunks) = chunking(x, cl);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
     let pp = dev.ptr(&*part);
     launch_partial(dev, Partial::Stats, x, groups, cl, &[xp], pp, bf);
     finalize_stats(dev, pp, offp, mean, rstd, x, groups, cl);
-    apply(dev, xp, offp, dev.ptr(mean), dev.ptr(rstd), gamma, beta, op_, ap, x, groups, cl, bf);
 }
 
 /// Stage 2 of the statistics: mean/rstd [N·G] from the chunk partials at `pp` (kernel
@@ -161,27 +177,12 @@ pub(crate) fn concat_stats(
         mean.len(),
         rstd.len()
     );
-    let bf = out.bf();
+    let bf = check_concat("concat statistics", out, a, a_bias, b, x, ca, cb);
     let v = if cl { ndhwc_vec(od.c, bf) } else { 0 };
     if v < 4 || !ca.is_multiple_of(v) || !cb.is_multiple_of(v) {
         crate::elementwise::concat(dev, out, a, a_bias, b, x, ca, cb, cl);
-        let (_, nchunks) = chunking(od, cl);
-        let part = dev.scratch(od.n * nchunks * od.c * 2);
-        let pp = dev.ptr(&*part);
-        launch_partial(dev, Partial::Stats, od, groups, cl, &[dev.ptr(out)], pp, bf);
-        return finalize_stats(dev, pp, 0, mean, rstd, od, groups, cl);
+        return stats_ptrs(dev, dev.ptr(out), 0, mean, rstd, od, groups, cl, bf);
     }
-    if let Some(bias) = a_bias {
-        assert!(bias.len() == ca && bias.bf() == 0, "concat statistics: a_bias is f32 [{ca}], got {}", bias.len());
-    }
-    assert!(
-        out.len() == od.numel() && a.len() == x.with_c(ca).numel() && b.len() == x.with_c(cb).numel(),
-        "concat statistics {x} ca {ca} cb {cb}: lengths out {} a {} b {}",
-        out.len(),
-        a.len(),
-        b.len()
-    );
-    same_bf("concat statistics", &[out, a, b]);
     let (len, nchunks) = chunking(od, cl);
     let part = dev.scratch(od.n * nchunks * od.c * 2);
     let pp = dev.ptr(&*part);
