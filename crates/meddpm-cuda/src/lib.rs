@@ -276,7 +276,7 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_pad = mode;
     }
 
-    /// Use (Some(true), the default), forbid (Some(false)) or auto-select by timing (None) our
+    /// Use (Some(true)), forbid (Some(false)) or auto-select by timing (None, the default) our
     /// direct kernels for few-channel convs (conv3d.rs: forward of Cin ≤ 4, forward and data
     /// gradient of Cout ≤ 4). For tests and benchmarks; `MEDDPM_SMALL_CONV=1/0/auto` sets the
     /// same at start-up.
@@ -568,6 +568,18 @@ impl Backend for CudaBackend {
     ) {
         let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
         conv3d::forward(&self.dev, &mut cache, out, inp, w, b, cs);
+    }
+    fn conv3d_forward_res(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        z: &Self::Buf,
+        cs: ConvShape,
+    ) {
+        let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        conv3d::forward_res(&self.dev, &mut cache, out, inp, w, b, z, cs);
     }
     fn conv3d_backward(
         &self,

@@ -291,7 +291,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
                 }
             }
         }
-        g.set_small_conv(Some(true)); // the default
+        g.set_small_conv(None); // the default
         let y0 = rnd(o.numel(), seed + 7, 1.0);
         let tag = format!("conv {} -> {} k{} s{} [{}]", cs.x, cs.cout, k, cs.stride, name(g));
         check_forward_acc(

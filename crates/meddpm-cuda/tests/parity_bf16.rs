@@ -228,7 +228,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
                 }
             }
         }
-        g.set_small_conv(Some(true)); // the defaults
+        g.set_small_conv(None); // the defaults
         g.set_small_mma(true);
         let y0 = store(rnd(o.numel(), seed + 7, 1.0));
         let tag = format!("bf16 conv {} -> {} k{} s{} f32 io {f32_io} [{}]", cs.x, cs.cout, k, cs.stride, name(g));

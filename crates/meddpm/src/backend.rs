@@ -269,6 +269,22 @@ pub trait Backend {
         b: Option<&Self::Buf>,
         cs: ConvShape,
     );
+    /// out = conv(inp, w) + b + z, z of out's dims: a residual branch's last conv with its bias
+    /// and the skip tensor (ResBlocks with an identity skip, attention's proj_out). Backends that
+    /// can do it in the conv's epilogue do (CUDA: cuDNN's conv-bias-activation call with z, where
+    /// timing says it is faster); this default is the bias pass onto z, then the accumulating conv.
+    fn conv3d_forward_res(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        z: &Self::Buf,
+        cs: ConvShape,
+    ) {
+        self.add_channel_bias_to(out, z, b, cs.out());
+        self.conv3d_forward_acc((out, Accum::Add), inp, w, None, cs);
+    }
     /// dinp (per `Accum`), dw += , db += , from dout[N,Cout,Do,Ho,Wo]. `db` None: the caller
     /// has dout's channel sums already (the U-Net's ResBlocks: one sum serves out_layers' conv and
     /// the skip conv; in_layers' conv bias gradient is the time embedding's, `bias_grad_rows`).

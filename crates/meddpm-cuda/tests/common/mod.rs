@@ -11,7 +11,8 @@ pub type Buf = <CudaBackend as Backend>::Buf;
 
 /// The accumulating and bias-less forwards (`Backend::conv3d_forward_acc`, the U-Net's residual
 /// convs) against the CPU twin: y0 + conv, y0 + conv + b and conv alone, each twice (a shape's
-/// first call may search algorithms on a scratch output; the second reuses the choice).
+/// first call may search algorithms on a scratch output; the second reuses the choice); then
+/// `conv3d_forward_res` (conv + b + z with z = y0) on each bias route, its output starting as NaN.
 /// `host` = (x, w, b, y0) as the GPU stores them, `dev` = (x, w, b) on the GPU; `up`/`down` move an
 /// output to and from the GPU in the test's storage; `check(what, got, want)` compares.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
@@ -38,6 +39,21 @@ pub fn check_forward_acc(
             check(&format!("{tag} y {acc:?} bias {bias} (rep {rep})"), &down(&yg), &want);
         }
     }
+    // out = conv + b + z (`conv3d_forward_res`, z = y0 in its own buffer): cuDNN's fused call with
+    // z forced, forbidden (our bias pass onto z, then β = 1), and timed; twice each
+    let mut want = y0.to_vec();
+    cpu.conv3d_forward_acc((&mut want, Accum::Add), &x, &w, Some(&b), cs);
+    let zg = up(y0);
+    for mode in [Some(true), Some(false), None] {
+        g.set_conv_fused_bias(mode);
+        for rep in 0..2 {
+            let mut yg = up(&vec![f32::NAN; y0.len()]);
+            g.conv3d_forward_res(&mut yg, xg, wg, bg, &zg, cs);
+            check(&format!("{tag} y = conv + b + z (fused {mode:?}, rep {rep})"), &down(&yg), &want);
+        }
+    }
+    g.set_conv_fused_bias(None);
+    assert_eq!(down(&zg), down(&up(y0)), "{tag}: conv3d_forward_res must leave z alone");
 }
 
 /// Which of our few-channel direct kernels (kernels/conv3d.cu) a conv shape may run through,

@@ -165,6 +165,20 @@ impl<B: Backend> Backend for Timed<B> {
             self.inner.conv3d_forward_acc((out, acc), inp, w, b, cs)
         })
     }
+    fn conv3d_forward_res(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        z: &Self::Buf,
+        cs: ConvShape,
+    ) {
+        let e = self.l(out) + self.l(z) + self.l(inp) + self.l(w) + self.l(b);
+        self.rec("conv3d_forward", Category::ConvForward, Some(cs.flops()), e, || {
+            self.inner.conv3d_forward_res(out, inp, w, b, z, cs)
+        })
+    }
     fn conv3d_backward(
         &self,
         dinp: Option<(&mut Self::Buf, Accum)>,

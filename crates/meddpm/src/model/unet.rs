@@ -773,21 +773,22 @@ impl<B: Backend> UNet<B> {
                     be.groupnorm_silu_forward(a, m, rs, &r.h, e, &w[p + 6], &w[p + 7], yd, g);
                     if r.cat_in {
                         // out already holds skip_connection(x) + the folded bias
+                        be.conv3d_forward_acc((out, Accum::Add), a, cw(p + 8), None, out_cs);
                     } else if r.b_out.is_some() {
                         be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), skip_cs);
+                        be.conv3d_forward_acc((out, Accum::Add), a, cw(p + 8), None, out_cs);
                     } else {
-                        be.add_channel_bias_to(out, x, b_out, xd);
+                        // identity skip: out = x + conv + bias in one call where the backend can
+                        be.conv3d_forward_res(out, a, cw(p + 8), b_out, x, out_cs);
                     }
-                    be.conv3d_forward_acc((out, Accum::Add), a, cw(p + 8), None, out_cs);
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
                     be.groupnorm_forward(&mut a.gn, &mut a.mean, &mut a.rstd, x, &w[p], &w[p + 1], xd, g);
                     be.conv3d_forward(&mut a.qkv, &a.gn, cw(p + 2), &w[p + 3], ConvShape::new(xd, 3 * xd.c, 1, 1));
                     be.attention_forward(&mut a.a, &mut a.att, &a.qkv, xd, a.heads);
-                    // out = x + proj_out(a): the bias with the residual, the conv accumulated onto it
-                    be.add_channel_bias_to(out, x, &w[p + 5], xd);
-                    be.conv3d_forward_acc((out, Accum::Add), &a.a, cw(p + 4), None, ConvShape::new(xd, xd.c, 1, 1));
+                    // out = x + proj_out(a), the residual and the bias with the conv
+                    be.conv3d_forward_res(out, &a.a, cw(p + 4), &w[p + 5], x, ConvShape::new(xd, xd.c, 1, 1));
                 }
                 Op::Up { p, x: xd } => {
                     let [u] = scr.get([(xd.up2().numel(), 1)]);
