@@ -900,3 +900,47 @@ __device__ void small_cout_body(float* ws, const void* xv, const void* w, int wb
     }
 FWD_SMALL_COUT(1)
 FWD_SMALL_COUT(4)
+
+// ---- forward of Cout <= 4 convs as a GEMM and a tap sum (NDHWC; conv3d.rs takes it for Cout = 1) --
+// The skinny forward y[v, co] = b[co] + sum over t, ci of w[co, t, ci] * x[v + off(t), ci] split in
+// two (conv3d.rs, small_cout_gemm): cuBLAS computes the per-voxel tap products
+//   P[co*27 + t][u] = sum over ci of w[co, t, ci] * x[u, ci]       (one GEMM, f32 out)
+// over a slab of planes (with one halo plane each side), and this kernel adds the 27 taps:
+//   y[v, co] = b[co] + sum over t of P[co*27 + t][v + off(t)]  (0 outside the volume).
+// P[co*27 + t][u] is read only by the output v = u - off(t), so each P element is read once, and a
+// warp's 32 consecutive voxels read 32 consecutive floats per tap. Sums in f32, taps in order t.
+// grid ceil(vox / 256), block 256: vox = (d1 - d0) * H * W outputs of planes d0 .. d1 - 1 of sample
+// n; P holds planes h0 .. h0 + m / (H * W) - 1, m = its column length. y of type ybf (bf16 / f32).
+extern "C" __global__ void conv3d_small_cout_taps(const float* P, const float* b, void* y, int ybf, int CO, int D,
+                                                  int H, int W, int n, int d0, int d1, int h0, i64 m) {
+    const i64 hw = (i64)H * W;
+    const i64 v = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= (i64)(d1 - d0) * hw) return;
+    const int d = d0 + (int)(v / hw), h = (int)((v % hw) / W), w = (int)(v % W);
+    for (int co = 0; co < CO; co++) {
+        float s = 0.0f;
+        const float* pc = P + (i64)co * 27 * m;
+#pragma unroll
+        for (int kd = 0; kd < 3; kd++) {
+            const int dd = d + kd - 1;
+            if (dd < 0 || dd >= D) continue;
+#pragma unroll
+            for (int kh = 0; kh < 3; kh++) {
+                const int hh = h + kh - 1;
+                if (hh < 0 || hh >= H) continue;
+                const i64 row = ((i64)(dd - h0) * H + hh) * W;
+#pragma unroll
+                for (int kw = 0; kw < 3; kw++) {
+                    const int ww = w + kw - 1;
+                    if (ww < 0 || ww >= W) continue;
+                    s += pc[(i64)((kd * 3 + kh) * 3 + kw) * m + row + ww];
+                }
+            }
+        }
+        const i64 o = (((i64)n * D + d) * hw + (i64)h * W + w) * CO + co;
+        if (ybf)
+            st((bf16*)y, o, s + b[co]);
+        else
+            st((float*)y, o, s + b[co]);
+    }
+}

@@ -307,6 +307,14 @@ pub(crate) struct ConvCache {
     /// (`conv3d_wgrad_small1_mma`) where Cin is a multiple of 16 up to 64; false: the FMA kernels
     /// (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
     pub(crate) small_mma: bool,
+    /// The forward of Cout = 1 convs in NDHWC as a GEMM plus tap sum (`small_cout_gemm`, the
+    /// default) rather than the direct FMA kernel (`MEDDPM_SMALL_GEMM=0`, A/B benchmarks). On the
+    /// H200 the whole-head output conv takes 0.35 instead of 0.76 ms; BraTS' 64 → 4 conv gained
+    /// nothing that way (58.75–59.10 vs 58.72 ms per forward, +0.12 GiB), so Cout 2–4 stay direct.
+    pub(crate) small_gemm: bool,
+    /// Bytes of tap products per slab of `small_cout_gemm` (64 MiB; tests make it small to run
+    /// several slabs).
+    pub(crate) small_gemm_budget: usize,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel.
@@ -390,6 +398,8 @@ impl ConvCache {
                 _ => None,
             },
             small_mma: std::env::var("MEDDPM_SMALL_MMA").map_or(true, |v| v != "0"),
+            small_gemm: std::env::var("MEDDPM_SMALL_GEMM").map_or(true, |v| v != "0"),
+            small_gemm_budget: 64 << 20,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -719,6 +729,7 @@ const T_DY: u8 = 13;
 const T_DX: u8 = 14;
 const T_DW: u8 = 15;
 const T_B: u8 = 16;
+const T_P: u8 = 17;
 
 /// Address of `b`'s data in type `dt`: the buffer itself, or a kept temporary (slot) holding its
 /// conversion.
@@ -758,12 +769,12 @@ pub(crate) fn forward(
     };
     if let Some(kind) = small_fwd_kind(cs) {
         let cl = cache.layout == Layout::Ndhwc;
-        let mma = cache.mma_on();
+        let (mma, gemm) = (cache.mma_on(), if cache.small_gemm { cache.small_gemm_budget } else { 0 });
         let ours = match small_decided(cache, cs, Dir::Fwd) {
             Some(f) => f,
             None => time_small(dev, cache, cs, Dir::Fwd, |cache, ours| {
                 if ours {
-                    small_forward(dev, kind, out, inp, w, b, cs, (cl, mma));
+                    small_forward(dev, kind, out, inp, w, b, cs, (cl, mma, gemm));
                 } else {
                     cudnn_forward(dev, cache, out, inp, w, b, cs);
                 }
@@ -771,7 +782,7 @@ pub(crate) fn forward(
         };
         cache.small_used.insert((cs, Dir::Fwd), ours);
         if ours {
-            small_forward(dev, kind, out, inp, w, b, cs, (cl, mma));
+            small_forward(dev, kind, out, inp, w, b, cs, (cl, mma, gemm));
             return;
         }
     }
@@ -1410,8 +1421,68 @@ fn small_mma_run(
     dev.launch(name, (grid, 1, 1), (256, 1, 1), &args);
 }
 
+/// Planes per slab of [`small_cout_gemm`]: its tap products (27·Cout f32 per voxel, two halo
+/// planes included) stay within `budget` bytes (`ConvCache::small_gemm_budget`, 64 MiB), but a
+/// slab has at least 8 planes (the halo planes are read twice).
+fn gemm_slab(x: Dims, co: usize, budget: usize) -> usize {
+    let plane = 27 * co * x.h * x.w * 4;
+    (budget / plane).saturating_sub(2).max(8).min(x.d)
+}
+
+/// out = conv(inp, w) + b of a Cout ≤ 4, 3×3×3, stride-1 conv in NDHWC as a GEMM and a tap sum
+/// (used for Cout = 1, see `ConvCache::small_gemm`):
+/// per slab of planes (one halo plane each side) cuBLAS forms every voxel's 27·Cout tap products
+/// P[co·27 + t][u] = Σ_ci w[co, t, ci]·x[u, ci] (f32, in the input's type: bf16 tensor cores, or
+/// f32 with TF32 as the precision allows), then `conv3d_small_cout_taps` adds the 27 products that
+/// land on each output, plus the bias. Reads x about once (the direct kernel reads each input row
+/// 13.5 times through the caches) at the price of P written and read once.
+fn small_cout_gemm(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, w: &GpuBuf, b: &GpuBuf, cs: ConvShape, budget: usize) {
+    use Arg::{I, L, P};
+    let (x, co) = (cs.x, cs.cout);
+    let dt = inp.dtype();
+    let (xp, wp) = (dev.ptr(inp), operand(dev, w, dt, T_W));
+    let hw = x.h * x.w;
+    let pd = gemm_slab(x, co, budget);
+    let pp = dev.temp(27 * co * (pd + 2).min(x.d) * hw, DType::F32, T_P);
+    let (bp, yp, ybf) = (dev.ptr(b), dev.ptr_mut(out), (out.dtype() == DType::Bf16) as i32);
+    for n in 0..x.n {
+        let mut d0 = 0;
+        while d0 < x.d {
+            let d1 = (d0 + pd).min(x.d);
+            let (h0, h1) = (d0.saturating_sub(1), (d1 + 1).min(x.d));
+            let m = (h1 - h0) * hw;
+            let a = xp + ((n * x.s() + h0 * hw) * x.c * dt.bytes()) as u64;
+            crate::linear::gemm_ex(dev, (m, 27 * co, x.c), (a, true, x.c), (wp, false, x.c), dt, pp, m);
+            let vox = (d1 - d0) * hw;
+            dev.launch(
+                "conv3d_small_cout_taps",
+                (vox.div_ceil(256) as u32, 1, 1),
+                (256, 1, 1),
+                &[
+                    P(pp),
+                    P(bp),
+                    P(yp),
+                    I(ybf),
+                    I(co as i32),
+                    I(x.d as i32),
+                    I(x.h as i32),
+                    I(x.w as i32),
+                    I(n as i32),
+                    I(d0 as i32),
+                    I(d1 as i32),
+                    I(h0 as i32),
+                    L(m as i64),
+                ],
+            );
+            d0 = d1;
+        }
+    }
+}
+
 /// out = conv(inp, w) + b through our direct kernel `kind` (the tensor-core one where
-/// [`mma_fits`]); every operand in its own type.
+/// [`mma_fits`]; for Cout = 1 in NDHWC the GEMM and tap sum of [`small_cout_gemm`] where `gemm`,
+/// its slab budget in bytes, is not 0);
+/// every operand in its own type.
 #[allow(clippy::too_many_arguments)]
 fn small_forward(
     dev: &Device,
@@ -1421,10 +1492,14 @@ fn small_forward(
     w: &GpuBuf,
     b: &GpuBuf,
     cs: ConvShape,
-    (cl, mma): (bool, bool),
+    (cl, mma, gemm): (bool, bool, usize),
 ) {
     use Arg::{I, P};
     let x = cs.x;
+    if kind == SmallFwd::Cout && cl && gemm > 0 && cs.cout == 1 {
+        small_cout_gemm(dev, out, inp, w, b, cs, gemm);
+        return;
+    }
     let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
     if kind == SmallFwd::Cin && mma_fits(cl, mma, x.c, cs.cout) {
         let ptrs = (dev.ptr(inp), dev.ptr(w), dev.ptr(b), dev.ptr_mut(out));

@@ -108,6 +108,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_wgrad_small_finalize",
     "conv3d_fwd_small_cin",
     "conv3d_fwd_small_cout1",
+    "conv3d_small_cout_taps",
     "conv3d_fwd_small_cout4",
     "conv3d_dgrad_small_cout",
     "conv3d_fwd_small_cin_mma",

@@ -292,6 +292,19 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_mma = on;
     }
 
+    /// The forward of Cout = 1 convs in NDHWC as a cuBLAS GEMM plus our tap sum (true, the
+    /// default) or through the direct FMA kernel (false). For tests and benchmarks;
+    /// `MEDDPM_SMALL_GEMM=0` sets false at start-up.
+    pub fn set_small_gemm(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_gemm = on;
+    }
+
+    /// Bytes of tap products per slab of the GEMM route above (default 64 MiB; at least 8
+    /// planes a slab). For tests, to run several slabs on small volumes.
+    pub fn set_small_gemm_budget(&self, bytes: usize) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_gemm_budget = bytes;
+    }
+
     /// Whether the latest [forward, data gradient] of `cs` ran our few-channel kernels (None: no
     /// such call yet, or not a shape of theirs).
     pub fn conv_small_used(&self, cs: &ConvShape) -> [Option<bool>; 2] {

@@ -106,6 +106,49 @@ pub(crate) fn gemm(
     cublas_ck(st, &format!("sgemm m {m} n {n} k {k} batch {batch}")).unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// C (m × n, f32, column-major with leading dimension `ldc`) = A·B for A, B of type `dt` (bf16
+/// or f32) given as (address, transposed, leading dimension): cublasGemmEx with f32 accumulation
+/// (TF32 where the handle's math mode allows it, i.e. under Tf32 and Bf16 precision).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_ex(
+    dev: &Device,
+    (m, n, k): (usize, usize, usize),
+    a: (u64, bool, usize),
+    b: (u64, bool, usize),
+    dt: meddpm::DType,
+    c: u64,
+    ldc: usize,
+) {
+    use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+    let t = if dt == meddpm::DType::Bf16 { cudaDataType::CUDA_R_16BF } else { cudaDataType::CUDA_R_32F };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    dev.bind();
+    let st = unsafe {
+        bsys::cublasGemmEx(
+            dev.blas.0,
+            op(a.1),
+            op(b.1),
+            m as i32,
+            n as i32,
+            k as i32,
+            &alpha as *const f32 as _,
+            a.0 as _,
+            t,
+            a.2 as i32,
+            b.0 as _,
+            t,
+            b.2 as i32,
+            &beta as *const f32 as _,
+            c as _,
+            cudaDataType::CUDA_R_32F,
+            ldc as i32,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    };
+    cublas_ck(st, &format!("gemm_ex m {m} n {n} k {k} {dt:?}")).unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// out[N,O] = inp[N,I]·wᵀ + b.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(

@@ -232,11 +232,13 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
     cpu.conv3d_backward(with_dinp.map(|a| (&mut dx_c, a)), &mut dw_c, Some(&mut db_c), &dy, &x, &w, cs);
     for g in gs {
         let (xg, wg, bg, dyg) = (act(g, &x, cs.x), param(g, &w, &wshape), raw(g, &b), act(g, &dy, o));
-        // our few-channel kernels forbidden (cuDNN), forced (where the shape is theirs), timed
-        for small in [Some(false), Some(true), None] {
+        // our few-channel kernels forbidden (cuDNN), forced (where the shape is theirs; the
+        // Cout = 1 forward in NDHWC as GEMM + tap sum, then the direct FMA kernel), timed
+        for (small, gemm) in [(Some(false), true), (Some(true), true), (Some(true), false), (None, true)] {
             g.set_small_conv(small);
+            g.set_small_gemm(gemm);
             let tag = format!(
-                "conv {} -> {} k{} s{} {:?} small {small:?} [{}]",
+                "conv {} -> {} k{} s{} {:?} small {small:?} gemm {gemm} [{}]",
                 cs.x,
                 cs.cout,
                 k,
@@ -262,6 +264,12 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
                 }
             }
             g.set_conv_pad(None);
+            // the GEMM route's slabs: at least 8 planes each, so D > 8 runs several
+            g.set_small_gemm_budget(1);
+            let mut yg = g.alloc(o.numel()).unwrap();
+            g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
+            check(&format!("{tag} y (slabs of 8 planes)"), &get_act(g, &yg, o), &y_c, mm_frac(g));
+            g.set_small_gemm_budget(64 << 20);
             check_small_path(g, cs, small, 0, &tag);
             // twice: the second call uses the cached algorithm and must accumulate the same way;
             // a third time without the bias gradient (db None: db untouched, the rest the same)
@@ -291,7 +299,8 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
                 }
             }
         }
-        g.set_small_conv(None); // the default
+        g.set_small_conv(None); // the defaults
+        g.set_small_gemm(true);
         let y0 = rnd(o.numel(), seed + 7, 1.0);
         let tag = format!("conv {} -> {} k{} s{} [{}]", cs.x, cs.cout, k, cs.stride, name(g));
         check_forward_acc(
@@ -335,6 +344,8 @@ fn conv3d_parity() {
         (ConvShape::new(Dims::new(2, 2, 5, 6, 8), 20, 3, 1), Some(Accum::Add)),
         (ConvShape::new(Dims::new(1, 1, 4, 5, 6), 130, 3, 1), Some(Accum::Overwrite)),
         (ConvShape::new(Dims::new(1, 4, 6, 5, 7), 4, 3, 1), Some(Accum::Overwrite)),
+        // Cout = 1 in NDHWC through GEMM + tap sum: batch 2, three slabs of planes (19 = 8 + 8 + 3)
+        (ConvShape::new(Dims::new(2, 24, 19, 6, 7), 1, 3, 1), Some(Accum::Overwrite)),
     ];
     for (i, (cs, acc)) in cases.into_iter().enumerate() {
         conv_case(&gs, cs, acc, 100 + 10 * i as u64);

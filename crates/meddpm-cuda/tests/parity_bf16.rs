@@ -178,10 +178,12 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
         let mk = |h: &[f32], d: Dims| if f32_io { f32_act(g, h, d) } else { act(g, h, d) };
         let (xg, wg, bg, dyg) = (mk(&x, cs.x), param(g, &w, &wshape), raw(g, &b), mk(&dy, o));
         // our few-channel kernels forbidden (cuDNN), forced (where the shape is theirs: on the
-        // tensor cores where they fit, and the FMA kernel), timed
+        // tensor cores where they fit and the Cout = 1 forward as GEMM + tap sum in NDHWC, then
+        // the FMA kernels), timed
         for (small, mma) in [(Some(false), true), (Some(true), true), (Some(true), false), (None, true)] {
             g.set_small_conv(small);
             g.set_small_mma(mma);
+            g.set_small_gemm(mma);
             let tag = format!(
                 "bf16 conv {} -> {} k{} s{} {with_dinp:?} f32 io {f32_io} small {small:?} mma {mma} [{}]",
                 cs.x,
@@ -197,6 +199,12 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
                 check(&format!("{tag} y (padded {pad:?})"), &get_act(g, &yg, o), &y_c, BF);
             }
             g.set_conv_pad(None);
+            // the GEMM route's slabs: at least 8 planes each, so D > 8 runs several
+            g.set_small_gemm_budget(1);
+            let mut yg = if f32_io { g.alloc(o.numel()).unwrap() } else { g.alloc_act(o.numel()).unwrap() };
+            g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
+            check(&format!("{tag} y (slabs of 8 planes)"), &get_act(g, &yg, o), &y_c, BF);
+            g.set_small_gemm_budget(64 << 20);
             check_small_path(g, cs, small, 0, &tag);
             // rep 2 without the bias gradient (db None: db untouched, the rest the same)
             for rep in 0..3 {
@@ -230,6 +238,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
         }
         g.set_small_conv(None); // the defaults
         g.set_small_mma(true);
+        g.set_small_gemm(true);
         let y0 = store(rnd(o.numel(), seed + 7, 1.0));
         let tag = format!("bf16 conv {} -> {} k{} s{} f32 io {f32_io} [{}]", cs.x, cs.cout, k, cs.stride, name(g));
         check_forward_acc(

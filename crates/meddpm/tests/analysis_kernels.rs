@@ -172,6 +172,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     // our direct forward and data gradient of few-channel convs
     ("conv3d_fwd_small_cin", ConvForward),
     ("conv3d_fwd_small_cout1", ConvForward),
+    ("conv3d_small_cout_taps", ConvForward),
     ("conv3d_fwd_small_cout4", ConvForward),
     ("conv3d_dgrad_small_cout", ConvDgrad),
     // the same three jobs on the tensor cores (bf16)

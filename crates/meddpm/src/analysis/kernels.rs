@@ -226,6 +226,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_wgrad_small_finalize", Category::ConvWgrad),
     ("conv3d_fwd_small_cin", Category::ConvForward),
     ("conv3d_fwd_small_cout1", Category::ConvForward),
+    ("conv3d_small_cout_taps", Category::ConvForward),
     ("conv3d_fwd_small_cout4", Category::ConvForward),
     ("conv3d_dgrad_small_cout", Category::ConvDgrad),
     ("conv3d_fwd_small_cin_mma", Category::ConvForward),
