@@ -51,8 +51,6 @@ use meddpm::{Accum, ConvShape, DType, Dims, Layout, Precision};
 use crate::buf::{require_f32, GpuBuf};
 use crate::device::{cudnn_ck, Arg, Device};
 
-/// Largest workspace `cudnnFind` may try (bytes, default 2 GiB, at most a quarter of the free
-/// memory); `MEDDPM_CUDNN_WS_MIB` overrides.
 /// Milliseconds that `f`'s work takes on the stream, between two events with timing enabled
 /// (cudarc's `record_event(None)` creates them with timing disabled, which made every such
 /// measurement fail until 2026-12-01 and each timed choice fall to its first option).
@@ -66,12 +64,15 @@ fn stream_ms(dev: &Device, f: impl FnOnce()) -> f32 {
     e0.elapsed_ms(&e1).expect("cuEventElapsedTime")
 }
 
-/// `MEDDPM_CONV_LOG=1`: print the per-shape choices made by timing (fused bias or not).
+/// `MEDDPM_CONV_LOG=1`: print the per-shape choices made by timing (bias fused into cuDNN or not,
+/// our few-channel kernels or cuDNN, channel-padded shape or not) with both times.
 fn conv_log() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MEDDPM_CONV_LOG").is_ok_and(|v| v != "0"))
 }
 
+/// Largest workspace `cudnnFind` may try (bytes, default 2 GiB, at most a quarter of the free
+/// memory); `MEDDPM_CUDNN_WS_MIB` overrides.
 fn find_ws_limit() -> usize {
     std::env::var("MEDDPM_CUDNN_WS_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2048) << 20
 }
@@ -816,16 +817,15 @@ pub(crate) fn forward_res(
         out.dtype()
     );
     require_f32("conv3d bias", &[b]);
+    *cache.fwd_calls.entry(cs).or_insert(0) += 1;
     let cdt = compute_type(cache.precision);
     if out.dtype() != cdt || small_fwd_kind(cs).is_some() || padded_shape(cs).is_some() {
-        *cache.fwd_calls.entry(cs).or_insert(0) += 1;
         let cl = cache.layout == Layout::Ndhwc;
         let (yp, zp) = (dev.ptr_mut(out), dev.ptr(z));
         crate::elementwise::add_channel_bias_to(dev, yp, zp, dev.ptr(b), cs.out(), cl, false, out.bf());
         cudnn_forward_acc(dev, cache, out, true, inp, w, None, cs);
         return;
     }
-    *cache.fwd_calls.entry(cs).or_insert(0) += 1;
     let (xp, wp) = (operand(dev, inp, cdt, T_X), operand(dev, w, cdt, T_W));
     let (bp, zp) = (dev.ptr(b), dev.ptr(z));
     forward_plain(dev, cache, cs, xp, wp, bp, dev.ptr_mut(out), Some(zp));

@@ -109,7 +109,6 @@ pub(crate) fn gemm(
 /// C (m × n, f32, column-major with leading dimension `ldc`) = A·B for A, B of type `dt` (bf16
 /// or f32) given as (address, transposed, leading dimension): cublasGemmEx with f32 accumulation
 /// (TF32 where the handle's math mode allows it, i.e. under Tf32 and Bf16 precision).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_ex(
     dev: &Device,
     (m, n, k): (usize, usize, usize),
