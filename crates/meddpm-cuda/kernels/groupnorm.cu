@@ -4,7 +4,8 @@
 // Forward  = chan_stats_* (reduce.cu, many blocks per group) -> gn_stats_finalize (one block per
 //            group, combining the chunk partials in double) -> gn_apply (elementwise; with SiLU only
 //            the SiLU output is written).
-// Backward = chan_gnbwd_* -> gn_bwd_finalize (dgamma, dbeta and two per-(n, g) coefficients)
+// Backward = chan_gnbwd_* -> gn_bwd_finalize (dgamma, dbeta and two per-(n, g) coefficients; with
+//            chan_gnbwd3_*'s third sum also dx's channel sums, see gn_bwd_finalize)
 //            -> gn_bwd_apply (elementwise); with SiLU both recompute y = GN(x) from the saved
 //            statistics instead of reading a stored GroupNorm output. With xhat = (x - mu) * r and
 //            g = dL/dy:
@@ -46,22 +47,38 @@ extern "C" __global__ void gn_stats_finalize(const float* part, const float* off
 }
 
 // grid G, block 256. dgamma[c] += sum_n r*B, dbeta[c] += sum_n A; coef[(n*G+g)*2] = (m1, m2).
+// part holds `stride` floats per (n, chunk, c): (A, B) partials, and with stride 3 also U =
+// sum (x - mu) (chan_gnbwd3_*). With dsum (stride 3, N * C/G <= GNB_MAXNC): dsum[n*C + c] = the
+// channel sum of dx, r * (gamma_c * A - S * m1 - m2 * r * U) (sum over the channel's voxels of
+// dx = r * (gamma_c * g - m1 - xhat * m2), xhat = (x - mu) * r), no pass over dx needed.
+#define GNB_MAXNC 256
 extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd, const float* gamma, float* dgamma,
-                                           float* dbeta, float* coef, int N, int C, i64 S, int G, int nchunks) {
+                                           float* dbeta, float* coef, int N, int C, i64 S, int G, int nchunks,
+                                           int stride, float* dsum) {
     __shared__ double2 sh[32];
+    __shared__ double su[GNB_MAXNC], sa[GNB_MAXNC];
     int g = blockIdx.x, cpg = C / G;
     double inv = 1.0 / ((double)S * cpg);
     for (int cc = 0; cc < cpg; cc++) {
         int c = g * cpg + cc;
         double ta = 0.0, tb = 0.0;
         for (int n = 0; n < N; n++) {
-            double a = 0.0, b = 0.0;
+            double a = 0.0, b = 0.0, u = 0.0;
             for (int k = threadIdx.x; k < nchunks; k += blockDim.x) {
-                i64 idx = (((i64)n * nchunks + k) * C + c) * 2;
+                i64 idx = (((i64)n * nchunks + k) * C + c) * stride;
                 a += (double)part[idx];
                 b += (double)part[idx + 1];
+                if (dsum) u += (double)part[idx + 2];
             }
             block_sum_d2(a, b, sh);
+            if (dsum) {
+                double z = 0.0;
+                block_sum_d2(u, z, sh);
+                if (threadIdx.x == 0) {
+                    su[n * cpg + cc] = u;
+                    sa[n * cpg + cc] = a;
+                }
+            }
             double r = (double)rstd[n * G + g];
             ta += a;
             tb += b * r;
@@ -76,6 +93,14 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
             dgamma[c] += (float)tb;
             dbeta[c] += (float)ta;
         }
+    }
+    if (!dsum) return;
+    __syncthreads();  // coef and the shared sums written by thread 0
+    for (int j = threadIdx.x; j < N * cpg; j += blockDim.x) {
+        int n = j / cpg, c = g * cpg + j % cpg;
+        const float* cf = coef + ((i64)n * G + g) * 2;
+        double r = (double)rstd[n * G + g], m1 = (double)cf[0], m2 = (double)cf[1];
+        dsum[n * C + c] = (float)(r * ((double)gamma[c] * sa[j] - (double)S * m1 - m2 * r * su[j]));
     }
 }
 

@@ -10,6 +10,7 @@
 //   OP_GNBWD: (sum g, sum g*(x - mu_group)) with g = dout, or dout*silu'(y) with y = GN(x)
 //             recomputed from the statistics (rstd, gamma, beta) when beta is given; the
 //             GroupNorm's input is x + off[n*C + c] when `off` is given (see groupnorm.cu);
+//             chan_gnbwd3_* (NDHWC) add a third, sum (x - mu), three floats per (n, chunk, c);
 //   OP_SUM:   (sum x, 0).
 // Stage 2 combines the chunks in double precision (see groupnorm.cu and chan_sum_finalize).
 // The activation inputs (a = x or dout, b = x) share one storage type T; the `bf` argument of the
@@ -113,21 +114,25 @@ __device__ __forceinline__ void rows_sum(float (*red)[256 * VEC], int rows, int 
 // 8 bf16: 16-byte loads; needs C % VEC == 0) of one voxel row; the block's rows = 256 / (C / VEC)
 // stride over the chunk's voxels, so every thread issues useful, coalesced loads. Host ensures
 // C / VEC <= 256.
-template <typename T, int OP, int VEC>
+// X3 (OP_GNBWD only): a third partial, sum (x - mu) over the chunk, so part has three floats per
+// (n, chunk, c): the GroupNorm input's channel sums, from which gn_bwd_finalize forms the channel
+// sums of dx without a pass over dx (the ResBlock's time-embedding bias gradient).
+template <typename T, int OP, int VEC, bool X3 = false>
 __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp, float* part, int C, i64 S,
                                      int chunk_len, int nchunks) {
     const T *a = (const T*)av, *b = (const T*)bv;
-    __shared__ float red[2][256 * VEC];
+    __shared__ float red[X3 ? 3 : 2][256 * VEC];
     int n = blockIdx.y, chunk = blockIdx.x, t = threadIdx.x;
     int lanes = C / VEC, rows = blockDim.x / lanes;
     int l = t % lanes, r = t / lanes, c0 = l * VEC;
     i64 v0 = (i64)chunk * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
     bool silu = OP == OP_GNBWD && gp.beta;
-    float s[VEC], q[VEC], shift[VEC], mu[VEC], sc[VEC], shf[VEC];
+    float s[VEC], q[VEC], u[VEC], shift[VEC], mu[VEC], sc[VEC], shf[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; j++) {
         s[j] = 0.0f;
         q[j] = 0.0f;
+        u[j] = 0.0f;
         shift[j] = (OP == OP_STATS) ? ld(a, ((i64)n * S + v0) * C + c0 + j) : 0.0f;
         mu[j] = sc[j] = shf[j] = 0.0f;
         if (OP == OP_GNBWD) gn_chan(gp, n, c0 + j, C, mu[j], sc[j], shf[j]);
@@ -139,10 +144,16 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
             ldv<VEC>(a, base, va);
             if (OP == OP_GNBWD) ldv<VEC>(b, base, vb);
 #pragma unroll
-            for (int j = 0; j < VEC; j++)
+            for (int j = 0; j < VEC; j++) {
                 chan_acc1<T, OP>(va[j], OP == OP_GNBWD ? vb[j] : 0.0f, silu, mu[j], sc[j], shf[j], shift[j], s[j], q[j]);
+                if (X3) u[j] += vb[j] - mu[j];
+            }
         }
         rows_store<VEC>(red, r, C, c0, s, q);
+        if (X3) {
+#pragma unroll
+            for (int j = 0; j < VEC; j++) red[X3 ? 2 : 0][r * C + c0 + j] = u[j];
+        }
     }
     __syncthreads();
     // Every row used the same per-channel shift, so the rows' shifted sums add up.
@@ -150,7 +161,13 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
         float ss, qq;
         rows_sum<VEC>(red, rows, C, c, ss, qq);
         float sh = (OP == OP_STATS) ? ld(a, ((i64)n * S + v0) * C + c) : 0.0f;
-        chan_write<OP>(part, (((i64)n * nchunks + chunk) * C + c) * 2, ss, qq, v1 - v0, sh);
+        const i64 idx = (((i64)n * nchunks + chunk) * C + c) * (X3 ? 3 : 2);
+        chan_write<OP>(part, idx, ss, qq, v1 - v0, sh);
+        if (X3) {
+            float uu = 0.0f;
+            for (int rr = 0; rr < rows; rr++) uu += red[X3 ? 2 : 0][rr * C + c];
+            part[idx + 2] = uu;
+        }
     }
 }
 
@@ -182,6 +199,11 @@ extern "C" __global__ void chan_sum_ncdhw(const void* x, float* part, int C, i64
 #define LB_GNBWD_1
 #define LB_GNBWD_4
 #define LB_GNBWD_8 __launch_bounds__(256, 4)
+// The three-sum variant (chan_gnbwd3_*, X3; once per ResBlock) held 96 registers at 8 wide (2 blocks
+// per SM); 3 blocks per SM cap it at 80.
+#define LB_GNBWD3_1
+#define LB_GNBWD3_4
+#define LB_GNBWD3_8 __launch_bounds__(256, 3)
 #define NDHWC_WRAPPERS(V, BF16_ONLY)                                                                            \
     extern "C" __global__ void chan_stats_ndhwc##V(const void* x, float* part, int C, i64 S, int chunk_len,      \
                                                    int nchunks, int bf) {                                       \
@@ -199,6 +221,16 @@ extern "C" __global__ void chan_sum_ncdhw(const void* x, float* part, int C, i64
             chan_partial_ndhwc_t<bf16, OP_GNBWD, V>(dout, x, gp, part, C, S, chunk_len, nchunks);               \
         else                                                                                                    \
             chan_partial_ndhwc_t<float, OP_GNBWD, V>(dout, x, gp, part, C, S, chunk_len, nchunks);              \
+    }                                                                                                           \
+    extern "C" __global__ void LB_GNBWD3_##V chan_gnbwd3_ndhwc##V(const void* dout, const void* x, const float* mean,          \
+                                                    const float* rstd, const float* gamma, const float* beta,    \
+                                                    const float* off, float* part, int C, i64 S, int G,          \
+                                                    int chunk_len, int nchunks, int bf) {                        \
+        GnBwdIn gp{mean, rstd, gamma, beta, off, G};                                                            \
+        if (BF16_ONLY || bf)                                                                                    \
+            chan_partial_ndhwc_t<bf16, OP_GNBWD, V, true>(dout, x, gp, part, C, S, chunk_len, nchunks);         \
+        else                                                                                                    \
+            chan_partial_ndhwc_t<float, OP_GNBWD, V, true>(dout, x, gp, part, C, S, chunk_len, nchunks);        \
     }                                                                                                           \
     extern "C" __global__ void chan_sum_ndhwc##V(const void* x, float* part, int C, i64 S, int chunk_len,        \
                                                  int nchunks, int bf) {                                         \

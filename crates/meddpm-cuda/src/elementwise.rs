@@ -85,6 +85,8 @@ pub(crate) enum Partial {
     Stats,
     /// (Σ g, Σ g·(x − μ)); leading args [dout, x, mean, rstd, gamma, beta or 0 (beta: SiLU)].
     GnBwd,
+    /// (Σ g, Σ g·(x − μ), Σ (x − μ)), NDHWC only; leading args as `GnBwd`.
+    GnBwd3,
     /// (Σ x, 0); leading args [x].
     Sum,
 }
@@ -117,7 +119,7 @@ pub(crate) fn launch_partial(
     push(P(part));
     push(I(x.c as i32));
     push(L(x.s() as i64));
-    if kind == Partial::GnBwd {
+    if kind == Partial::GnBwd || kind == Partial::GnBwd3 {
         push(I(groups as i32)); // only the GroupNorm backward needs the groups
     }
     push(I(len as i32));
@@ -133,6 +135,10 @@ pub(crate) fn launch_partial(
         (Partial::GnBwd, 1) => "chan_gnbwd_ndhwc1",
         (Partial::GnBwd, 4) => "chan_gnbwd_ndhwc4",
         (Partial::GnBwd, _) => "chan_gnbwd_ndhwc8",
+        (Partial::GnBwd3, 0) => panic!("chan_gnbwd3 is NDHWC only (groupnorm::can_sum)"),
+        (Partial::GnBwd3, 1) => "chan_gnbwd3_ndhwc1",
+        (Partial::GnBwd3, 4) => "chan_gnbwd3_ndhwc4",
+        (Partial::GnBwd3, _) => "chan_gnbwd3_ndhwc8",
         (Partial::Sum, 0) => "chan_sum_ncdhw",
         (Partial::Sum, 1) => "chan_sum_ndhwc1",
         (Partial::Sum, 4) => "chan_sum_ndhwc4",

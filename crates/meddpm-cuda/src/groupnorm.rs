@@ -10,7 +10,8 @@
 //! (read dout, x; again, write dx). The fused GroupNorm+SiLU never stores the GroupNorm output:
 //! the backward recomputes it from x and the saved statistics where SiLU's derivative needs it.
 //! An optional per-(n, c) f32 input offset (`off`) makes the GroupNorm's input x + off without
-//! a pass that adds it (kernels/groupnorm.cu).
+//! a pass that adds it (kernels/groupnorm.cu). `backward_sum` also gives the channel sums of dx
+//! from the backward's own stage-1 sums (the ResBlock's time-embedding bias gradient, no pass).
 
 use meddpm::{Accum, Dims};
 
@@ -322,7 +323,49 @@ pub(crate) fn backward(
     let offp = off_ptr(dev, off, x);
     let dxp = dev.ptr_mut(dinp.0);
     let inp = (inp, offp);
-    backward_ptrs(dev, (dxp, acc), dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf);
+    backward_ptrs(dev, (dxp, acc), dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf, 0);
+}
+
+/// Whether [`backward`] can also give the channel sums of dinp (`backward_sum`): NDHWC, and the
+/// finaliser's shared arrays hold N·C/G sums (kernels/groupnorm.cu GNB_MAXNC); `MEDDPM_GN_SUMS=0`
+/// says no (the backward, then a `channel_sum` pass: A/B benchmarks).
+pub(crate) fn can_sum(x: Dims, groups: usize, cl: bool) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("MEDDPM_GN_SUMS").map_or(true, |v| v != "0"));
+    on && cl && x.n * (x.c / groups.max(1)) <= 256
+}
+
+/// [`backward`] overwriting dinp, and dsum[n, c] = Σ over the voxels of dinp[n, c] (f32 [N·C])
+/// taken from the backward's own channel sums (a third partial, Σ (x − μ), in `chan_gnbwd3_*`;
+/// gn_bwd_finalize forms r·(γ_c·Σg − S·m1 − m2·r·Σ(x − μ))), so no pass reads dinp again.
+/// Only where [`can_sum`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_sum(
+    dev: &Device,
+    dinp: &mut GpuBuf,
+    dsum: &mut GpuBuf,
+    dgamma: &mut GpuBuf,
+    dbeta: &mut GpuBuf,
+    dout: &GpuBuf,
+    silu_beta: Option<&GpuBuf>,
+    inp: &GpuBuf,
+    off: Option<&GpuBuf>,
+    mean: &GpuBuf,
+    rstd: &GpuBuf,
+    gamma: &GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    check(x, groups, inp.len(), gamma.len(), mean.len());
+    assert!(can_sum(x, groups, cl), "groupnorm backward with channel sums {x} G{groups}: NDHWC, N·C/G ≤ 256 only");
+    assert!(dout.len() == x.numel() && dinp.len() == x.numel(), "groupnorm backward {x}: dout/dinp lengths");
+    assert!(dsum.len() == x.n * x.c && dsum.bf() == 0, "groupnorm backward {x}: dsum is f32 [N·C], got {}", dsum.len());
+    let bf = same_bf("groupnorm backward", &[dinp, dout, inp]);
+    let (dp, offp) = (dev.ptr(dout), off_ptr(dev, off, x));
+    let (dxp, sp) = (dev.ptr_mut(dinp), dev.ptr_mut(dsum));
+    let dx = (dxp, Accum::Overwrite);
+    backward_ptrs(dev, dx, dgamma, dbeta, dp, silu_beta, (inp, offp), mean, rstd, gamma, x, groups, cl, bf, sp);
 }
 
 /// [`backward`] with SiLU, in place: `d` holds ∂loss/∂silu(GN(inp)) and gets ∂loss/∂inp
@@ -348,11 +391,11 @@ pub(crate) fn backward_inplace(
     let bf = same_bf("groupnorm backward in place", &[d, inp]);
     let dp = dev.ptr_mut(d);
     let dx = (dp, Accum::Overwrite);
-    backward_ptrs(dev, dx, dgamma, dbeta, dp, Some(beta), (inp, 0), mean, rstd, gamma, x, groups, cl, bf);
+    backward_ptrs(dev, dx, dgamma, dbeta, dp, Some(beta), (inp, 0), mean, rstd, gamma, x, groups, cl, bf, 0);
 }
 
 /// The three backward stages on raw gradient pointers (`dx.0` may be `dp`); `inp` with its input
-/// offset's pointer (0: none).
+/// offset's pointer (0: none); `dsum` ≠ 0: dx's channel sums too (`backward_sum`).
 #[allow(clippy::too_many_arguments)]
 fn backward_ptrs(
     dev: &Device,
@@ -369,15 +412,18 @@ fn backward_ptrs(
     groups: usize,
     cl: bool,
     bf: i32,
+    dsum: u64,
 ) {
     let (_, nchunks) = chunking(x, cl);
-    let npart = x.n * nchunks * x.c * 2;
+    let stride = if dsum != 0 { 3 } else { 2 };
+    let npart = x.n * nchunks * x.c * stride;
     let scratch = dev.scratch(npart + x.n * groups * 2);
     let pp = dev.ptr(&*scratch);
     let coef = pp + (npart * 4) as u64;
     let (xp, mp, rp, gp) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr(gamma));
     let bp = silu_beta.map(|b| dev.ptr(b)).unwrap_or(0);
-    launch_partial(dev, Partial::GnBwd, x, groups, cl, &[dp, xp, mp, rp, gp, bp, offp], pp, bf);
+    let kind = if dsum != 0 { Partial::GnBwd3 } else { Partial::GnBwd };
+    launch_partial(dev, kind, x, groups, cl, &[dp, xp, mp, rp, gp, bp, offp], pp, bf);
     dev.launch(
         "gn_bwd_finalize",
         (groups as u32, 1, 1),
@@ -394,6 +440,8 @@ fn backward_ptrs(
             L(x.s() as i64),
             I(groups as i32),
             I(nchunks as i32),
+            I(stride as i32),
+            P(dsum),
         ],
     );
     let v = row_vec(x, cl, bf);

@@ -772,6 +772,44 @@ impl Backend for CudaBackend {
             cl,
         );
     }
+    fn groupnorm_silu_backward_sum(
+        &self,
+        dinp: &mut Self::Buf,
+        dsum: &mut Self::Buf,
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        x: Dims,
+        groups: usize,
+    ) {
+        if !groupnorm::can_sum(x, groups, self.cl()) {
+            let d = (&mut *dinp, Accum::Overwrite);
+            self.groupnorm_silu_backward(d, dgamma, dbeta, dout, inp, off, mean, rstd, gamma, beta, x, groups);
+            return self.channel_sum(dsum, dinp, x);
+        }
+        let dev = &self.dev;
+        groupnorm::backward_sum(
+            dev,
+            dinp,
+            dsum,
+            dgamma,
+            dbeta,
+            dout,
+            Some(beta),
+            inp,
+            off,
+            mean,
+            rstd,
+            gamma,
+            x,
+            groups,
+            true,
+        );
+    }
 
     fn linear_forward(
         &self,

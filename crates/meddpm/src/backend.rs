@@ -433,6 +433,29 @@ pub trait Backend {
         x: Dims,
         groups: usize,
     );
+    /// [`Backend::groupnorm_silu_backward`] overwriting dinp, plus dsum[n, c] (f32 [N·C],
+    /// overwritten) = Σ over the voxels of dinp[n, c]: the ResBlock's time-embedding bias
+    /// gradient. Backends that can take it from the backward's own channel sums do (CUDA, NDHWC:
+    /// no pass over dinp); this default is the backward, then `channel_sum`.
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_backward_sum(
+        &self,
+        dinp: &mut Self::Buf,
+        dsum: &mut Self::Buf,
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        x: Dims,
+        groups: usize,
+    ) {
+        let d = (&mut *dinp, Accum::Overwrite);
+        self.groupnorm_silu_backward(d, dgamma, dbeta, dout, inp, off, mean, rstd, gamma, beta, x, groups);
+        self.channel_sum(dsum, dinp, x);
+    }
 
     // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------
     /// out[N,O] = inp[N,I]·wᵀ[I,O] + b[O], with w stored (O, I) as in PyTorch.

@@ -1,7 +1,8 @@
 //! Helpers shared by the GPU parity test binaries (parity.rs, parity_bf16.rs): which convolution
 //! path, ours or cuDNN, a conv shape must have taken; the accumulating conv forward vs the CPU;
 //! the f32 bias-vector primitives (the same in every precision); GroupNorm+SiLU with an input
-//! offset; the skip concatenation with its GroupNorm statistics.
+//! offset (and the channel sums of its input gradient); the skip concatenation with its GroupNorm
+//! statistics.
 
 use meddpm::cpu::CpuBackend;
 use meddpm::{Accum, Backend, ConvShape, Dims};
@@ -115,7 +116,8 @@ pub fn check_bias_vector_ops(g: &CudaBackend, cpu: &CpuBackend, rnd: &dyn Fn(usi
 
 /// Fused GroupNorm+SiLU with a per-(n, c) input offset (`off`, f32 [N·C]: the ResBlock's folded
 /// time embedding) on `g` against the CPU twin: the forward's output and statistics, the recompute
-/// (bit for bit the forward), the backward's dx (per `acc`), dγ and dβ. `host` = (x, dy, dx0) as
+/// (bit for bit the forward), the backward's dx (per `acc`), dγ and dβ; then the backward with
+/// the channel sums of dx (`groupnorm_silu_backward_sum`). `host` = (x, dy, dx0) as
 /// the GPU stores them; `up`/`down` move an activation to and from the GPU, `upr`/`downr` an f32
 /// vector; `check(what, got, want)` compares.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
@@ -154,6 +156,34 @@ pub fn check_gn_offset(
     check(&format!("{tag} dx"), &down(&dxg), &dx_c);
     check(&format!("{tag} dgamma+="), &downr(&dgg), &dg_c);
     check(&format!("{tag} dbeta+="), &downr(&dbg), &db_c);
+    // with dx's channel sums (`groupnorm_silu_backward_sum`, the ResBlock's time-embedding
+    // gradient: CUDA NDHWC forms them from the backward's own sums, else a pass over dx); dx and
+    // the sums start as NaN (both overwritten)
+    let nc = x.n * x.c;
+    let (mut dg_c, mut db_c, mut dx_c, mut s_c) =
+        (vec![0.5f32; x.c], vec![0.25f32; x.c], vec![0f32; n], vec![0f32; nc]);
+    let (ms, gb) = ((&m_c, &r_c), (&gamma, &beta));
+    cpu.groupnorm_silu_backward_sum(
+        &mut dx_c,
+        &mut s_c,
+        &mut dg_c,
+        &mut db_c,
+        &dy,
+        &xin,
+        Some(&off),
+        ms,
+        gb,
+        x,
+        groups,
+    );
+    let (mut dgg, mut dbg) = (upr(&vec![0.5; x.c]), upr(&vec![0.25; x.c]));
+    let (mut dxg, mut sg) = (up(&vec![f32::NAN; n]), upr(&vec![f32::NAN; nc]));
+    let (ms, gb) = ((&mg, &rg), (&gg, &bg));
+    g.groupnorm_silu_backward_sum(&mut dxg, &mut sg, &mut dgg, &mut dbg, &dyg, &xg, Some(&og), ms, gb, x, groups);
+    check(&format!("{tag} dx (with sums)"), &down(&dxg), &dx_c);
+    check(&format!("{tag} channel sums of dx"), &downr(&sg), &s_c);
+    check(&format!("{tag} dgamma+= (with sums)"), &downr(&dgg), &dg_c);
+    check(&format!("{tag} dbeta+= (with sums)"), &downr(&dbg), &db_c);
 }
 
 /// `concat_channels_stats` (a decoder ResBlock's skip concatenation with its GroupNorm

@@ -382,6 +382,35 @@ impl<B: Backend> Backend for Timed<B> {
             self.inner.groupnorm_silu_backward(dinp, dgamma, dbeta, dout, inp, off, mean, rstd, gamma, beta, x, groups)
         })
     }
+    fn groupnorm_silu_backward_sum(
+        &self,
+        dinp: &mut Self::Buf,
+        dsum: &mut Self::Buf,
+        dgamma: &mut Self::Buf,
+        dbeta: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        x: Dims,
+        groups: usize,
+    ) {
+        let e = self.l(dinp)
+            + self.l(dsum)
+            + 2.0 * (self.l(dgamma) + self.l(dbeta))
+            + self.l(dout)
+            + self.l(inp)
+            + self.lo(off)
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(gamma)
+            + self.l(beta);
+        self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
+            let (ms, gb) = ((mean, rstd), (gamma, beta));
+            self.inner.groupnorm_silu_backward_sum(dinp, dsum, dgamma, dbeta, dout, inp, off, ms, gb, x, groups)
+        })
+    }
     fn linear_forward(
         &self,
         out: &mut Self::Buf,

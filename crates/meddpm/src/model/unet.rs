@@ -914,11 +914,10 @@ impl<B: Backend> UNet<B> {
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
                     let (m, rs) = (&r.mean2, &r.rstd2);
                     let (gm, bt) = (&w[p + 6], &w[p + 7]);
-                    let h = (&r.h, Some(&r.e));
-                    be.groupnorm_silu_backward((dh, Accum::Overwrite), gg, gb, da, h.0, h.1, m, rs, gm, bt, yd, g);
-                    // emb_layers: h + Linear(SiLU(emb)), broadcast over voxels (the offset)
-                    let [dh] = scr.get([(yn, 2)]);
-                    be.channel_sum(&mut r.de, dh, yd);
+                    // with dh's channel sums, the gradient of emb_layers' output (h + Linear(SiLU(emb)),
+                    // broadcast over voxels: the GroupNorm's input offset)
+                    let (h, e) = (&r.h, Some(&r.e));
+                    be.groupnorm_silu_backward_sum(dh, &mut r.de, gg, gb, da, h, e, (m, rs), (gm, bt), yd, g);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let de_silu = Some((&mut te.d_emb_silu, Accum::Add));
                     be.linear_backward(de_silu, gw, gb, &r.de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
