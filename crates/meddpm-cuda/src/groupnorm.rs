@@ -10,7 +10,7 @@
 //! (read dout, x; again, write dx). The fused GroupNorm+SiLU never stores the GroupNorm output:
 //! the backward recomputes it from x and the saved statistics where SiLU's derivative needs it.
 //! An optional per-(n, c) f32 input offset (`off`) makes the GroupNorm's input x + off without
-//! a pass that adds it (kernels/groupnorm.cu). `backward_sum` also gives the channel sums of dx
+//! a pass that adds it (kernels/groupnorm.cu). `backward` can also give the channel sums of dx
 //! from the backward's own stage-1 sums (the ResBlock's time-embedding bias gradient, no pass).
 
 use meddpm::{Accum, Dims};
@@ -297,11 +297,16 @@ fn check(x: Dims, groups: usize, inp: usize, gamma: usize, stats: usize) {
 
 /// Backward: dinp (per Accum), dgamma += , dbeta += . With `silu_beta` (the GroupNorm's beta) the
 /// incoming gradient is first multiplied by silu'(y), y = GN(inp + off) recomputed on the fly from
-/// the statistics (fused GroupNorm+SiLU backward). dinp is also ∂loss/∂off per voxel.
+/// the statistics (fused GroupNorm+SiLU backward). dinp is also ∂loss/∂off per voxel. With `dsum`
+/// (only where [`can_sum`], dinp overwritten): dsum[n, c] (f32 [N·C]) = Σ over the voxels of
+/// dinp[n, c], from the backward's own channel sums (a third partial, Σ (x − μ), in
+/// `chan_gnbwd3_*`; gn_bwd_finalize forms r·(γ_c·Σg − S·m1 − m2·r·Σ(x − μ))), so no pass reads
+/// dinp again.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &Device,
     dinp: (&mut GpuBuf, Accum),
+    dsum: Option<&mut GpuBuf>,
     dgamma: &mut GpuBuf,
     dbeta: &mut GpuBuf,
     dout: &GpuBuf,
@@ -322,50 +327,28 @@ pub(crate) fn backward(
     let acc = dinp.1;
     let offp = off_ptr(dev, off, x);
     let dxp = dev.ptr_mut(dinp.0);
+    let sp = match dsum {
+        None => 0,
+        Some(s) => {
+            assert!(
+                can_sum(x, groups, cl) && acc == Accum::Overwrite,
+                "groupnorm backward with channel sums {x} G{groups}: NDHWC, N·C/G ≤ 256, dinp overwritten only"
+            );
+            assert!(s.len() == x.n * x.c && s.bf() == 0, "groupnorm backward {x}: dsum is f32 [N·C], got {}", s.len());
+            dev.ptr_mut(s)
+        }
+    };
     let inp = (inp, offp);
-    backward_ptrs(dev, (dxp, acc), dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf, 0);
+    backward_ptrs(dev, (dxp, acc), dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf, sp);
 }
 
-/// Whether [`backward`] can also give the channel sums of dinp (`backward_sum`): NDHWC, and the
+/// Whether [`backward`] can also give the channel sums of dinp (`dsum`): NDHWC, and the
 /// finaliser's shared arrays hold N·C/G sums (kernels/groupnorm.cu GNB_MAXNC); `MEDDPM_GN_SUMS=0`
 /// says no (the backward, then a `channel_sum` pass: A/B benchmarks).
 pub(crate) fn can_sum(x: Dims, groups: usize, cl: bool) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("MEDDPM_GN_SUMS").map_or(true, |v| v != "0"));
     on && cl && x.n * (x.c / groups.max(1)) <= 256
-}
-
-/// [`backward`] overwriting dinp, and dsum[n, c] = Σ over the voxels of dinp[n, c] (f32 [N·C])
-/// taken from the backward's own channel sums (a third partial, Σ (x − μ), in `chan_gnbwd3_*`;
-/// gn_bwd_finalize forms r·(γ_c·Σg − S·m1 − m2·r·Σ(x − μ))), so no pass reads dinp again.
-/// Only where [`can_sum`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn backward_sum(
-    dev: &Device,
-    dinp: &mut GpuBuf,
-    dsum: &mut GpuBuf,
-    dgamma: &mut GpuBuf,
-    dbeta: &mut GpuBuf,
-    dout: &GpuBuf,
-    silu_beta: Option<&GpuBuf>,
-    inp: &GpuBuf,
-    off: Option<&GpuBuf>,
-    mean: &GpuBuf,
-    rstd: &GpuBuf,
-    gamma: &GpuBuf,
-    x: Dims,
-    groups: usize,
-    cl: bool,
-) {
-    check(x, groups, inp.len(), gamma.len(), mean.len());
-    assert!(can_sum(x, groups, cl), "groupnorm backward with channel sums {x} G{groups}: NDHWC, N·C/G ≤ 256 only");
-    assert!(dout.len() == x.numel() && dinp.len() == x.numel(), "groupnorm backward {x}: dout/dinp lengths");
-    assert!(dsum.len() == x.n * x.c && dsum.bf() == 0, "groupnorm backward {x}: dsum is f32 [N·C], got {}", dsum.len());
-    let bf = same_bf("groupnorm backward", &[dinp, dout, inp]);
-    let (dp, offp) = (dev.ptr(dout), off_ptr(dev, off, x));
-    let (dxp, sp) = (dev.ptr_mut(dinp), dev.ptr_mut(dsum));
-    let dx = (dxp, Accum::Overwrite);
-    backward_ptrs(dev, dx, dgamma, dbeta, dp, silu_beta, (inp, offp), mean, rstd, gamma, x, groups, cl, bf, sp);
 }
 
 /// [`backward`] with SiLU, in place: `d` holds ∂loss/∂silu(GN(inp)) and gets ∂loss/∂inp
@@ -395,7 +378,7 @@ pub(crate) fn backward_inplace(
 }
 
 /// The three backward stages on raw gradient pointers (`dx.0` may be `dp`); `inp` with its input
-/// offset's pointer (0: none); `dsum` ≠ 0: dx's channel sums too (`backward_sum`).
+/// offset's pointer (0: none); `dsum` ≠ 0: dx's channel sums too.
 #[allow(clippy::too_many_arguments)]
 fn backward_ptrs(
     dev: &Device,

@@ -637,6 +637,7 @@ impl Backend for CudaBackend {
         groupnorm::backward(
             &self.dev,
             dinp,
+            None,
             dgamma,
             dbeta,
             dout,
@@ -758,6 +759,7 @@ impl Backend for CudaBackend {
         groupnorm::backward(
             &self.dev,
             dinp,
+            None,
             dgamma,
             dbeta,
             dout,
@@ -791,11 +793,12 @@ impl Backend for CudaBackend {
             self.groupnorm_silu_backward(d, dgamma, dbeta, dout, inp, off, mean, rstd, gamma, beta, x, groups);
             return self.channel_sum(dsum, dinp, x);
         }
+        let d = (dinp, Accum::Overwrite);
         let dev = &self.dev;
-        groupnorm::backward_sum(
+        groupnorm::backward(
             dev,
-            dinp,
-            dsum,
+            d,
+            Some(dsum),
             dgamma,
             dbeta,
             dout,
