@@ -22,7 +22,8 @@
 #            $NCU_COUNT (default 4) launches, over one whole-head bf16 NDHWC bench step without
 #            graphs ($NCU_ENV: extra environment, e.g. MEDDPM_SMALL_CONV=0); details page as CSV
 #   prof     the CUPTI breakdown of one training and sampling step for each preset in PROF_PRESETS
-#            (default whole-head) and precision in PROF_MATH (default bf16), NDHWC, no counters
+#            (default whole-head) and precision in PROF_MATH (default bf16), layout PROF_LAYOUT
+#            (default ndhwc), no counters
 #            (a minute each)
 # BENCH_ARGS (default --torch) are extra arguments of the bench part.
 # Each part writes $OUT/<part>.tar.gz (its full results) and one line to $OUT/summary.txt.
@@ -103,8 +104,8 @@ for (i, k), m in seen.items():
       CUPTI=$(dirname "$(find "$SP/nvidia" /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")
       for p in ${PROF_PRESETS:-whole-head}; do for m in ${PROF_MATH:-bf16}; do
         LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$CUPTI" timeout 300 "$BIN/meddpm" profile --device cuda --preset "$p" \
-          --math "$m" --layout ndhwc --warmup 1 --repeats 3 --out "$RES/$p-$m-ndhwc"
-        grep -A16 "### By category" "$RES/$p-$m-ndhwc/report.md" | head -18
+          --math "$m" --layout "${PROF_LAYOUT:-ndhwc}" --warmup 1 --repeats 3 --out "$RES/$p-$m-${PROF_LAYOUT:-ndhwc}"
+        grep -A16 "### By category" "$RES/$p-$m-${PROF_LAYOUT:-ndhwc}/report.md" | head -18
       done; done ;;
     *) echo "unknown part $part" ;;
   esac >"$RES/console.log" 2>&1
