@@ -125,18 +125,21 @@ WGRAD_SMALL(2, 0, )
 WGRAD_SMALL(3, 0, )
 WGRAD_SMALL(4, 1, )
 
-// -- conv3d_wgrad_small1_mma: stage 1 of the Cout = 1 weight gradient on the tensor cores (bf16,
-// NDHWC, C a multiple of 16 up to 64: the whole-head output conv 64 -> 1). The tap shift moves from
-// x to dy:  dW[ci, t] = sum over voxels u of dy[u - off(t)] * x[ci, u], an M x N x K GEMM with
-// M = the 27 taps (padded to 32, two m16 tiles), N = the input channels, K = the voxels, on
-// mma.m16n8k16 (bf16 operands, f32 sums). A block takes 1 x 8 x 32 voxel tiles (persistent,
-// grid-stride): x's tile in shared memory, 16-byte chunks of 8 channels swizzled by the voxel
-// (chunk ^ (voxel & 7): the 8 rows an ldmatrix reads fall in distinct banks), read as B fragments
-// by ldmatrix.x4.trans; dy's 3 x 10 x 34 halo as pairs along w (ps[i] = dy[i], dy[i + 1]), so an
-// A register (two consecutive voxels of one tap) is one 32-bit load at any shift. Warp i takes
-// row h0 + i (two k16 steps). Warp i of block b writes its sums to part[((b * 8 + i) * C + ci) * 27
-// + t] (conv3d_wgrad_small_finalize's layout for CO = 1, a chunk per warp). The FMA kernel above needed 10 loads per 27
-// FMAs and waited on them (1.38 ms at 128^3; docs/perf/h200-2026-12-01c/ncu-small-convs).
+// -- conv3d_wgrad_small{1,4}_mma: stage 1 of the Cout = 1 and 4 weight gradients on the tensor cores
+// (bf16, NDHWC, C a multiple of 16: the whole-head output conv 64 -> 1 and BraTS' 64 -> 4). The
+// tap shift moves from x to dy:  dW[co, ci, t] = sum over voxels u of dy[co, u - off(t)] * x[ci, u],
+// for each co an M x N x K GEMM with M = the 27 taps (padded to 32, two m16 tiles), N = the input
+// channels, K = the voxels, on mma.m16n8k16 (bf16 operands, f32 sums). A block takes 1 x 8 x 32
+// voxel tiles (persistent, grid-stride) of NT 8-channel chunks of x (blockIdx.y picks which: NT = 8
+// for Cout = 1, NT = 2 for Cout = 4 so that its 4 x 2 x NT x 4 sums a thread fit two blocks an SM):
+// x's tile in shared memory, 16-byte chunks swizzled by the voxel (the 8 rows an ldmatrix reads fall
+// in distinct banks), read as B fragments by ldmatrix.x4.trans, each B fragment used for every co;
+// dy's 3 x 10 x 34 halo per co as pairs along w (ps[co][i] = dy[i], dy[i + 1]), so an A register
+// (two consecutive voxels of one tap) is one 32-bit load at any shift. Warp i takes row h0 + i (two
+// k16 steps). Warp i of block b writes its sums to part[((b * 8 + i) * C + ci) * CO*27 + co*27 + t]
+// (conv3d_wgrad_small_finalize's layout, a chunk per warp). The FMA kernel above needed 10 loads per
+// 27 FMAs and waited on them (Cout = 1: 1.38 ms at 128^3, docs/perf/h200-2026-12-01c/ncu-small-convs;
+// Cout = 4: 10.8 ms of a 194 ms BraTS training step, docs/perf/h200-2026-12-01l).
 // bf16 helpers of the tensor-core kernels: two values packed into one 32-bit register (lower index
 // in the low half, as mma fragments hold them), and D = A*B + D on mma.m16n8k16 (row.col, f32 sums).
 __device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return (u32)f2bf(lo).b | ((u32)f2bf(hi).b << 16); }
@@ -156,21 +159,31 @@ __device__ __forceinline__ void ldsm_x4_trans(u32* r, const void* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
-extern "C" __global__ void __launch_bounds__(256, 2)
-    conv3d_wgrad_small1_mma(const bf16* x, const bf16* dy, float* part, int N, int C, int D, int H, int W) {
-    __shared__ __align__(16) uint4 xs[WG_TH * WG_TW * 8];
-    __shared__ u32 ps[WG_HALO];
+// slot of 16-byte chunk ch of voxel row vi in a tile of NT chunks a row: the 8 consecutive rows an
+// ldmatrix reads (8 / NT rows per 128 bytes) land on distinct 16-byte bank groups
+template <int NT>
+__device__ __forceinline__ int wg_slot(int vi, int ch) {
+    return vi * NT + (ch ^ ((vi / (8 / NT)) & (NT - 1)));
+}
+template <int CO, int NT>
+__device__ __forceinline__ void wgrad_small_mma(const bf16* x, const bf16* dy, float* part, int N, int C, int D,
+                                                int H, int W) {
+    __shared__ __align__(16) uint4 xs[WG_TH * WG_TW * NT];
+    __shared__ u32 ps[CO * WG_HALO];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    const int NCH = C / 8;  // 16-byte chunks a voxel
+    const int cb0 = blockIdx.y * NT * 8;              // this block's first input channel
+    const int nch = min(NT, (C - cb0) / 8);           // its 16-byte chunks a voxel (even: C % 16 == 0)
     const int hb = (H + WG_TH - 1) / WG_TH, wb = (W + WG_TW - 1) / WG_TW;
     const i64 ntiles = (i64)N * D * hb * wb;
-    float acc[2][8][4];
+    float acc[CO][2][NT][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int co = 0; co < CO; co++)
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[co][mt][nt][e] = 0.0f;
     // this thread's A rows (taps) and their dy-halo offsets (a = 2 - kd, b = wi + 2 - kh, c = 2 - kw + voxel)
     int aoff[2][2];
     bool alive[2][2];
@@ -189,74 +202,103 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         const int d = (int)((tile / ((i64)wb * hb)) % D);
         const int n = (int)(tile / ((i64)wb * hb * D));
         __syncthreads();  // the previous tile's reads are done
-        for (int i = threadIdx.x; i < WG_TH * WG_TW * NCH; i += blockDim.x) {
-            const int vi = i / NCH, ch = i - vi * NCH;
+        for (int i = threadIdx.x; i < WG_TH * WG_TW * nch; i += blockDim.x) {
+            const int vi = i / nch, ch = i - vi * nch;
             const int h = h0 + vi / WG_TW, w = w0 + vi % WG_TW;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (h < H && w < W) {
-                const i64 o = ((((i64)n * D + d) * H + h) * W + w) * C + ch * 8;
+                const i64 o = ((((i64)n * D + d) * H + h) * W + w) * C + cb0 + ch * 8;
                 v = *reinterpret_cast<const uint4*>(x + o);
             }
-            xs[vi * 8 + (ch ^ (vi & 7))] = v;
+            xs[wg_slot<NT>(vi, ch)] = v;
         }
-        for (int i = threadIdx.x; i < WG_HALO; i += blockDim.x) {
-            const int c = i % (WG_TW + 2), r = (i / (WG_TW + 2)) % (WG_TH + 2), a = i / ((WG_TW + 2) * (WG_TH + 2));
+        // the halo voxel by voxel; CO = 4: one 8-byte load gives a voxel's four channels, split
+        // into the four pair planes (byte permutes) — a load and index computation per channel
+        // made the first version 2.6 ms at BraTS' 144 x 192 x 192
+        for (int k = threadIdx.x; k < WG_HALO; k += blockDim.x) {
+            const int c = k % (WG_TW + 2), r = (k / (WG_TW + 2)) % (WG_TH + 2), a = k / ((WG_TW + 2) * (WG_TH + 2));
             const int dd = d + a - 1, hh = h0 + r - 1, ww = w0 + c - 1;
-            u32 pr = 0u;
-            if (dd >= 0 && dd < D && hh >= 0 && hh < H) {
-                const i64 line = (((i64)n * D + dd) * H + hh) * W;
-                const u32 lo = (ww >= 0 && ww < W) ? (u32)dy[line + ww].b : 0u;
-                const u32 hi = (ww + 1 >= 0 && ww + 1 < W && c + 1 < WG_TW + 2) ? (u32)dy[line + ww + 1].b : 0u;
-                pr = lo | (hi << 16);
+            const bool row = dd >= 0 && dd < D && hh >= 0 && hh < H;
+            const bool vlo = row && ww >= 0 && ww < W, vhi = row && ww + 1 < W && c + 1 < WG_TW + 2;
+            const i64 v = (((i64)n * D + dd) * H + hh) * W + ww;
+            if (CO == 4) {
+                const uint2 q0 = vlo ? *reinterpret_cast<const uint2*>(dy + v * 4) : make_uint2(0u, 0u);
+                const uint2 q1 = vhi ? *reinterpret_cast<const uint2*>(dy + (v + 1) * 4) : make_uint2(0u, 0u);
+                ps[k] = __byte_perm(q0.x, q1.x, 0x5410);
+                ps[WG_HALO + k] = __byte_perm(q0.x, q1.x, 0x7632);
+                ps[2 * WG_HALO + k] = __byte_perm(q0.y, q1.y, 0x5410);
+                ps[3 * WG_HALO + k] = __byte_perm(q0.y, q1.y, 0x7632);
+            } else {
+#pragma unroll
+                for (int co = 0; co < CO; co++) {
+                    const u32 lo = vlo ? (u32)dy[v * CO + co].b : 0u;
+                    const u32 hi = vhi ? (u32)dy[(v + 1) * CO + co].b : 0u;
+                    ps[co * WG_HALO + k] = lo | (hi << 16);
+                }
             }
-            ps[i] = pr;
         }
         __syncthreads();
 #pragma unroll
         for (int ks = 0; ks < 2; ks++) {
             const int j = ks * 16 + tig * 2;  // this thread's first voxel (k) of the step, along w
-            u32 a[2][4];
+            u32 a[CO][2][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                a[mt][0] = alive[mt][0] ? ps[aoff[mt][0] + j] : 0u;
-                a[mt][1] = alive[mt][1] ? ps[aoff[mt][1] + j] : 0u;
-                a[mt][2] = alive[mt][0] ? ps[aoff[mt][0] + j + 8] : 0u;
-                a[mt][3] = alive[mt][1] ? ps[aoff[mt][1] + j + 8] : 0u;
-            }
+            for (int co = 0; co < CO; co++)
 #pragma unroll
-            for (int p = 0; p < 4; p++) {
-                if (2 * p >= NCH) break;
+                for (int mt = 0; mt < 2; mt++) {
+                    const u32* pc = ps + co * WG_HALO;
+                    a[co][mt][0] = alive[mt][0] ? pc[aoff[mt][0] + j] : 0u;
+                    a[co][mt][1] = alive[mt][1] ? pc[aoff[mt][1] + j] : 0u;
+                    a[co][mt][2] = alive[mt][0] ? pc[aoff[mt][0] + j + 8] : 0u;
+                    a[co][mt][3] = alive[mt][1] ? pc[aoff[mt][1] + j + 8] : 0u;
+                }
+#pragma unroll
+            for (int p = 0; p < NT / 2; p++) {
+                if (2 * p >= nch) break;
                 // matrices: (k 0-7, chunk 2p), (k 8-15, chunk 2p), (k 0-7, chunk 2p+1), (k 8-15, chunk 2p+1)
                 const int mi = lane >> 3;
                 const int vi = wi * WG_TW + ks * 16 + (mi & 1) * 8 + (lane & 7);
                 const int ch = 2 * p + (mi >> 1);
                 u32 b[4];
-                ldsm_x4_trans(b, &xs[vi * 8 + (ch ^ (vi & 7))]);
+                ldsm_x4_trans(b, &xs[wg_slot<NT>(vi, ch)]);
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    mma_bf16_16816(acc[mt][2 * p], a[mt], b[0], b[1]);
-                    mma_bf16_16816(acc[mt][2 * p + 1], a[mt], b[2], b[3]);
-                }
+                for (int co = 0; co < CO; co++)
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma_bf16_16816(acc[co][mt][2 * p], a[co][mt], b[0], b[1]);
+                        mma_bf16_16816(acc[co][mt][2 * p + 1], a[co][mt], b[2], b[3]);
+                    }
             }
         }
     }
     // c0, c1: row (tap) g, columns (channels) tig*2 + {0, 1}; c2, c3: row g + 8
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int co = 0; co < CO; co++)
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int t = mt * 16 + g + 8 * hr;
-            if (t >= 27) continue;
+        for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                if (nt >= NCH) break;
+            for (int hr = 0; hr < 2; hr++) {
+                const int t = mt * 16 + g + 8 * hr;
+                if (t >= 27) continue;
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int ci = nt * 8 + tig * 2 + e;
-                    part[(((i64)blockIdx.x * 8 + wi) * C + ci) * 27 + t] = acc[mt][nt][2 * hr + e];
+                for (int nt = 0; nt < NT; nt++) {
+                    if (nt >= nch) break;
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int ci = cb0 + nt * 8 + tig * 2 + e;
+                        part[(((i64)blockIdx.x * 8 + wi) * C + ci) * (CO * 27) + co * 27 + t] =
+                            acc[co][mt][nt][2 * hr + e];
+                    }
                 }
             }
-        }
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    conv3d_wgrad_small1_mma(const bf16* x, const bf16* dy, float* part, int N, int C, int D, int H, int W) {
+    wgrad_small_mma<1, 8>(x, dy, part, N, C, D, H, W);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    conv3d_wgrad_small4_mma(const bf16* x, const bf16* dy, float* part, int N, int C, int D, int H, int W) {
+    wgrad_small_mma<4, 2>(x, dy, part, N, C, D, H, W);
 }
 
 // Stage 2: grid CO*C*27 (one block per weight, index j = (co*C + ci)*27 + t), block 256.

@@ -304,8 +304,8 @@ pub(crate) struct ConvCache {
     pub(crate) force_small: Option<bool>,
     /// bf16 only: the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
     /// cores (`conv3d_fwd_small_cin_mma`, `conv3d_dgrad_small_cout_mma`) where the other side is
-    /// a multiple of 8 up to 64, and the Cout = 1 weight gradient's stage 1
-    /// (`conv3d_wgrad_small1_mma`) where Cin is a multiple of 16 up to 64; false: the FMA kernels
+    /// a multiple of 8 up to 64, and the Cout = 1 and 4 weight gradients' stage 1
+    /// (`conv3d_wgrad_small{1,4}_mma`) where Cin is a multiple of 16; false: the FMA kernels
     /// (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
     pub(crate) small_mma: bool,
     /// The forward of Cout = 1 convs in NDHWC as a GEMM plus tap sum (`small_cout_gemm`, the
@@ -1249,26 +1249,30 @@ pub(crate) fn small_cout_wgrad(cs: ConvShape, cdt: DType) -> bool {
 
 /// dW += the weight gradient of a few-output-channel conv (kernels/conv3d.cu), fp32 in every
 /// precision mode. `(cl, mma)`: NDHWC, and the tensor-core stage 1 asked for (bf16 precision and
-/// `ConvCache::small_mma`): it runs where Cout = 1 and Cin is a multiple of 16 up to 64.
+/// `ConvCache::small_mma`): it runs where Cout is 1 or 4 and Cin is a multiple of 16.
 #[allow(clippy::too_many_arguments)]
 fn wgrad_small(dev: &Device, dw: &mut GpuBuf, xp: u64, dyp: u64, bf: i32, cs: ConvShape, (cl, mma): (bool, bool)) {
     use Arg::{I, P};
     let x = cs.x;
-    if cl && mma && bf == 1 && cs.cout == 1 && x.c.is_multiple_of(16) && x.c <= 64 {
+    if cl && mma && bf == 1 && (cs.cout == 1 || cs.cout == 4) && x.c.is_multiple_of(16) {
+        // 8-channel chunks of x a block (kernels/conv3d.cu wgrad_small_mma's NT), and the
+        // channel groups they make (grid.y)
+        let (name, nt) = if cs.cout == 1 { ("conv3d_wgrad_small1_mma", 8) } else { ("conv3d_wgrad_small4_mma", 2) };
+        let groups = x.c.div_ceil(nt * 8);
         let tiles = x.n * x.d * x.h.div_ceil(8) * x.w.div_ceil(32);
-        // persistent blocks, two per SM; a chunk of partial sums per warp (8 a block)
-        let blocks = tiles.min(dev.info.sms as usize * 2).max(1);
+        // persistent blocks, two per SM over all groups; a chunk of partial sums per warp (8 a block)
+        let blocks = tiles.min((dev.info.sms as usize * 2).div_ceil(groups)).max(1);
         let nchunks = blocks * 8;
-        let part = dev.scratch(nchunks * x.c * 27);
+        let part = dev.scratch(nchunks * x.c * cs.cout * 27);
         let pp = dev.ptr(&*part);
         let dims = [x.n, x.c, x.d, x.h, x.w].map(|v| I(v as i32));
         let args = [P(xp), P(dyp), P(pp), dims[0], dims[1], dims[2], dims[3], dims[4]];
-        dev.launch("conv3d_wgrad_small1_mma", (blocks as u32, 1, 1), (256, 1, 1), &args);
+        dev.launch(name, (blocks as u32, groups as u32, 1), (256, 1, 1), &args);
         dev.launch(
             "conv3d_wgrad_small_finalize",
-            ((27 * x.c) as u32, 1, 1),
+            ((cs.cout * 27 * x.c) as u32, 1, 1),
             (256, 1, 1),
-            &[P(pp), P(dev.ptr_mut(dw)), I(x.c as i32), I(1), I(nchunks as i32), I(1)],
+            &[P(pp), P(dev.ptr_mut(dw)), I(x.c as i32), I(cs.cout as i32), I(nchunks as i32), I(1)],
         );
         return;
     }

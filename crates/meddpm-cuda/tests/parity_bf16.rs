@@ -297,6 +297,13 @@ fn conv3d_bf16_parity() {
         (ConvShape::new(Dims::new(2, 64, 5, 9, 35), 1, 3, 1), Some(Accum::Add), true),
         (ConvShape::new(Dims::new(1, 16, 4, 10, 33), 1, 3, 1), Some(Accum::Overwrite), false),
         (ConvShape::new(Dims::new(1, 48, 3, 8, 32), 1, 3, 1), None, false),
+        // Cin 128: two channel groups of 64
+        (ConvShape::new(Dims::new(1, 128, 3, 9, 33), 1, 3, 1), Some(Accum::Add), false),
+        // the tensor-core Cout = 4 weight gradient (BraTS' output conv): channel groups of 16 —
+        // four (f32 dy, batch 2), three, one — over the same tile edges
+        (ConvShape::new(Dims::new(2, 64, 5, 9, 35), 4, 3, 1), Some(Accum::Add), true),
+        (ConvShape::new(Dims::new(1, 48, 4, 10, 33), 4, 3, 1), Some(Accum::Overwrite), false),
+        (ConvShape::new(Dims::new(1, 16, 3, 8, 32), 4, 3, 1), None, false),
     ];
     for (i, (cs, acc, f32_io)) in cases.into_iter().enumerate() {
         conv_case(&gs, cs, acc, f32_io, 100 + 10 * i as u64);
