@@ -301,6 +301,123 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     wgrad_small_mma<4, 2>(x, dy, part, N, C, D, H, W);
 }
 
+// -- conv3d_wgrad_small_cin_mma: stage 1 of the weight gradient of a conv with Cin <= 8 (the U-Net's
+// first conv: 3 -> 64 whole-head, 8 -> 64 BraTS) on the tensor cores (bf16, NDHWC, Cout 16, 32 or
+// 64). cuDNN pads the input to 8 channels and runs an sm80 kernel (0.43 ms whole-head,
+// 1.39 ms BraTS on the H200, docs/perf/h200-2026-12-01l/prof-before). Per tap t an M x N x K GEMM:
+//   dW[co, ci, t] = sum over voxels u of dy[co, u] * x[ci, u + off(t)]   (x = 0 outside)
+// with M = the output channels (m16 tiles), N = the 8 (padded) input channels, K = the voxels, on
+// mma.m16n8k16. A block takes 1 x 8 x 32 voxel tiles (persistent, grid-stride) and loads each once:
+// dy's tile as rows of CO channels (16-byte chunks swizzled by the voxel so the 8 rows an ldmatrix
+// reads hit distinct banks), read as A fragments by ldmatrix.x4.trans; x's 3 x 10 x 34 halo as one
+// 16-byte row of 8 channels a voxel, so the B fragment of any tap is ldmatrix.trans of 8 consecutive
+// halo rows (contiguous: no conflicts). Warp w owns output-channel tiles 2 (w / 3) and 2 (w / 3) + 1
+// and tap plane kd = w % 3 over all 16 k-steps of the tile: 2 x 9 n8 tiles of sums, each B fragment
+// used for both m-tiles. Every (co, t) has one owner warp, so the block writes its sums straight to
+// part[(blockIdx.x * C + ci) * CO*27 + co*27 + t] (conv3d_wgrad_small_finalize's layout, a chunk per
+// block). Two earlier layouts (a block per 16 output channels: all 27 taps a warp, 217 registers;
+// or 9 taps and a block per tap plane, which read dy three times) took 2.64 and 2.06 ms at BraTS'
+// size, slower than cuDNN.
+#define WC_HALO (3 * (WG_TH + 2) * (WG_TW + 2))
+extern "C" __global__ void __launch_bounds__(192, 2)
+    conv3d_wgrad_small_cin_mma(const bf16* x, const bf16* dy, float* part, int N, int C, int CO, int D, int H,
+                               int W) {
+    __shared__ __align__(16) uint4 ys[WG_TH * WG_TW * 8];
+    __shared__ __align__(16) uint4 xh[WC_HALO];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    const int nch = CO / 8;                      // dy's 16-byte chunks a voxel: 2, 4 or 8
+    const int rpb = 8 / nch;                     // voxel rows per 128 bytes of ys
+    const int m0 = 2 * (wi / 3), kd = wi % 3;    // this warp's first m-tile and its tap plane
+    const bool two = m0 + 1 < CO / 16;           // whether it has a second m-tile
+    const bool live = m0 < CO / 16;
+    const int hb = (H + WG_TH - 1) / WG_TH, wb = (W + WG_TW - 1) / WG_TW;
+    const i64 ntiles = (i64)N * D * hb * wb;
+    float acc[2][9][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < 9; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][t][e] = 0.0f;
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const int w0 = (int)(tile % wb) * WG_TW;
+        const int h0 = (int)((tile / wb) % hb) * WG_TH;
+        const int d = (int)((tile / ((i64)wb * hb)) % D);
+        const int n = (int)(tile / ((i64)wb * hb * D));
+        __syncthreads();  // the previous tile's reads are done
+        for (int i = threadIdx.x; i < WG_TH * WG_TW * nch; i += blockDim.x) {
+            const int vi = i / nch, ch = i - vi * nch;
+            const int h = h0 + vi / WG_TW, w = w0 + vi % WG_TW;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (h < H && w < W)
+                v = *reinterpret_cast<const uint4*>(dy + ((((i64)n * D + d) * H + h) * W + w) * CO + ch * 8);
+            ys[vi * nch + (ch ^ ((vi / rpb) & (nch - 1)))] = v;
+        }
+        for (int k = threadIdx.x; k < WC_HALO; k += blockDim.x) {
+            const int c = k % (WG_TW + 2), r = (k / (WG_TW + 2)) % (WG_TH + 2), a = k / ((WG_TW + 2) * (WG_TH + 2));
+            const int dd = d + a - 1, hh = h0 + r - 1, ww = w0 + c - 1;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (dd >= 0 && dd < D && hh >= 0 && hh < H && ww >= 0 && ww < W) {
+                const i64 o = ((((i64)n * D + dd) * H + hh) * W + ww) * C;
+                if (C == 8) {
+                    v = *reinterpret_cast<const uint4*>(x + o);
+                } else {
+                    u32 p[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+                    for (int ci = 0; ci < 8; ci++)
+                        if (ci < C) p[ci >> 1] |= (u32)x[o + ci].b << (16 * (ci & 1));
+                    v = make_uint4(p[0], p[1], p[2], p[3]);
+                }
+            }
+            xh[k] = v;
+        }
+        __syncthreads();
+        if (!live) continue;
+        const int mi = lane >> 3;
+        for (int r = 0; r < WG_TH; r++) {
+#pragma unroll
+            for (int ks = 0; ks < 2; ks++) {
+                // A of m-tile m: matrices (k 0-7, co 0-7), (k 0-7, co 8-15), (k 8-15, co 0-7), (k 8-15, co 8-15)
+                const int vi = r * WG_TW + ks * 16 + (mi >> 1) * 8 + (lane & 7);
+                u32 a[2][4];
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    const int ch = 2 * (m0 + (two ? m : 0)) + (mi & 1);
+                    ldsm_x4_trans(a[m], &ys[vi * nch + (ch ^ ((vi / rpb) & (nch - 1)))]);
+                }
+                // B of taps t, t + 1 of plane kd: matrices (tap t, k 0-7), (t, k 8-15), (t + 1, k 0-7),
+                // (t + 1, k 8-15); tap (kh, kw) of voxel (r, j) reads halo row (kd, r + kh, j + kw)
+                const int j = ks * 16 + (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+                for (int t = 0; t < 9; t += 2) {
+                    const int tt = (t + (mi >> 1)) < 9 ? t + (mi >> 1) : 8;
+                    const int kh = tt / 3, kw = tt % 3;
+                    u32 b[4];
+                    ldsm_x4_trans(b, &xh[(kd * (WG_TH + 2) + r + kh) * (WG_TW + 2) + j + kw]);
+#pragma unroll
+                    for (int m = 0; m < 2; m++) {
+                        mma_bf16_16816(acc[m][t], a[m], b[0], b[1]);
+                        if (t + 1 < 9) mma_bf16_16816(acc[m][t + 1], a[m], b[2], b[3]);
+                    }
+                }
+            }
+        }
+    }
+    // c0, c1: row (co) g, columns (ci) tig*2 + {0, 1}; c2, c3: row g + 8
+    if (!live) return;
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        if (m == 1 && !two) break;
+#pragma unroll
+        for (int t = 0; t < 9; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int co = (m0 + m) * 16 + g + 8 * (e >> 1), ci = tig * 2 + (e & 1);
+                if (ci < C) part[((i64)blockIdx.x * C + ci) * (CO * 27) + co * 27 + kd * 9 + t] = acc[m][t][e];
+            }
+    }
+}
+
 // Stage 2: grid CO*C*27 (one block per weight, index j = (co*C + ci)*27 + t), block 256.
 extern "C" __global__ void conv3d_wgrad_small_finalize(const float* part, float* dw, int C, int CO, int nchunks,
                                                        int cl) {

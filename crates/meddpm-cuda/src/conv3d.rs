@@ -1309,6 +1309,38 @@ fn wgrad_small(dev: &Device, dw: &mut GpuBuf, xp: u64, dyp: u64, bf: i32, cs: Co
     );
 }
 
+/// Whether the weight gradient of a few-input-channel conv (the U-Net's first: 3 → 64
+/// whole-head, 8 → 64 BraTS) goes to our tensor-core kernel instead of cuDNN (which pads the
+/// input to 8 channels and runs an sm80 kernel): 3×3×3, stride 1, Cin ≤ 8, Cout 16, 32 or 64
+/// (a power-of-two count of 16-byte chunks a voxel: the kernel's swizzle), bf16 NDHWC with the
+/// tensor-core few-channel kernels on (`ConvCache::small_mma`).
+pub(crate) fn small_cin_wgrad(cs: ConvShape, cdt: DType, (cl, mma): (bool, bool)) -> bool {
+    cl && mma && cdt == DType::Bf16 && cs.k == 3 && cs.stride == 1 && cs.x.c <= 8 && matches!(cs.cout, 16 | 32 | 64)
+}
+
+/// dW += the weight gradient of a few-input-channel conv on the tensor cores
+/// (`conv3d_wgrad_small_cin_mma`, then `conv3d_wgrad_small_finalize`; kernels/conv3d.cu).
+fn wgrad_small_cin(dev: &Device, dw: &mut GpuBuf, xp: u64, dyp: u64, cs: ConvShape) {
+    use Arg::{I, P};
+    let x = cs.x;
+    let tiles = x.n * x.d * x.h.div_ceil(8) * x.w.div_ceil(32);
+    // persistent blocks, two per SM (161 registers a thread); warps: 3 tap planes per pair of
+    // 16-channel output tiles; a chunk of partial sums per block
+    let warps = 3 * cs.cout.div_ceil(32);
+    let blocks = tiles.min(dev.info.sms as usize * 2).max(1);
+    let part = dev.scratch(blocks * x.c * cs.cout * 27);
+    let pp = dev.ptr(&*part);
+    let dims = [x.n, x.c, cs.cout, x.d, x.h, x.w].map(|v| I(v as i32));
+    let args = [P(xp), P(dyp), P(pp), dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]];
+    dev.launch("conv3d_wgrad_small_cin_mma", (blocks as u32, 1, 1), ((32 * warps) as u32, 1, 1), &args);
+    dev.launch(
+        "conv3d_wgrad_small_finalize",
+        ((cs.cout * 27 * x.c) as u32, 1, 1),
+        (256, 1, 1),
+        &[P(pp), P(dev.ptr_mut(dw)), I(x.c as i32), I(cs.cout as i32), I(blocks as i32), I(1)],
+    );
+}
+
 // ---- few-channel direct convolutions (kernels/conv3d.cu) ------------------------------------------
 
 /// Voxels per thread, output channels per thread of conv3d_small_cin's body, and input channels
@@ -1694,6 +1726,8 @@ pub(crate) fn backward(
 
     if small_cout_wgrad(cs, cdt) {
         wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, ly);
+    } else if small_cin_wgrad(cs, cdt, ly) {
+        wgrad_small_cin(dev, dw, xp, dyp, cs);
     } else {
         cudnn_wgrad(dev, cache, dw, xp, dyp, cs);
     }

@@ -118,6 +118,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_dgrad_small_cout_mma",
     "conv3d_wgrad_small1_mma",
     "conv3d_wgrad_small4_mma",
+    "conv3d_wgrad_small_cin_mma",
 ];
 
 /// One kernel argument. Pointers are raw device addresses; `Raw` passes a `#[repr(C)]` struct by

@@ -304,6 +304,11 @@ fn conv3d_bf16_parity() {
         (ConvShape::new(Dims::new(2, 64, 5, 9, 35), 4, 3, 1), Some(Accum::Add), true),
         (ConvShape::new(Dims::new(1, 48, 4, 10, 33), 4, 3, 1), Some(Accum::Overwrite), false),
         (ConvShape::new(Dims::new(1, 16, 3, 8, 32), 4, 3, 1), None, false),
+        // the tensor-core weight gradient of Cin <= 8 (the first conv): Cin 3 (f32 input), 8 and
+        // 5; Cout 64, 32, 16 (channel groups of 16); batch 2; the same tile edges
+        (ConvShape::new(Dims::new(1, 3, 6, 9, 35), 64, 3, 1), None, true),
+        (ConvShape::new(Dims::new(2, 8, 5, 10, 33), 32, 3, 1), Some(Accum::Add), false),
+        (ConvShape::new(Dims::new(1, 5, 4, 8, 32), 16, 3, 1), Some(Accum::Overwrite), false),
     ];
     for (i, (cs, acc, f32_io)) in cases.into_iter().enumerate() {
         conv_case(&gs, cs, acc, f32_io, 100 + 10 * i as u64);

@@ -183,6 +183,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_dgrad_small_cout_mma", ConvDgrad),
     ("conv3d_wgrad_small1_mma", ConvWgrad),
     ("conv3d_wgrad_small4_mma", ConvWgrad),
+    ("conv3d_wgrad_small_cin_mma", ConvWgrad),
 ];
 
 #[test]

@@ -236,6 +236,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_dgrad_small_cout_mma", Category::ConvDgrad),
     ("conv3d_wgrad_small1_mma", Category::ConvWgrad),
     ("conv3d_wgrad_small4_mma", Category::ConvWgrad),
+    ("conv3d_wgrad_small_cin_mma", Category::ConvWgrad),
 ];
 
 /// The category of one of our own NVRTC kernels, by exact name ([`OUR_KERNELS`]); `None` for any
