@@ -3,20 +3,21 @@
 //! A tiny model (8³, `UNetConfig::tiny()`) is trained for a few steps on the built-in demo pairs
 //! with `meddpm::diffusion::Trainer` and saved with `meddpm::checkpoint::save_trainer`; the
 //! command then samples it. Checks against independent computations: a sample redrawn here with
-//! `Sampler` and its PSNR/MAE/mean against the real image computed by hand; the verdict rule and
-//! the agreement metrics on synthetic values with closed-form answers; which configurations run
-//! and which are reported as skipped (`--device cpu`, and `--device auto` without CUDA).
+//! `Sampler` and its PSNR/MAE/mean against the real image computed by hand; which configurations
+//! run and which are reported as skipped (`--device cpu`, and `--device auto` without CUDA); the
+//! comparison of several configurations. The verdict rule and the metrics on synthetic values
+//! are tested with the library (`crates/meddpm/tests/eval_configs.rs`).
 
 #[allow(dead_code)]
 #[path = "../src/evalcfg.rs"]
 mod evalcfg;
 
 use clap::Parser;
-use evalcfg::{parse_config, verdict, Config, EvalConfigsArgs, Metrics, Quality, Spread};
+use evalcfg::{parse_config, Config, EvalConfigsArgs};
 use meddpm::checkpoint::{save_trainer, Checkpoint};
 use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
-use meddpm::eval::report::Stat;
+use meddpm::eval::configs::Metrics;
 use meddpm::model::{UNet, UNetConfig};
 use meddpm::{Layout, Precision};
 use std::path::{Path, PathBuf};
@@ -200,61 +201,6 @@ fn configuration_names_parse() {
     for c in ["cpu", "fp32/ncdhw", "tf32/ncdhw", "fp32/ndhwc", "tf32/ndhwc", "bf16/ncdhw", "bf16/ndhwc"] {
         assert_eq!(parse_config(c).unwrap().name(), c);
     }
-}
-
-#[test]
-fn ms_ssim_only_where_the_size_allows() {
-    let (m, note) = Metrics::new([32, 32, 32], None).unwrap();
-    assert_eq!(m.ssim.kernel_size, 11);
-    assert!(m.ms.is_none() && note.unwrap().contains("32×32×32"));
-    let (m, _) = Metrics::new([64, 64, 64], None).unwrap();
-    assert_eq!(m.ms.unwrap().ssim.kernel_size, 3); // 5 scales: every axis ≥ 16·k
-    let (m, note) = Metrics::new([128, 128, 128], None).unwrap();
-    assert_eq!(m.ms.unwrap().ssim.kernel_size, 7); // MONAI at 128³, as `meddpm eval`
-    assert!(note.unwrap().contains("window 7"));
-    let (m, note) = Metrics::new([176, 192, 192], None).unwrap();
-    assert_eq!(m.ms.unwrap().ssim.kernel_size, 11);
-    assert!(note.is_none());
-}
-
-#[test]
-fn agreement_of_a_constant_offset_has_closed_forms() {
-    let dims = [12, 12, 12];
-    let (m, _) = Metrics::new(dims, Some(5)).unwrap();
-    let n = 12 * 12 * 12;
-    let b: Vec<f32> = (0..n).map(|i| 0.25 + 0.5 * ((i * 7919) % 101) as f32 / 101.0).collect();
-    let c: Vec<f32> = b.iter().map(|v| v + 0.01).collect();
-    let (maxd, psnr, ssim) = m.agreement(&c, &b, [-1.0, 1.0]).unwrap();
-    assert!((maxd - 0.02).abs() < 1e-6, "{maxd}"); // 0.01 on [0,1] is 0.02 in model units
-    assert!((psnr - 40.0).abs() < 1e-3, "{psnr}"); // −10·log10(0.01²)
-    assert!(ssim < 1.0 && ssim > 0.99, "{ssim}");
-    let (maxd, psnr, ssim) = m.agreement(&b, &b, [-1.0, 1.0]).unwrap();
-    assert_eq!((maxd, psnr), (0.0, f64::INFINITY));
-    assert!((ssim - 1.0).abs() < 1e-12, "{ssim}");
-}
-
-fn q(pair: usize, seed: u64, v: f64) -> Quality {
-    Quality { pair, seed, metrics: vec![("psnr_db".into(), v)] }
-}
-
-#[test]
-fn verdict_rule() {
-    let base = vec![q(0, 0, 1.0), q(0, 1, 2.0), q(0, 2, 3.0)];
-    let spread = vec![Spread { pair: 0, metric: "psnr_db".into(), stat: Stat::of(&[1.0, 2.0, 3.0]).unwrap() }];
-    assert_eq!(spread[0].stat.std, 1.0);
-    let near = vec![q(0, 0, 1.5), q(0, 1, 2.0), q(0, 2, 2.75)];
-    let v = verdict(&near, &base, &spread, 3).unwrap();
-    assert!(v.within_spread && (v.worst_ratio - 0.5).abs() < 1e-12, "{v:?}");
-    let far = vec![q(0, 0, 1.0), q(0, 1, 2.0), q(0, 2, 5.0)];
-    let v = verdict(&far, &base, &spread, 3).unwrap();
-    assert!(!v.within_spread && (v.worst_ratio - 2.0).abs() < 1e-12 && v.worst_metric == "psnr_db", "{v:?}");
-    assert!(verdict(&near, &base, &spread, 1).is_none());
-    // Zero spread: equal values are within, any difference is not.
-    let flat = vec![Spread { pair: 0, metric: "psnr_db".into(), stat: Stat::of(&[2.0, 2.0, 2.0]).unwrap() }];
-    let same = vec![q(0, 0, 2.0), q(0, 1, 2.0), q(0, 2, 2.0)];
-    assert!(verdict(&same, &same, &flat, 3).unwrap().within_spread);
-    let off = vec![q(0, 0, 2.0), q(0, 1, 2.0), q(0, 2, 2.1)];
-    assert!(!verdict(&off, &same, &flat, 3).unwrap().within_spread);
 }
 
 /// The comparison path the GPU takes (several configurations), fed with CPU samples: a copy of

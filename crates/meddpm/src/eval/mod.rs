@@ -15,9 +15,11 @@
 //!
 //! - [`ssim`]    Gaussian-window SSIM / contrast-structure and multi-scale SSIM
 //! - [`stats`]   PSNR, MAE, MMD, Wasserstein-1, masked means
+//! - [`configs`] the verdict and report of `meddpm eval-configs` (configurations vs a baseline)
 //! - [`report`]  the evaluation of a set of generated volumes against real ones → JSON + Markdown
 //! - [`samplers`] the sampler study: `meddpm sample` timings + eval reports → table, CSV, SVG
 
+pub mod configs;
 pub mod report;
 pub mod samplers;
 pub mod ssim;
