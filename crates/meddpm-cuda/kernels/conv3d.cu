@@ -856,6 +856,103 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, const void* xv, const v
 SMALL_MMA_ENTRY(conv3d_fwd_small_cin_mma, 0)
 SMALL_MMA_ENTRY(conv3d_dgrad_small_cout_mma, 1)
 
+// -- conv3d_fwd_small_cout_mma: the forward of a conv with few outputs (CO <= 8: the output conv,
+// 64 -> 4 BraTS, 64 -> 1 whole-head) on the tensor cores, bf16 x in NDHWC with C a multiple of 16:
+//   y[v, co] = b[co] + sum over t, ci of x[v + off(t), ci] * w[co, ci, t]
+// an M x N x K GEMM per tap with M = voxels (m16 tiles along w), N = the outputs (one n8 tile,
+// CO <= 8 of it used), K = 16-channel chunks, on mma.m16n8k16 (bf16 operands, f32 sums). cuDNN
+// ran BraTS' 64 -> 4 on an sm80 kernel at 2.07 ms (docs/perf/h200-2026-12-01l/prof-before).
+// A block takes 1 x 8 x 32 voxel tiles (persistent, grid-stride); per 16-channel chunk of x it
+// stages the tile's 3 x 10 x 34 halo in shared memory (32-byte rows, the two 16-byte halves
+// swizzled by voxel / 4 so that the 8 rows an ldmatrix reads hit distinct banks) and warp i (row
+// h0 + i, two m16 tiles) takes the A fragments of each tap with ldmatrix.x4 at the tap's shift.
+// The weights come pre-arranged as B fragments (conv3d_small_cout_wfrag: wfrag[(t * NCC + cc) * 32
+// + lane] = the lane's two registers), read through L1. A thread holds 2 x 4 sums, so four blocks
+// share an SM and hide each other's staging.
+#define FC_TH 8
+#define FC_TW 32
+#define FC_HALO (3 * (FC_TH + 2) * (FC_TW + 2))
+extern "C" __global__ void conv3d_small_cout_wfrag(const void* w, int wbf, int C, int CO, uint2* wfrag) {
+    const int ncc = C / 16;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= 27 * ncc * 32) return;
+    const int lane = i & 31, cc = (i >> 5) % ncc, t = (i >> 5) / ncc;
+    const int n = lane >> 2, k = cc * 16 + (lane & 3) * 2;  // b0: k, k + 1; b1: k + 8, k + 9 (column n)
+    auto wv = [&](int ci) -> float { return n < CO ? wat(w, wbf, n, ci, t, CO, C, 1) : 0.0f; };
+    wfrag[i] = make_uint2(pack_bf2(wv(k), wv(k + 1)), pack_bf2(wv(k + 8), wv(k + 9)));
+}
+__device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+extern "C" __global__ void __launch_bounds__(256, 4)
+    conv3d_fwd_small_cout_mma(const bf16* x, const uint2* wfrag, const float* b, void* y, int N, int C, int CO,
+                              int D, int H, int W, int ybf) {
+    __shared__ __align__(16) uint4 xh[FC_HALO * 2];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    const int ncc = C / 16, mi = lane >> 3;
+    const int hb = (H + FC_TH - 1) / FC_TH, wb = (W + FC_TW - 1) / FC_TW;
+    const i64 ntiles = (i64)N * D * hb * wb;
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const int w0 = (int)(tile % wb) * FC_TW;
+        const int h0 = (int)((tile / wb) % hb) * FC_TH;
+        const int d = (int)((tile / ((i64)wb * hb)) % D);
+        const int n = (int)(tile / ((i64)wb * hb * D));
+        float acc[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][e] = 0.0f;
+        for (int cc = 0; cc < ncc; cc++) {
+            __syncthreads();  // the previous chunk's reads are done
+            for (int i = threadIdx.x; i < FC_HALO * 2; i += blockDim.x) {
+                const int k = i >> 1, half = i & 1;
+                const int c = k % (FC_TW + 2), r = (k / (FC_TW + 2)) % (FC_TH + 2), a = k / ((FC_TW + 2) * (FC_TH + 2));
+                const int dd = d + a - 1, hh = h0 + r - 1, ww = w0 + c - 1;
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (dd >= 0 && dd < D && hh >= 0 && hh < H && ww >= 0 && ww < W)
+                    v = *reinterpret_cast<const uint4*>(x + ((((i64)n * D + dd) * H + hh) * W + ww) * C + cc * 16 +
+                                                        half * 8);
+                xh[k * 2 + (half ^ ((k >> 2) & 1))] = v;
+            }
+            __syncthreads();
+#pragma unroll 3
+            for (int t = 0; t < 27; t++) {
+                const int kd = t / 9, kh = (t / 3) % 3, kw = t % 3;
+                const uint2 bf = wfrag[(t * ncc + cc) * 32 + lane];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    // matrices (voxels 0-7, ch 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) of the m-tile
+                    const int k = (kd * (FC_TH + 2) + wi + kh) * (FC_TW + 2) + mt * 16 + (mi & 1) * 8 + (lane & 7) + kw;
+                    const int half = mi >> 1;
+                    u32 a[4];
+                    ldsm_x4(a, &xh[k * 2 + (half ^ ((k >> 2) & 1))]);
+                    mma_bf16_16816(acc[mt], a, bf.x, bf.y);
+                }
+            }
+        }
+        // c0, c1: voxel g, outputs tig*2 + {0, 1}; c2, c3: voxel g + 8
+        const int h = h0 + wi;
+        if (h >= H) continue;
+        const i64 row = (((i64)n * D + d) * H + h) * W;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int ww = w0 + mt * 16 + g + 8 * (e >> 1), co = tig * 2 + (e & 1);
+                if (ww >= W || co >= CO) continue;
+                const float v = acc[mt][e] + (b != nullptr ? b[co] : 0.0f);
+                const i64 o = (row + ww) * CO + co;
+                if (ybf)
+                    ((bf16*)y)[o] = f2bf(v);
+                else
+                    ((float*)y)[o] = v;
+            }
+    }
+}
+
 // -- conv3d_fwd_small_cout<COT>: out[n, co, v] = b[co] + sum over ci < CI, t of w[co, ci, t] * x[n, ci, v + off(t)]
 // for CO <= COT output channels (COT = 1, or 4 for 2..4), any CI: a skinny reduction over 27 * CI
 // terms per output. Block 256; the input channels go through shared memory in chunks of SC_CC.

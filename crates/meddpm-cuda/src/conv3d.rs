@@ -731,6 +731,7 @@ const T_DX: u8 = 14;
 const T_DW: u8 = 15;
 const T_B: u8 = 16;
 const T_P: u8 = 17;
+const T_WF: u8 = 18;
 
 /// Address of `b`'s data in type `dt`: the buffer itself, or a kept temporary (slot) holding its
 /// conversion.
@@ -1536,6 +1537,10 @@ fn small_forward(
         small_cout_gemm(dev, out, inp, w, b, cs, gemm);
         return;
     }
+    if kind == SmallFwd::Cout && cout_mma_fits(cl, mma, inp.dtype(), x.c, cs.cout) {
+        small_cout_mma(dev, out, inp, w, b, cs);
+        return;
+    }
     let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
     if kind == SmallFwd::Cin && mma_fits(cl, mma, x.c, cs.cout) {
         let ptrs = (dev.ptr(inp), dev.ptr(w), dev.ptr(b), dev.ptr_mut(out));
@@ -1568,6 +1573,43 @@ fn small_forward(
             dev.launch(name, grid, block, &args);
         }
     }
+}
+
+/// Whether `conv3d_fwd_small_cout_mma` computes a few-output conv's forward: NDHWC, bf16 input,
+/// Cin a multiple of 16, Cout ≤ 8, the tensor-core kernels asked for (`mma`).
+fn cout_mma_fits(cl: bool, mma: bool, xdt: DType, ci: usize, co: usize) -> bool {
+    cl && mma && xdt == DType::Bf16 && ci.is_multiple_of(16) && co <= 8
+}
+
+/// out = conv(inp, w) + b of a Cout ≤ 8 conv on the tensor cores (kernels/conv3d.cu
+/// `conv3d_fwd_small_cout_mma`, after `conv3d_small_cout_wfrag` arranges the weights as B
+/// fragments). Persistent blocks, four per SM, over 1 × 8 × 32-voxel tiles.
+fn small_cout_mma(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, w: &GpuBuf, b: &GpuBuf, cs: ConvShape) {
+    use Arg::{I, P};
+    let x = cs.x;
+    let frags = 27 * (x.c / 16) * 32;
+    let wf = dev.temp(2 * frags, DType::F32, T_WF);
+    let wbf = (w.dtype() == DType::Bf16) as i32;
+    let args = [P(dev.ptr(w)), I(wbf), I(x.c as i32), I(cs.cout as i32), P(wf)];
+    dev.launch("conv3d_small_cout_wfrag", (frags.div_ceil(256) as u32, 1, 1), (256, 1, 1), &args);
+    let tiles = x.n * x.d * x.h.div_ceil(8) * x.w.div_ceil(32);
+    let blocks = tiles.min(dev.info.sms as usize * 4).max(1);
+    let ybf = (out.dtype() == DType::Bf16) as i32;
+    let dims = [x.n, x.c, cs.cout, x.d, x.h, x.w].map(|v| I(v as i32));
+    let args = [
+        P(dev.ptr(inp)),
+        P(wf),
+        P(dev.ptr(b)),
+        P(dev.ptr_mut(out)),
+        dims[0],
+        dims[1],
+        dims[2],
+        dims[3],
+        dims[4],
+        dims[5],
+        I(ybf),
+    ];
+    dev.launch("conv3d_fwd_small_cout_mma", (blocks as u32, 1, 1), (256, 1, 1), &args);
 }
 
 /// dx (type `dxdt`, = or += per `acc`) = the data gradient of a Cout ≤ 4 conv through our direct

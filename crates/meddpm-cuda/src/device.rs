@@ -119,6 +119,8 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_wgrad_small1_mma",
     "conv3d_wgrad_small4_mma",
     "conv3d_wgrad_small_cin_mma",
+    "conv3d_small_cout_wfrag",
+    "conv3d_fwd_small_cout_mma",
 ];
 
 /// One kernel argument. Pointers are raw device addresses; `Raw` passes a `#[repr(C)]` struct by

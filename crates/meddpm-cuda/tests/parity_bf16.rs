@@ -180,12 +180,20 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
         // our few-channel kernels forbidden (cuDNN), forced (where the shape is theirs: on the
         // tensor cores where they fit and the Cout = 1 forward as GEMM + tap sum in NDHWC, then
         // the FMA kernels), timed
-        for (small, mma) in [(Some(false), true), (Some(true), true), (Some(true), false), (None, true)] {
+        // (the Cout = 1 forward on the tensor cores instead of GEMM + tap sum: mma without gemm)
+        let combos = [
+            (Some(false), true, true),
+            (Some(true), true, true),
+            (Some(true), true, false),
+            (Some(true), false, false),
+            (None, true, true),
+        ];
+        for (small, mma, gemm) in combos {
             g.set_small_conv(small);
             g.set_small_mma(mma);
-            g.set_small_gemm(mma);
+            g.set_small_gemm(gemm);
             let tag = format!(
-                "bf16 conv {} -> {} k{} s{} {with_dinp:?} f32 io {f32_io} small {small:?} mma {mma} [{}]",
+                "bf16 conv {} -> {} k{} s{} {with_dinp:?} f32 io {f32_io} small {small:?} mma {mma} gemm {gemm} [{}]",
                 cs.x,
                 cs.cout,
                 k,
@@ -304,6 +312,8 @@ fn conv3d_bf16_parity() {
         (ConvShape::new(Dims::new(2, 64, 5, 9, 35), 4, 3, 1), Some(Accum::Add), true),
         (ConvShape::new(Dims::new(1, 48, 4, 10, 33), 4, 3, 1), Some(Accum::Overwrite), false),
         (ConvShape::new(Dims::new(1, 16, 3, 8, 32), 4, 3, 1), None, false),
+        // the tensor-core forward of Cout <= 8 (bf16 input, Cin a multiple of 16): Cout 3
+        (ConvShape::new(Dims::new(1, 32, 5, 9, 33), 3, 3, 1), Some(Accum::Add), false),
         // the tensor-core weight gradient of Cin <= 8 (the first conv): Cin 3 (f32 input), 8 and
         // 5; Cout 64, 32, 16 (channel groups of 16); batch 2; the same tile edges
         (ConvShape::new(Dims::new(1, 3, 6, 9, 35), 64, 3, 1), None, true),

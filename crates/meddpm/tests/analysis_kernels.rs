@@ -184,6 +184,8 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_wgrad_small1_mma", ConvWgrad),
     ("conv3d_wgrad_small4_mma", ConvWgrad),
     ("conv3d_wgrad_small_cin_mma", ConvWgrad),
+    ("conv3d_small_cout_wfrag", ConvForward),
+    ("conv3d_fwd_small_cout_mma", ConvForward),
 ];
 
 #[test]
