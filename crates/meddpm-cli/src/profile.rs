@@ -24,14 +24,20 @@
 //! Whatever cannot be collected (no CUDA device, CUPTI busy under another profiler, no ncu,
 //! counters not permitted, an unreadable export) is named in the report's "Not collected" section
 //! and the rest is still written.
+//!
+//! This file keeps the arguments, the CUDA steps under CUPTI, the ncu processes (spawn, timeout,
+//! export) and the wiring. The pure parts live in the library: `--matrix` values, configuration
+//! names and the CUDA matrix inputs in `meddpm::analysis::matrix`; ncu argument lists, kernel
+//! selection (top kernels, regex escaping) and ncu kernels → records in `analysis::ncu`; the
+//! median, the preset line and summed passes in `analysis::profile` / `analysis::report`.
 
 use crate::run::Preset;
 use anyhow::{Context, Result};
 use meddpm::analysis::gpus::{self, Math};
-use meddpm::analysis::kernels::{short_name, KernelRecord};
-use meddpm::analysis::matrix::ConfigInput;
-use meddpm::analysis::ncu::{NcuData, NcuKernel};
-use meddpm::analysis::profile::{host_data, profile_unet, Options};
+use meddpm::analysis::kernels::short_name;
+use meddpm::analysis::matrix::{config_name, from_cuda_runs, ConfigInput, MatrixSpec, CUDA_CONFIGS};
+use meddpm::analysis::ncu::{self, NcuData};
+use meddpm::analysis::profile::{host_data, median, preset_config, profile_unet, Options};
 use meddpm::analysis::report::{self, Input, Pass};
 use meddpm::analysis::timed::{NullBackend, Timed};
 use meddpm::cpu::CpuBackend;
@@ -73,33 +79,6 @@ pub enum LayoutArg {
     Ndhwc,
 }
 
-/// One `--matrix` configuration: a name, an ncu raw export, optionally the launch IDs to sum;
-/// or (`--matrix` without a value) the four CUDA configurations run here.
-#[derive(Clone, Debug)]
-pub enum MatrixSpec {
-    Cuda,
-    Ncu { name: String, path: PathBuf, ids: Option<Vec<u64>> },
-}
-
-fn parse_matrix(s: &str) -> Result<MatrixSpec, String> {
-    if s == "cuda" {
-        return Ok(MatrixSpec::Cuda);
-    }
-    let bad =
-        || format!("'{s}' is not NAME=RAW.csv or NAME=RAW.csv:ID,ID,… (or no value: the four CUDA configurations)");
-    let (name, rest) = s.split_once('=').ok_or_else(bad)?;
-    let (path, ids) = match rest.rsplit_once(':') {
-        Some((p, list)) if !list.is_empty() && list.split(',').all(|x| x.trim().parse::<u64>().is_ok()) => {
-            (p, Some(list.split(',').map(|x| x.trim().parse().expect("checked")).collect()))
-        }
-        _ => (rest, None),
-    };
-    if name.is_empty() || path.is_empty() {
-        return Err(bad());
-    }
-    Ok(MatrixSpec::Ncu { name: name.to_string(), path: PathBuf::from(path), ids })
-}
-
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
     /// Run the model here and time it: cpu, or cuda. Default: cpu, unless only ncu exports, a
@@ -124,7 +103,7 @@ pub struct ProfileArgs {
     /// The optimisation matrix. Without a value (and --device cuda): run fp32/TF32 × NCDHW/NDHWC
     /// here through CUPTI. NAME=RAW.csv or NAME=RAW.csv:ID,ID,…: a configuration from its ncu raw
     /// export (repeat it; the first is the baseline).
-    #[arg(long = "matrix", value_parser = parse_matrix, num_args = 0..=1, default_missing_value = "cuda")]
+    #[arg(long = "matrix", value_parser = MatrixSpec::parse, num_args = 0..=1, default_missing_value = "cuda")]
     pub matrix: Vec<MatrixSpec>,
     /// Hardware counters: re-run under Nsight Compute (`ncu --set full`) for the CUDA run or the command.
     #[arg(long)]
@@ -190,23 +169,11 @@ fn preset_name(p: Preset) -> &'static str {
     }
 }
 
-fn math_of(p: Precision) -> Math {
-    match p {
-        Precision::Fp32 => Math::Fp32,
-        Precision::Tf32 => Math::Tf32,
-        Precision::Bf16 => Math::Bf16,
-    }
-}
-
 fn layout_of(l: LayoutArg) -> Layout {
     match l {
         LayoutArg::Ncdhw => Layout::Ncdhw,
         LayoutArg::Ndhwc => Layout::Ndhwc,
     }
-}
-
-fn config_name(p: Precision, l: Layout) -> String {
-    format!("{}-{}", p.name(), if l == Layout::Ncdhw { "ncdhw" } else { "ndhwc" })
 }
 
 // ---- CUDA: steps through CUPTI ------------------------------------------------------------------
@@ -269,12 +236,6 @@ fn cupti_pass(
     };
     let plain_step_ns = median(plain);
     Pass { name: name.to_string(), records, step_ns: Some(s.wall_ns), measured: true, repeats, plain_step_ns }
-}
-
-/// Median of wall times (`None` when empty).
-fn median(mut v: Vec<u64>) -> Option<u64> {
-    v.sort_unstable();
-    v.get(v.len() / 2).copied()
 }
 
 /// `repeats` recorded runs of `step` (under CUPTI when `collect`), each after a plain run (CUPTI
@@ -376,12 +337,6 @@ fn cuda_steps(
 
 // ---- Nsight Compute -----------------------------------------------------------------------------
 
-/// The last lines of a process's output, for error messages.
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(n)..].join(" | ")
-}
-
 /// Run `ncu ARGS… -f -o DIR/NAME TARGET…`, export the raw and details pages next to the report
 /// and parse them. Every failure (ncu missing, counters not permitted, no kernel profiled) is an
 /// error string for the report.
@@ -437,7 +392,7 @@ fn ncu_collect(
         return Err(format!(
             "ncu wrote no report (exit {}; no kernel matched the filters?): {}",
             out.status.code().map_or("signal".into(), |c| c.to_string()),
-            tail(&log, 4)
+            ncu::log_tail(&log, 4)
         ));
     }
     if !out.status.success() {
@@ -454,7 +409,7 @@ fn ncu_collect(
             return Err(format!(
                 "ncu -i {} --page {page} failed: {}",
                 rep_file.display(),
-                tail(&String::from_utf8_lossy(&o.stderr), 3)
+                ncu::log_tail(&String::from_utf8_lossy(&o.stderr), 3)
             ));
         }
         let p = dir.join(file);
@@ -464,75 +419,6 @@ fn ncu_collect(
     let raw = export("raw", &format!("{name}_raw.csv"))?;
     let details = export("details", &format!("{name}_details.csv"))?;
     NcuData::load(Some(&raw), Some(&details)).map_err(|e| e.to_string())
-}
-
-/// Records of the kernels ncu profiled (durations measured under replay, `--clock-control none`).
-fn ncu_records(ks: &[NcuKernel]) -> Vec<KernelRecord> {
-    ks.iter()
-        .map(|k| {
-            let c = k.counters();
-            let mut r = KernelRecord::new(&k.name, c.duration_ns.unwrap_or(0.0).round() as u64);
-            r.category = k.category;
-            r.grid = k.grid;
-            r.block = k.block;
-            r.registers = c.registers.map(|v| v as u32);
-            r
-        })
-        .collect()
-}
-
-/// ncu filter arguments for a CUDA run: the `profile/` NVTX range when the backend emits NVTX,
-/// and the top kernels of the CUPTI timeline by mangled name.
-fn child_filters(top: usize, raw_names: &[String]) -> (Vec<String>, String) {
-    let mut a = Vec::new();
-    let mut how = String::new();
-    match cupti::nvtx_status() {
-        Ok(()) => {
-            a.extend(["--nvtx".into(), "--nvtx-include".into(), "profile/".into()]);
-            how.push_str("NVTX range of the recorded training and sampling step");
-        }
-        Err(e) => {
-            how.push_str(&format!("first launches (no NVTX: {e})"));
-        }
-    }
-    if top > 0 && !raw_names.is_empty() {
-        let alts: Vec<String> = raw_names.iter().map(|n| regex_escape(n)).collect();
-        a.extend([
-            "--kernel-name-base".into(),
-            "mangled".into(),
-            "-k".into(),
-            format!("regex:^({})$", alts.join("|")),
-            "-c".into(),
-            top.to_string(),
-        ]);
-        how.push_str(&format!(", the {} kernels with the most GPU time", raw_names.len()));
-    }
-    (a, how)
-}
-
-fn regex_escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for ch in s.chars() {
-        if "\\^$.|?*+()[]{}".contains(ch) {
-            o.push('\\');
-        }
-        o.push(ch);
-    }
-    o
-}
-
-/// The raw (mangled, as CUPTI reports them) names of the `n` kernels with the most GPU time.
-fn top_raw_names(acts: &[(String, u64)], n: usize) -> Vec<String> {
-    let mut by: std::collections::BTreeMap<&str, u64> = Default::default();
-    for (name, ns) in acts {
-        if name.starts_with("memcpy") || name == "memset" {
-            continue;
-        }
-        *by.entry(name.as_str()).or_default() += ns;
-    }
-    let mut v: Vec<(&str, u64)> = by.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    v.into_iter().take(n).map(|(s, _)| s.to_string()).collect()
 }
 
 // ---- the command --------------------------------------------------------------------------------
@@ -563,38 +449,7 @@ fn child_args(a: &ProfileArgs, precision: Precision, layout: Layout, steps: Step
     ])
 }
 
-/// The metrics of a matrix configuration (every kernel of one training step, a few replay passes):
-/// time, SM cycles, instructions, IPC and the tensor pipes (all tensor work, HMMA/HGMMA, Hopper's
-/// wgmma instruction share), plus the launch configuration.
-const MATRIX_METRICS: &str = "gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.avg,\
-smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,\
-sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,\
-sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\
-sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active,\
-launch__registers_per_thread,launch__grid_size,launch__block_size";
-
-fn ncu_base(full: bool) -> Vec<String> {
-    let mut v: Vec<String> = vec!["--clock-control".into(), "none".into(), "--target-processes".into(), "all".into()];
-    if full {
-        v.extend(["--set".into(), "full".into()]);
-    } else {
-        // one or two replay passes: durations, cycles, instructions, IPC, launch configuration
-        v.extend([
-            "--metrics".into(),
-            "gpu__time_duration.sum,sm__cycles_elapsed.avg,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,\
-             launch__registers_per_thread,launch__grid_size,launch__block_size"
-                .into(),
-        ]);
-    }
-    v
-}
-
 pub fn run(a: &ProfileArgs) -> Result<()> {
-    let math = match a.math {
-        MathArg::Fp32 => Math::Fp32,
-        MathArg::Tf32 => Math::Tf32,
-        MathArg::Bf16 => Math::Bf16,
-    };
     let ncu_matrix = a.matrix.iter().any(|m| matches!(m, MatrixSpec::Ncu { .. }));
     let cuda_matrix = a.matrix.iter().any(|m| matches!(m, MatrixSpec::Cuda));
     let have_inputs = a.ncu_csv.is_some()
@@ -610,6 +465,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         MathArg::Bf16 => Precision::Bf16,
     };
     let layout = layout_of(a.layout);
+    let math = Math::from(precision);
     let opts = Options { seed: a.seed, warmup: a.warmup, repeats: a.repeats, ..Options::default() };
 
     if a.ncu_child {
@@ -628,15 +484,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
     let mut input = Input {
         title: format!("Med-DDPM U-Net, preset {}", preset_name(a.preset)),
         device: "none (no model run)".into(),
-        config: format!(
-            "preset {} ({}×{}×{}, {} base channels, channel_mult {:?}), batch 1",
-            preset_name(a.preset),
-            cfg.depth,
-            cfg.size,
-            cfg.size,
-            cfg.model_channels,
-            cfg.channel_mult
-        ),
+        config: preset_config(preset_name(a.preset), &cfg),
         math: Some(math),
         top_n: a.top,
         ..Input::default()
@@ -681,36 +529,17 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
     }
     // another program under ncu
     if !a.command.is_empty() {
-        let mut args = ncu_base(a.counters);
-        if let Some(r) = &a.nvtx_include {
-            args.extend(["--nvtx".into(), "--nvtx-include".into(), r.clone()]);
-        }
-        if let Some(k) = &a.kernel_regex {
-            args.extend(["-k".into(), format!("regex:{k}")]);
-        }
-        if let Some(c) = a.launch_count {
-            args.extend(["-c".into(), c.to_string()]);
-        }
+        let args = ncu::command_args(a.counters, a.nvtx_include.as_deref(), a.kernel_regex.as_deref(), a.launch_count);
         let what = a.command.join(" ");
         input.config = format!("`{what}` under Nsight Compute ({})", args.join(" "));
         match ncu_collect(&a.ncu, &args, &a.command, &a.out.join("ncu"), "command", a.ncu_timeout) {
             Ok(n) => {
-                let records = ncu_records(&n.kernels);
-                let total: f64 = records.iter().map(|r| r.duration_ns as f64).sum();
-                input.device = n
-                    .kernels
-                    .first()
-                    .and_then(|k| k.metrics.get("device__attribute_display_name").map(|m| m.text.clone()))
-                    .unwrap_or_else(|| "the GPU ncu ran on".into());
+                let records = ncu::kernel_records(&n.kernels);
+                input.device = n.device_name().unwrap_or_else(|| "the GPU ncu ran on".into());
                 input.device_gpu = gpus::find(&input.device);
-                input.passes.push(Pass {
-                    name: format!("{} (ncu, {} kernels)", short_name(&what, 60), records.len()),
-                    records,
-                    step_ns: Some(total.round() as u64),
-                    measured: true,
-                    repeats: Vec::new(),
-                    plain_step_ns: None,
-                });
+                input
+                    .passes
+                    .push(Pass::summed(format!("{} (ncu, {} kernels)", short_name(&what, 60), records.len()), records));
                 input.not_collected.push(
                     "command pass: times are Nsight Compute kernel durations under replay, kernels serialised (the \
                      pass time is their sum, not a wall time)"
@@ -741,16 +570,8 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
             .and_then(|s| meddpm::analysis::torch::parse_table(&s, t))
         {
             Ok(records) => {
-                let total: f64 = records.iter().map(|r| r.duration_ns as f64).sum();
                 let name = t.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-                input.passes.push(Pass {
-                    name: format!("PyTorch {name}"),
-                    records,
-                    step_ns: Some(total.round() as u64),
-                    measured: true,
-                    repeats: Vec::new(),
-                    plain_step_ns: None,
-                });
+                input.passes.push(Pass::summed(format!("PyTorch {name}"), records));
             }
             Err(e) => {
                 eprintln!("warning: {e}");
@@ -792,10 +613,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         let MatrixSpec::Ncu { name, path, ids } = m else { continue };
         match NcuData::load(Some(path), None) {
             Ok(n) => {
-                let ks: Vec<_> = match ids {
-                    Some(ids) => n.kernels.into_iter().filter(|k| ids.contains(&k.id)).collect(),
-                    None => n.kernels,
-                };
+                let ks = ncu::select_ids(n.kernels, ids.as_deref());
                 if ks.is_empty() {
                     input
                         .not_collected
@@ -851,7 +669,7 @@ fn cuda_run(
             .into(),
     );
     input.device_gpu = gpus::find(&cuda.info().name);
-    input.math = Some(math_of(precision));
+    input.math = Some(Math::from(precision));
     input.device = cuda.describe();
     let main_name = config_name(precision, layout);
     input.config.push_str(&format!("; configuration {main_name}"));
@@ -876,9 +694,9 @@ fn cuda_run(
     drop(timed);
     // 3) counters: this binary again, under ncu (`--set full` on the top kernels, or on all of them)
     if a.counters {
-        let names = if a.counters_kernels == 0 { Vec::new() } else { top_raw_names(&raw, a.counters_kernels) };
-        let (mut args, how) = child_filters(a.counters_kernels, &names);
-        let mut full = ncu_base(true);
+        let names = if a.counters_kernels == 0 { Vec::new() } else { ncu::top_raw_names(&raw, a.counters_kernels) };
+        let (mut args, how) = ncu::child_filters(cupti::nvtx_status(), a.counters_kernels, &names);
+        let mut full = ncu::base_args(true);
         full.append(&mut args);
         match ncu_collect(
             &a.ncu,
@@ -902,15 +720,7 @@ fn cuda_run(
     //    --counters every kernel of that step under ncu with the matrix metrics
     if matrix {
         let mut ncu_by_config: Vec<(String, ConfigInput)> = Vec::new();
-        let configs = [
-            (Precision::Fp32, Layout::Ncdhw),
-            (Precision::Tf32, Layout::Ncdhw),
-            (Precision::Fp32, Layout::Ndhwc),
-            (Precision::Tf32, Layout::Ndhwc),
-            (Precision::Bf16, Layout::Ncdhw),
-            (Precision::Bf16, Layout::Ndhwc),
-        ];
-        for (p, l) in configs {
+        for (p, l) in CUDA_CONFIGS {
             let name = config_name(p, l);
             if (p, l) != (precision, layout) {
                 eprintln!("profile: matrix configuration {name}");
@@ -931,9 +741,8 @@ fn cuda_run(
                 }
             }
             if a.counters {
-                let mut args = ncu_base(false);
-                args.splice(args.len() - 1.., [MATRIX_METRICS.to_string()]);
-                args.append(&mut child_filters(0, &[]).0);
+                let mut args = ncu::matrix_args();
+                args.append(&mut ncu::child_filters(cupti::nvtx_status(), 0, &[]).0);
                 eprintln!("profile: matrix counters of {name} (every kernel of one training step)");
                 match ncu_collect(
                     &a.ncu,
@@ -948,28 +757,8 @@ fn cuda_run(
                 }
             }
         }
-        // baseline first: fp32-ncdhw
-        // fp32-ncdhw, tf32-ncdhw, fp32-ndhwc, tf32-ndhwc, then bf16-ncdhw, bf16-ndhwc
-        let order = |p: Precision, l: Layout| match p {
-            Precision::Bf16 => 4 + (l != Layout::Ncdhw) as u8,
-            _ => (p != Precision::Fp32) as u8 + 2 * (l != Layout::Ncdhw) as u8,
-        };
-        matrix_rows.sort_by_key(|r| order(r.0, r.1));
-        for (p, l, recs) in matrix_rows {
-            let name = config_name(p, l);
-            let mut c = ncu_by_config
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, c)| c.clone())
-                .unwrap_or_else(|| ConfigInput { name: name.clone(), ..ConfigInput::default() });
-            // time and time by category: the training step's kernels through CUPTI (ncu's replayed
-            // durations otherwise)
-            if let Some(recs) = recs {
-                c.time_ns = Some(recs.iter().map(|r| r.duration_ns as f64).sum());
-                c = c.with_records(&recs);
-            }
-            input.matrix.push(c);
-        }
+        // baseline first; time and time by category from the CUPTI records (ncu's otherwise)
+        input.matrix.extend(from_cuda_runs(matrix_rows, &ncu_by_config));
         input.config.push_str(
             "; matrix = one training step per configuration: time = Σ kernel durations through CUPTI, SM cycles / \
              instructions / tensor pipes / IPC = every kernel of the step under ncu (matrix metrics)",

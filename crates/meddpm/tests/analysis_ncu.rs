@@ -1,11 +1,17 @@
 //! Nsight Compute CSV parsing on the real H200 exports in `testdata/ncu/` (values asserted here
 //! were read from the CSV files by hand), the priority list, the optimisation matrix built from
 //! them, and robustness to exports that lack metrics, use scaled units or are not ncu exports.
+//! Also what `meddpm profile` builds around an ncu run without a GPU: the argument lists, the
+//! top-kernel regex, ncu kernels as records, `--matrix` values and the CUDA matrix inputs.
 
-use meddpm::analysis::kernels::Category;
-use meddpm::analysis::matrix::{matrix, ConfigInput};
-use meddpm::analysis::ncu::{parse_details, parse_raw, priority_list, unit_scale, NcuData, NcuKernel};
+use meddpm::analysis::kernels::{Category, KernelRecord};
+use meddpm::analysis::matrix::{config_name, from_cuda_runs, matrix, ConfigInput, MatrixSpec, CUDA_CONFIGS};
+use meddpm::analysis::ncu::{
+    base_args, child_filters, command_args, kernel_records, log_tail, matrix_args, parse_details, parse_raw,
+    priority_list, regex_escape, select_ids, top_raw_names, unit_scale, NcuData, NcuKernel, MATRIX_METRICS,
+};
 use meddpm::shape::{ConvShape, Dims};
+use meddpm::{Layout, Precision};
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
@@ -198,4 +204,160 @@ fn robust_to_missing_metrics_units_and_foreign_files() {
     let e =
         parse_raw("\"ID\",\"Kernel Name\",\"x\"\n\"\",\"\",\"\"\n", Path::new("empty.csv")).unwrap_err().to_string();
     assert!(e.contains("no kernel rows"), "{e}");
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn ncu_argument_lists() {
+    let short = "gpu__time_duration.sum,sm__cycles_elapsed.avg,smsp__inst_executed.sum,\
+                 sm__inst_executed.avg.per_cycle_active,launch__registers_per_thread,launch__grid_size,\
+                 launch__block_size";
+    assert_eq!(
+        base_args(false),
+        strings(&["--clock-control", "none", "--target-processes", "all", "--metrics", short])
+    );
+    assert_eq!(base_args(true), strings(&["--clock-control", "none", "--target-processes", "all", "--set", "full"]));
+    let m = matrix_args();
+    assert_eq!(m[..5], base_args(false)[..5]);
+    assert_eq!((m.len(), m[5].as_str()), (6, MATRIX_METRICS));
+    assert!(MATRIX_METRICS.contains(",sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,"));
+    // a command: base, then NVTX range, kernel regex, launch count in that order
+    let c = command_args(false, Some("forward/"), Some("conv.*"), Some(3));
+    assert_eq!(c[..6], base_args(false)[..]);
+    assert_eq!(c[6..], strings(&["--nvtx", "--nvtx-include", "forward/", "-k", "regex:conv.*", "-c", "3"])[..]);
+    assert_eq!(command_args(true, None, None, None), base_args(true));
+}
+
+#[test]
+fn child_filters_select_the_profile_range_and_the_top_kernels() {
+    let (a, how) = child_filters(Ok(()), 0, &[]);
+    assert_eq!(a, strings(&["--nvtx", "--nvtx-include", "profile/"]));
+    assert_eq!(how, "NVTX range of the recorded training and sampling step");
+    let names = strings(&["_Z4convPf", "k<1>(x)"]);
+    let (a, how) = child_filters(Err("no libnvToolsExt".into()), 6, &names);
+    assert_eq!(a, strings(&["--kernel-name-base", "mangled", "-k", r"regex:^(_Z4convPf|k<1>\(x\))$", "-c", "6"]));
+    assert_eq!(how, "first launches (no NVTX: no libnvToolsExt), the 2 kernels with the most GPU time");
+    // top > 0 but no names (nothing recorded): no kernel filter
+    assert_eq!(child_filters(Ok(()), 6, &[]).0.len(), 3);
+}
+
+#[test]
+fn regex_escape_and_top_kernels() {
+    assert_eq!(regex_escape(r"a.b*c[1]{2}(x)|^$?+\"), r"a\.b\*c\[1\]\{2\}\(x\)\|\^\$\?\+\\");
+    assert_eq!(regex_escape("void f<int>"), "void f<int>");
+    let acts = vec![
+        ("b".to_string(), 5),
+        ("memcpy HtoD".to_string(), 100),
+        ("a".to_string(), 3),
+        ("memset".to_string(), 50),
+        ("c".to_string(), 7),
+        ("a".to_string(), 4),
+    ];
+    // Σ per name (a: 7, b: 5, c: 7), ties by name, copies and sets left out
+    assert_eq!(top_raw_names(&acts, 2), strings(&["a", "c"]));
+    assert_eq!(top_raw_names(&acts, 10), strings(&["a", "c", "b"]));
+    assert!(top_raw_names(&[], 3).is_empty());
+}
+
+#[test]
+fn ncu_kernels_as_records_and_by_id() {
+    let d = load();
+    assert_eq!(d.device_name().as_deref(), Some("NVIDIA H200"));
+    assert_eq!(NcuData::default().device_name(), None);
+    let r = kernel_records(&d.kernels);
+    assert_eq!(r.len(), 6);
+    assert_eq!(r[0].duration_ns, 4_070_048);
+    assert_eq!((r[0].category, r[0].block, r[0].grid), (Category::ConvForward, Some([8, 8, 1]), Some([8192, 2, 1])));
+    assert_eq!(r[0].registers, d.kernels[0].counters().registers.map(|v| v as u32));
+    assert!(r[0].registers.is_some() && r[0].start_ns.is_none());
+    let ids = |ks: Vec<NcuKernel>| ks.iter().map(|k| k.id).collect::<Vec<_>>();
+    assert_eq!(ids(select_ids(d.kernels.clone(), Some(&[2, 7, 99]))), vec![2, 7]);
+    assert_eq!(ids(select_ids(d.kernels.clone(), None)), vec![0, 2, 5, 6, 7, 8]);
+    assert!(select_ids(d.kernels, Some(&[99])).is_empty());
+}
+
+#[test]
+fn log_tail_keeps_the_last_non_blank_lines() {
+    assert_eq!(log_tail("a\n\nb\n  \nc\nd\n", 3), "b | c | d");
+    assert_eq!(log_tail("only\n", 4), "only");
+    assert_eq!(log_tail("", 2), "");
+}
+
+#[test]
+fn matrix_option_values() {
+    assert_eq!(MatrixSpec::parse("cuda"), Ok(MatrixSpec::Cuda));
+    assert_eq!(
+        MatrixSpec::parse("tf32=out/raw.csv"),
+        Ok(MatrixSpec::Ncu { name: "tf32".into(), path: "out/raw.csv".into(), ids: None })
+    );
+    assert_eq!(
+        MatrixSpec::parse("b=C:/x/raw.csv:0, 2,5"),
+        Ok(MatrixSpec::Ncu { name: "b".into(), path: "C:/x/raw.csv".into(), ids: Some(vec![0, 2, 5]) })
+    );
+    // a trailing part that is not a list of IDs belongs to the path
+    assert_eq!(
+        MatrixSpec::parse("b=raw.csv:x"),
+        Ok(MatrixSpec::Ncu { name: "b".into(), path: "raw.csv:x".into(), ids: None })
+    );
+    for bad in ["foo", "=raw.csv", "a=", "a=:1"] {
+        assert_eq!(
+            MatrixSpec::parse(bad),
+            Err(format!(
+                "'{bad}' is not NAME=RAW.csv or NAME=RAW.csv:ID,ID,… (or no value: the four CUDA configurations)"
+            )),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn cuda_matrix_inputs_baseline_first() {
+    let names: Vec<String> = CUDA_CONFIGS.iter().map(|&(p, l)| config_name(p, l)).collect();
+    assert_eq!(names, ["fp32-ncdhw", "tf32-ncdhw", "fp32-ndhwc", "tf32-ndhwc", "bf16-ncdhw", "bf16-ndhwc"]);
+    let rec = |c: Category, ns: u64| {
+        let mut r = KernelRecord::new("k", ns);
+        r.category = c;
+        r
+    };
+    let runs = vec![
+        // the requested configuration first, as `profile --device cuda --matrix` records it
+        (Precision::Bf16, Layout::Ndhwc, Some(vec![rec(Category::ConvForward, 30), rec(Category::Layout, 10)])),
+        (Precision::Fp32, Layout::Ndhwc, None),
+        (Precision::Tf32, Layout::Ncdhw, Some(vec![rec(Category::ConvForward, 70)])),
+        (Precision::Fp32, Layout::Ncdhw, Some(vec![rec(Category::ConvForward, 100)])),
+    ];
+    let ncu = vec![
+        (
+            "fp32-ndhwc".to_string(),
+            ConfigInput { name: "fp32-ndhwc".into(), time_ns: Some(5.0), sm_cycles: Some(9.0), ..Default::default() },
+        ),
+        (
+            "tf32-ncdhw".to_string(),
+            ConfigInput { name: "tf32-ncdhw".into(), time_ns: Some(1e9), ipc: Some(2.0), ..Default::default() },
+        ),
+    ];
+    let m = from_cuda_runs(runs, &ncu);
+    assert_eq!(
+        m.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        ["fp32-ncdhw", "tf32-ncdhw", "fp32-ndhwc", "bf16-ndhwc"]
+    );
+    // no counters: CUPTI time only
+    assert_eq!(
+        m[0],
+        ConfigInput {
+            name: "fp32-ncdhw".into(),
+            time_ns: Some(100.0),
+            by_category: vec![(Category::ConvForward, 100.0)],
+            ..Default::default()
+        }
+    );
+    // counters and CUPTI: the CUPTI time replaces ncu's replayed one, the counters stay
+    assert_eq!((m[1].time_ns, m[1].ipc), (Some(70.0), Some(2.0)));
+    // counters, no CUPTI records: ncu's values as they are
+    assert_eq!(m[2], ncu[0].1);
+    assert_eq!(m[3].time_ns, Some(40.0));
+    assert_eq!(m[3].by_category, vec![(Category::ConvForward, 30.0), (Category::Layout, 10.0)]);
 }

@@ -1,7 +1,8 @@
 //! The CPU profile path end to end: `Timed<CpuBackend>` forwards every call unchanged (bit-equal
 //! outputs), records every call under its `pass/phase/block` range, and its FLOP counts agree
 //! with the analytic model `model::cost` computed from the topology; the null backend counts the
-//! full 128³ model; the report folder is written with and without optional inputs.
+//! full 128³ model; the report folder is written with and without optional inputs. Also the small
+//! pieces `meddpm profile` assembles its input from: the median, the preset line, summed passes.
 
 use meddpm::analysis::csv;
 use meddpm::analysis::kernels::Category;
@@ -396,4 +397,26 @@ fn report_of_a_pass_with_gpu_timestamps() {
     assert_eq!(kcsv[0].last().map(|s| s.as_str()), Some("start_ns"));
     assert_eq!(kcsv[1].last().map(|s| s.as_str()), Some("1000"));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn profile_input_pieces() {
+    use meddpm::analysis::gpus::Math;
+    use meddpm::analysis::kernels::KernelRecord;
+    use meddpm::analysis::profile::{median, preset_config};
+    use meddpm::Precision;
+    assert_eq!(median(vec![]), None);
+    assert_eq!(median(vec![7]), Some(7));
+    assert_eq!(median(vec![9, 1, 5]), Some(5));
+    assert_eq!(median(vec![4, 1, 3, 2]), Some(3), "the upper median of an even count");
+    assert_eq!(
+        preset_config("tiny", &UNetConfig::tiny()),
+        "preset tiny (8×8×8, 8 base channels, channel_mult [1, 2, 2]), batch 1"
+    );
+    let p = Pass::summed("PyTorch t".into(), vec![KernelRecord::new("a", 1_000), KernelRecord::new("b", 2_500)]);
+    assert_eq!((p.name.as_str(), p.step_ns, p.measured, p.records.len()), ("PyTorch t", Some(3_500), true, 2));
+    assert!(p.repeats.is_empty() && p.plain_step_ns.is_none());
+    assert_eq!(Pass::summed("none".into(), Vec::new()).step_ns, Some(0));
+    let maths: Vec<Math> = Precision::ALL.iter().map(|&p| Math::from(p)).collect();
+    assert_eq!(maths, [Math::Fp32, Math::Tf32, Math::Bf16]);
 }

@@ -13,6 +13,7 @@
 //! count or the table is wrong, which [`check`] reports.
 
 use super::kernels::{Category, KernelRecord};
+use crate::backend::Precision;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -189,6 +190,17 @@ impl Math {
             Math::Fp32 => "fp32",
             Math::Tf32 => "tf32",
             Math::Bf16 => "bf16",
+        }
+    }
+}
+
+/// The math a backend precision runs its convolutions and GEMMs in.
+impl From<Precision> for Math {
+    fn from(p: Precision) -> Math {
+        match p {
+            Precision::Fp32 => Math::Fp32,
+            Precision::Tf32 => Math::Tf32,
+            Precision::Bf16 => Math::Bf16,
         }
     }
 }

@@ -5,11 +5,93 @@
 //! Inputs come per configuration, from an ncu export ([`ConfigInput::from_ncu`]) or from a timed
 //! run (time only). A ratio is `config / baseline`: 0.01 means a hundred times fewer cycles.
 //! Missing inputs stay `None` and print as "not collected".
+//!
+//! `meddpm profile --matrix` names its configurations here too: [`MatrixSpec`] (the option's
+//! value), [`CUDA_CONFIGS`] and [`config_name`] (the configurations it runs itself), and
+//! [`from_cuda_runs`] (their CUPTI records and ncu totals → the matrix inputs, baseline first).
 
 use super::kernels::{Category, KernelRecord};
 use super::ncu::{totals, NcuKernel};
+use crate::backend::{Layout, Precision};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// One `--matrix` configuration: a name, an ncu raw export, optionally the launch IDs to sum;
+/// or (`--matrix` without a value, spelled `cuda`) the CUDA configurations run by the profiler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MatrixSpec {
+    Cuda,
+    Ncu { name: String, path: PathBuf, ids: Option<Vec<u64>> },
+}
+
+impl MatrixSpec {
+    /// `cuda`, `NAME=RAW.csv` or `NAME=RAW.csv:ID,ID,…`; the error is the message for the user.
+    pub fn parse(s: &str) -> Result<MatrixSpec, String> {
+        if s == "cuda" {
+            return Ok(MatrixSpec::Cuda);
+        }
+        let bad =
+            || format!("'{s}' is not NAME=RAW.csv or NAME=RAW.csv:ID,ID,… (or no value: the four CUDA configurations)");
+        let (name, rest) = s.split_once('=').ok_or_else(bad)?;
+        let (path, ids) = match rest.rsplit_once(':') {
+            Some((p, list)) if !list.is_empty() && list.split(',').all(|x| x.trim().parse::<u64>().is_ok()) => {
+                (p, Some(list.split(',').map(|x| x.trim().parse().expect("checked")).collect()))
+            }
+            _ => (rest, None),
+        };
+        if name.is_empty() || path.is_empty() {
+            return Err(bad());
+        }
+        Ok(MatrixSpec::Ncu { name: name.to_string(), path: PathBuf::from(path), ids })
+    }
+}
+
+/// The CUDA configurations of `--matrix` in the order they run: fp32/TF32 × NCDHW/NDHWC, then bf16.
+pub const CUDA_CONFIGS: [(Precision, Layout); 6] = [
+    (Precision::Fp32, Layout::Ncdhw),
+    (Precision::Tf32, Layout::Ncdhw),
+    (Precision::Fp32, Layout::Ndhwc),
+    (Precision::Tf32, Layout::Ndhwc),
+    (Precision::Bf16, Layout::Ncdhw),
+    (Precision::Bf16, Layout::Ndhwc),
+];
+
+/// A configuration's name: `tf32-ndhwc`.
+pub fn config_name(p: Precision, l: Layout) -> String {
+    format!("{}-{}", p.name(), if l == Layout::Ncdhw { "ncdhw" } else { "ndhwc" })
+}
+
+/// The matrix inputs of CUDA runs: per configuration the training step's CUPTI records (`None`
+/// when there were none) and, matched by [`config_name`], its ncu totals from `ncu_by_config`.
+/// Time and time by category come from the records when there are any (ncu's replayed durations
+/// otherwise). Sorted baseline first: fp32-ncdhw, tf32-ncdhw, fp32-ndhwc, tf32-ndhwc, then
+/// bf16-ncdhw, bf16-ndhwc.
+pub fn from_cuda_runs(
+    mut runs: Vec<(Precision, Layout, Option<Vec<KernelRecord>>)>,
+    ncu_by_config: &[(String, ConfigInput)],
+) -> Vec<ConfigInput> {
+    let order = |p: Precision, l: Layout| match p {
+        Precision::Bf16 => 4 + (l != Layout::Ncdhw) as u8,
+        _ => (p != Precision::Fp32) as u8 + 2 * (l != Layout::Ncdhw) as u8,
+    };
+    runs.sort_by_key(|r| order(r.0, r.1));
+    runs.into_iter()
+        .map(|(p, l, recs)| {
+            let name = config_name(p, l);
+            let mut c = ncu_by_config
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_else(|| ConfigInput { name: name.clone(), ..ConfigInput::default() });
+            if let Some(recs) = recs {
+                c.time_ns = Some(recs.iter().map(|r| r.duration_ns as f64).sum());
+                c = c.with_records(&recs);
+            }
+            c
+        })
+        .collect()
+}
 
 /// What is known about one configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

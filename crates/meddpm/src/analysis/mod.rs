@@ -3,9 +3,11 @@
 //!
 //! - `kernels`    per-kernel records, demangling, the kernel-name → category classifier
 //! - `breakdown`  tables by category, block, phase and kernel; shares; achieved TFLOP/s and GB/s
-//! - `ncu`        Nsight Compute CSV exports (raw and details pages): counters and the rule priority list
+//! - `ncu`        Nsight Compute CSV exports (raw and details pages): counters and the rule priority
+//!   list; the argument lists and kernel selection of a `meddpm profile` ncu run
 //! - `gpus`       NVIDIA GPUs across generations (datasheet values) and the roofline model
-//! - `matrix`     the optimisation matrix (fp32/TF32 × NCDHW/NDHWC) with ratios to the baseline
+//! - `matrix`     the optimisation matrix (fp32/TF32 × NCDHW/NDHWC) with ratios to the baseline;
+//!   `--matrix` values and the CUDA configurations' inputs
 //! - `timed`      `Timed<B>`, a Backend wrapper that times and counts every call (the CPU
 //!   profile path), and `NullBackend`, which only counts
 //! - `profile`    one training step and one sampling step of the U-Net through `Timed`
@@ -13,8 +15,9 @@
 //! - `torch`      import of PyTorch profiler kernel tables (the reference, category by category)
 //! - `csv`        the small CSV reader/writer the others use
 //!
-//! GPU collection (CUPTI activity records, NVTX ranges, re-running under ncu) lives with the CUDA
-//! backend and feeds [`kernels::KernelRecord`]s and ncu exports into this module.
+//! GPU collection (CUPTI activity records, NVTX ranges) lives with the CUDA backend, and running
+//! the steps or a command under ncu in the CLI (`crates/meddpm-cli/src/profile.rs`); both feed
+//! [`kernels::KernelRecord`]s and ncu exports into this module.
 
 pub mod breakdown;
 pub mod csv;

@@ -16,9 +16,14 @@
 //! rules by estimated time saved (speedup × kernel duration): the paper's priority list.
 //! Metric names were checked against the real H200 exports in `testdata/ncu/` and the gh100
 //! metric list in `../shared/perf/ncu/`.
+//!
+//! The end of the file holds what `meddpm profile` needs around an ncu run that is not the
+//! process itself: the argument lists ([`base_args`], [`matrix_args`], [`command_args`],
+//! [`child_filters`] with [`top_raw_names`]), and the profiled kernels as [`KernelRecord`]s
+//! ([`kernel_records`]). The CLI spawns ncu and asks the CUDA backend whether NVTX is on.
 
 use super::csv;
-use super::kernels::{classify, Category};
+use super::kernels::{classify, Category, KernelRecord};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -337,6 +342,11 @@ impl NcuData {
             details_path: details.map(Path::to_path_buf),
         })
     }
+
+    /// The GPU the first kernel ran on, as ncu names it (`device__attribute_display_name`).
+    pub fn device_name(&self) -> Option<String> {
+        self.kernels.first().and_then(|k| k.metrics.get("device__attribute_display_name").map(|m| m.text.clone()))
+    }
 }
 
 /// The per-kernel counters of the paper's analysis axes. `None`: not collected.
@@ -600,4 +610,153 @@ pub fn totals(kernels: &[NcuKernel]) -> Totals {
             _ => None,
         },
     }
+}
+
+// ---- running ncu: arguments, kernel selection, records ---------------------------------------
+//
+// `meddpm profile --counters` and `meddpm profile -- COMMAND…` start `ncu` (the CLI spawns the
+// process and passes in whether NVTX ranges are emitted); what to pass it and how to read its
+// kernels back is decided here, without a GPU.
+
+/// The metrics of a matrix configuration (every kernel of one training step, a few replay passes):
+/// time, SM cycles, instructions, IPC and the tensor pipes (all tensor work, HMMA/HGMMA, Hopper's
+/// wgmma instruction share), plus the launch configuration.
+pub const MATRIX_METRICS: &str = "gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.avg,\
+smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,\
+sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,\
+sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\
+sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active,\
+launch__registers_per_thread,launch__grid_size,launch__block_size";
+
+/// The ncu arguments every run starts with: clocks as the application sees them, every process,
+/// and `--set full` (`full`) or one or two replay passes of durations, cycles, instructions, IPC
+/// and the launch configuration.
+pub fn base_args(full: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec!["--clock-control".into(), "none".into(), "--target-processes".into(), "all".into()];
+    if full {
+        v.extend(["--set".into(), "full".into()]);
+    } else {
+        // one or two replay passes: durations, cycles, instructions, IPC, launch configuration
+        v.extend([
+            "--metrics".into(),
+            "gpu__time_duration.sum,sm__cycles_elapsed.avg,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,\
+             launch__registers_per_thread,launch__grid_size,launch__block_size"
+                .into(),
+        ]);
+    }
+    v
+}
+
+/// [`base_args`] with the [`MATRIX_METRICS`] in place of the short metric list.
+pub fn matrix_args() -> Vec<String> {
+    let mut args = base_args(false);
+    args.splice(args.len() - 1.., [MATRIX_METRICS.to_string()]);
+    args
+}
+
+/// The ncu arguments for another program (`meddpm profile -- COMMAND…`): [`base_args`] plus its
+/// optional NVTX range (`--nvtx-include`), kernel-name regex (`-k regex:`) and launch count (`-c`).
+pub fn command_args(
+    full: bool,
+    nvtx_include: Option<&str>,
+    kernel_regex: Option<&str>,
+    launch_count: Option<usize>,
+) -> Vec<String> {
+    let mut args = base_args(full);
+    if let Some(r) = nvtx_include {
+        args.extend(["--nvtx".into(), "--nvtx-include".into(), r.to_string()]);
+    }
+    if let Some(k) = kernel_regex {
+        args.extend(["-k".into(), format!("regex:{k}")]);
+    }
+    if let Some(c) = launch_count {
+        args.extend(["-c".into(), c.to_string()]);
+    }
+    args
+}
+
+/// ncu filter arguments for a run of our own steps, and how they select (for the report): the
+/// `profile/` NVTX range when the backend emits NVTX (`nvtx` is `Err(why not)` otherwise), and
+/// with `top > 0` the kernels `raw_names` (mangled, as CUPTI reports them; see [`top_raw_names`]).
+pub fn child_filters(nvtx: std::result::Result<(), String>, top: usize, raw_names: &[String]) -> (Vec<String>, String) {
+    let mut a = Vec::new();
+    let mut how = String::new();
+    match nvtx {
+        Ok(()) => {
+            a.extend(["--nvtx".into(), "--nvtx-include".into(), "profile/".into()]);
+            how.push_str("NVTX range of the recorded training and sampling step");
+        }
+        Err(e) => {
+            how.push_str(&format!("first launches (no NVTX: {e})"));
+        }
+    }
+    if top > 0 && !raw_names.is_empty() {
+        let alts: Vec<String> = raw_names.iter().map(|n| regex_escape(n)).collect();
+        a.extend([
+            "--kernel-name-base".into(),
+            "mangled".into(),
+            "-k".into(),
+            format!("regex:^({})$", alts.join("|")),
+            "-c".into(),
+            top.to_string(),
+        ]);
+        how.push_str(&format!(", the {} kernels with the most GPU time", raw_names.len()));
+    }
+    (a, how)
+}
+
+/// `s` with the regex metacharacters `\^$.|?*+()[]{}` escaped, for ncu's `-k regex:`.
+pub fn regex_escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if "\\^$.|?*+()[]{}".contains(ch) {
+            o.push('\\');
+        }
+        o.push(ch);
+    }
+    o
+}
+
+/// The raw names of the `n` kernels with the most GPU time among `(name, ns)` activities
+/// (memcpy/memset left out; ties by name).
+pub fn top_raw_names(acts: &[(String, u64)], n: usize) -> Vec<String> {
+    let mut by: BTreeMap<&str, u64> = BTreeMap::new();
+    for (name, ns) in acts {
+        if name.starts_with("memcpy") || name == "memset" {
+            continue;
+        }
+        *by.entry(name.as_str()).or_default() += ns;
+    }
+    let mut v: Vec<(&str, u64)> = by.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    v.into_iter().take(n).map(|(s, _)| s.to_string()).collect()
+}
+
+/// Records of the kernels ncu profiled (durations measured under replay, `--clock-control none`).
+pub fn kernel_records(ks: &[NcuKernel]) -> Vec<KernelRecord> {
+    ks.iter()
+        .map(|k| {
+            let c = k.counters();
+            let mut r = KernelRecord::new(&k.name, c.duration_ns.unwrap_or(0.0).round() as u64);
+            r.category = k.category;
+            r.grid = k.grid;
+            r.block = k.block;
+            r.registers = c.registers.map(|v| v as u32);
+            r
+        })
+        .collect()
+}
+
+/// The kernels whose launch ID is in `ids` (all of them for `None`).
+pub fn select_ids(kernels: Vec<NcuKernel>, ids: Option<&[u64]>) -> Vec<NcuKernel> {
+    match ids {
+        Some(ids) => kernels.into_iter().filter(|k| ids.contains(&k.id)).collect(),
+        None => kernels,
+    }
+}
+
+/// The last `n` non-blank lines of a process's output joined by " | ", for error messages.
+pub fn log_tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
 }

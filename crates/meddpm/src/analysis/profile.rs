@@ -8,6 +8,9 @@
 //! it counts the calls, FLOPs and bytes of any preset without computing (the roofline input).
 //! The training step is exactly `Trainer::micro_step_ahead` + `Trainer::opt_step` (spec §3.2); the
 //! sampling step is one iteration of `Sampler::sample` (spec §3.3) at t = T/2.
+//!
+//! The CUDA path (`meddpm profile --device cuda`, in the CLI) runs the same steps under CUPTI and
+//! uses [`host_data`], [`median`] and [`preset_config`] from here.
 
 use super::kernels::KernelRecord;
 use super::report::Pass;
@@ -48,6 +51,20 @@ pub fn host_data(cfg: &UNetConfig) -> (Vec<f32>, Vec<f32>) {
     let img: Vec<f32> = (0..cfg.out_channels * s).map(|i| ((i % 97) as f32 / 48.0 - 1.0).clamp(-1.0, 1.0)).collect();
     let cond: Vec<f32> = (0..cfg.cond_channels() * s).map(|i| if (i / 7) % 3 == 0 { 1.0 } else { -1.0 }).collect();
     (img, cond)
+}
+
+/// `preset NAME (D×H×W, C base channels, channel_mult [..]), batch 1`: the report's configuration line.
+pub fn preset_config(name: &str, cfg: &UNetConfig) -> String {
+    format!(
+        "preset {} ({}×{}×{}, {} base channels, channel_mult {:?}), batch 1",
+        name, cfg.depth, cfg.size, cfg.size, cfg.model_channels, cfg.channel_mult
+    )
+}
+
+/// The median of wall times, the upper one of an even count (`None` when empty).
+pub fn median(mut v: Vec<u64>) -> Option<u64> {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied()
 }
 
 /// The pass of the median step time among recorded repetitions.

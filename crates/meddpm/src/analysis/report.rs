@@ -38,6 +38,22 @@ pub struct Pass {
     pub plain_step_ns: Option<u64>,
 }
 
+impl Pass {
+    /// A measured pass whose time is the sum of its records' durations (kernels serialised, no
+    /// wall time): a command's kernels under ncu replay, or a PyTorch profiler table.
+    pub fn summed(name: String, records: Vec<KernelRecord>) -> Pass {
+        let total: f64 = records.iter().map(|r| r.duration_ns as f64).sum();
+        Pass {
+            name,
+            records,
+            step_ns: Some(total.round() as u64),
+            measured: true,
+            repeats: Vec::new(),
+            plain_step_ns: None,
+        }
+    }
+}
+
 /// Everything the report is built from.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Input {
