@@ -17,19 +17,6 @@ use super::{mae, ms_ssim, psnr, ssim, wasserstein1, Vol};
 use crate::model::UNetConfig;
 use crate::{Error, Result};
 
-/// Serialise an f64, writing ±∞/NaN as strings ("inf") since JSON has no such numbers.
-fn ser_f64<S: serde::Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
-    if v.is_finite() {
-        s.serialize_f64(*v)
-    } else if v.is_nan() {
-        s.serialize_str("nan")
-    } else if *v > 0.0 {
-        s.serialize_str("inf")
-    } else {
-        s.serialize_str("-inf")
-    }
-}
-
 /// One mask/image pair as evaluated.
 #[derive(Clone, Debug, Serialize)]
 pub struct PairInfo {
@@ -62,7 +49,7 @@ pub struct Agreement {
     /// Max |Δ| in model units ([−1, 1] images).
     pub max_abs_diff: f64,
     /// PSNR of the two volumes on the [0, 1] scale ("inf" when identical).
-    #[serde(serialize_with = "ser_f64")]
+    #[serde(serialize_with = "super::report::jf64::serialize")]
     pub psnr_db: f64,
     pub ssim: f64,
 }
@@ -81,7 +68,7 @@ pub struct Quality {
 pub struct Verdict {
     pub within_spread: bool,
     /// Largest max_k |q_k − q_k(baseline)| / σ over masks and metrics.
-    #[serde(serialize_with = "ser_f64")]
+    #[serde(serialize_with = "super::report::jf64::serialize")]
     pub worst_ratio: f64,
     pub worst_metric: String,
     pub worst_pair: usize,

@@ -579,7 +579,7 @@ impl EvalReport {
 
 /// f64 that may be ±∞: JSON number when finite, else the string "inf" / "-inf" ("nan" for NaN,
 /// which the report never holds).
-mod jf64 {
+pub(crate) mod jf64 {
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
