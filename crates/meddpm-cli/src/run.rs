@@ -2,12 +2,20 @@
 //! choice, and the loops with progress bars. The engine does the work (`meddpm::run` for the
 //! run folder: record, resume, loss log, safe stop); this file only wires. Data-parallel runs
 //! (`--gpus`, torchrun, Slurm) are set up in `dist.rs` and train through the same `train_on`.
+//!
+//! Kept in the library instead (moved from here): data source ↔ masks/images/manifest settings
+//! (`meddpm::run::DataSource::{from_paths, paths}`), the host batch (`data::Loader::next_batch`),
+//! the closing line's loss means (`run::Summary::loss_means`), and a sample's files with PNG
+//! preview and viewer page plus the mask × seed file stems (`data::output::{write_sample_with_views,
+//! image_volumes, sample_stems}`). The run-file types stay here: `Preset` and `ConventionName`
+//! derive clap's `ValueEnum` (`RunFile` and `RunConfig` hold them).
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::{bundled, init_trainer_with, load_weights, Checkpoint, LoadHints, LoadedWeights, WeightGroup};
 use meddpm::cpu::CpuBackend;
-use meddpm::data::{preview, view, Convention, Dataset, Loader, Shard, Volume};
+use meddpm::data::output::{self, Beside};
+use meddpm::data::{Convention, Dataset, Loader, Shard, Volume};
 use meddpm::diffusion::{Sampler, SamplerKind, SamplerSpec, Schedule, TrainConfig, Trainer};
 use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::{DistEnv, GradSync};
@@ -389,11 +397,7 @@ fn plan_from_flags(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)
 
 /// Where a run's pairs come from, as a run record says it.
 fn data_source(run: &RunConfig) -> DataSource {
-    match (&run.masks, &run.manifest) {
-        (Some(m), _) => DataSource::Folders { masks: m.clone(), images: run.images.clone() },
-        (None, Some(csv)) => DataSource::Manifest { csv: csv.clone() },
-        (None, None) => DataSource::Demo,
-    }
+    DataSource::from_paths(run.masks.as_deref(), &run.images, run.manifest.as_deref())
 }
 
 /// A run's settings as its record keeps them (paths absolute; the data prints come later).
@@ -414,11 +418,7 @@ fn record_of(run: &RunConfig, backend: &BackendArgs) -> Result<RunRecord> {
 
 /// The run settings a record stands for.
 fn run_config_of(rec: &RunRecord) -> Result<RunConfig> {
-    let (masks, images, manifest) = match &rec.data {
-        DataSource::Demo => (None, Vec::new(), None),
-        DataSource::Folders { masks, images } => (Some(masks.clone()), images.clone(), None),
-        DataSource::Manifest { csv } => (None, Vec::new(), Some(csv.clone())),
-    };
+    let (masks, images, manifest) = rec.data.paths();
     Ok(RunConfig {
         steps: rec.steps,
         checkpoint_every: rec.checkpoint_every,
@@ -556,24 +556,6 @@ pub(crate) fn open_dataset(run: &RunConfig, unet: &UNetConfig) -> Result<Dataset
             meddpm::data::demo::dataset_at(size)?
         }
     })
-}
-
-/// Host (image, cond) batches from the loader.
-struct Batches {
-    loader: Loader,
-    batch: usize,
-}
-
-impl Batches {
-    fn next_batch(&mut self) -> meddpm::Result<(Vec<f32>, Vec<f32>)> {
-        let (mut img, mut cond) = (Vec::new(), Vec::new());
-        for _ in 0..self.batch {
-            let s = self.loader.next()?;
-            img.extend(s.image);
-            cond.extend(s.cond);
-        }
-        Ok((img, cond))
-    }
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {
@@ -767,8 +749,9 @@ pub(crate) fn train_on<B: Backend>(
     }
     // this rank's part of the global sample stream, from the saved global position
     let shard = Shard::new(rank, world, tr.tc.batch)?;
-    let loader = Loader::sharded(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), tr.samples, shard);
-    let mut data = Batches { loader, batch: tr.tc.batch };
+    let mut loader =
+        Loader::sharded(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), tr.samples, shard);
+    let batch = tr.tc.batch;
     let saved_step = old_record
         .as_ref()
         .filter(|(p, _)| meddpm::run::record::absolute(&meddpm::run::run_dir(p)).ok().as_ref() == Some(&run.out))
@@ -784,7 +767,7 @@ pub(crate) fn train_on<B: Backend>(
         be,
         &mut tr,
         ranks,
-        || data.next_batch(),
+        || loader.next_batch(batch),
         |_, loss| {
             pb.set_message(format!("loss {loss:.4}"));
             pb.inc(1);
@@ -795,11 +778,7 @@ pub(crate) fn train_on<B: Backend>(
     }
     pb.finish();
     let secs = t0.elapsed().as_secs_f64();
-    let steps = summary.end - summary.start;
-    let recent = &summary.losses;
-    let tail = &recent[recent.len().saturating_sub(10)..];
-    let first = &recent[..recent.len().min(10)];
-    let mean = |v: &[f32]| if v.is_empty() { f32::NAN } else { v.iter().sum::<f32>() / v.len() as f32 };
+    let steps = summary.steps();
     if !lead {
         // rank 0 reports the run; the others say where they stopped
         return match &summary.outcome {
@@ -838,11 +817,10 @@ pub(crate) fn train_on<B: Backend>(
         Outcome::Finished => {}
     }
     stop.disarm();
+    let (first, last) = summary.loss_means(10);
     println!(
-        "done: {steps} steps in {secs:.1} s ({:.2} steps/s); loss {:.4} (first 10) → {:.4} (last 10)",
+        "done: {steps} steps in {secs:.1} s ({:.2} steps/s); loss {first:.4} (first 10) → {last:.4} (last 10)",
         steps as f64 / secs.max(1e-9),
-        mean(first),
-        mean(tail)
     );
     println!(
         "checkpoint: {}\nloss log:   {} (plot: {})",
@@ -851,6 +829,7 @@ pub(crate) fn train_on<B: Backend>(
         session.log.svg_path().display()
     );
     if run.sample_at_end {
+        let size = [cfg.depth, cfg.size, cfg.size];
         let (cond, mask) = dataset.condition(0)?;
         let (_, real) = dataset.load(0)?;
         let sched = Schedule::cosine(tr.tc.timesteps);
@@ -863,9 +842,12 @@ pub(crate) fn train_on<B: Backend>(
             let mut net = UNet::new(be, &w.cfg, 1)?;
             net.set_params(be, &w.params)?;
             let v = sample_volume(be, &mut net, &sched, &cond, seed)?;
-            others.extend(generated_volumes(&v, &cfg, dataset.convention(), &mask)?);
+            others.extend(output::image_volumes(dataset.convention(), &v, cfg.out_channels, size, &mask)?);
         }
-        let paths = write_outputs(&run.out.join("sample_0"), &vol, &cfg, dataset.convention(), &mask, &others, &real)?;
+        let beside = Beside { others: &others, real: &real };
+        let stem = run.out.join("sample_0");
+        let paths =
+            output::write_sample_with_views(&stem, dataset.convention(), &vol, cfg.out_channels, size, &mask, beside)?;
         for p in paths {
             println!("sample:     {}", p.display());
         }
@@ -880,52 +862,6 @@ fn bundled_for_demo(run: &RunConfig, cfg: &UNetConfig) -> Result<Option<LoadedWe
         return Ok(None);
     }
     Ok(bundled::load(WeightGroup::Ema, &LoadHints::default())?.filter(|w| w.cfg == *cfg))
-}
-
-/// The intensity volumes of a generated tensor on the mask's grid (the preview's columns).
-fn generated_volumes(vol: &[f32], cfg: &UNetConfig, conv: &Convention, mask: &Volume) -> Result<Vec<Volume>> {
-    let size = [cfg.depth, cfg.size, cfg.size];
-    let outs = meddpm::data::sample_outputs(conv, vol, cfg.out_channels, size, mask)?;
-    Ok(outs.into_iter().filter(|o| !o.labels).map(|o| o.volume).collect())
-}
-
-/// Write a generated (C, D, H, W) volume as the convention's NIfTI files
-/// (`meddpm::data::write_sample`: whole-head `<stem>.nii.gz`; BraTS `<stem>_{t1,t1ce,t2,flair}.nii.gz`
-/// rescaled to [0, 1] and crop/padded to 240×240×155, plus `<stem>_mask.nii.gz`), a PNG preview
-/// (mask | generated | `others` (e.g. the bundled model's sample) | real when given) and
-/// `<stem>.html`, the same volumes in the viewer. Returns the files written.
-fn write_outputs(
-    stem: &Path,
-    vol: &[f32],
-    cfg: &UNetConfig,
-    conv: &Convention,
-    mask: &Volume,
-    others: &[Volume],
-    real: &[Volume],
-) -> Result<Vec<PathBuf>> {
-    let size = [cfg.depth, cfg.size, cfg.size];
-    let outs = meddpm::data::write_sample(stem, conv, vol, cfg.out_channels, size, mask)?;
-    let mut written: Vec<PathBuf> = outs.iter().map(|(p, _)| p.clone()).collect();
-    let png = stem.with_extension("png");
-    let mut panel: Vec<(&Volume, preview::Kind)> = vec![(mask, preview::Kind::Labels)];
-    panel.extend(outs.iter().filter(|(_, o)| !o.labels).map(|(_, o)| (&o.volume, preview::Kind::Intensity)));
-    panel.extend(others.iter().map(|v| (v, preview::Kind::Intensity)));
-    panel.extend(real.iter().map(|v| (v, preview::Kind::Intensity)));
-    preview::write_png(&png, &panel)?;
-    written.push(png);
-    // The same volumes in the HTML viewer (meddpm::data::view), the mask as overlay.
-    let html = stem.with_extension("html");
-    let file_name = |p: &Path| p.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
-    let mut layers: Vec<view::Layer> = outs
-        .iter()
-        .filter(|(_, o)| !o.labels)
-        .map(|(p, o)| view::Layer { name: file_name(p), volume: &o.volume })
-        .collect();
-    layers.extend(real.iter().map(|v| view::Layer { name: "real".into(), volume: v }));
-    let overlay = layers.iter().any(|l| l.volume.dims == mask.dims).then_some(("conditioning", mask));
-    view::write_html(&html, &file_name(stem), &layers, overlay)?;
-    written.push(html);
-    Ok(written)
 }
 
 fn sample_volume<B: Backend>(
@@ -1063,12 +999,6 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
     }
 }
 
-/// A mask file's name without .nii / .nii.gz.
-fn mask_stem(p: &Path) -> String {
-    let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("mask");
-    n.strip_suffix(".nii.gz").or_else(|| n.strip_suffix(".nii")).unwrap_or(n).to_string()
-}
-
 /// Draw the volumes (mask × seed jobs) `rank, rank + world, …` — all of them for one process —
 /// in batches of `--batch`. Each volume's noise comes from its own seed, so which rank draws it
 /// and in which batch changes nothing in its file.
@@ -1095,19 +1025,7 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
         bail!("--batch and --num-samples must be at least 1");
     }
     // (mask index, seed, output stem) per volume
-    let mut jobs = Vec::new();
-    for m in 0..masks.len() {
-        for k in 0..a.num_samples {
-            let stem = if masks.len() > 1 {
-                format!("{}_{}_{k}", a.out.display(), mask_stem(&a.mask[m]))
-            } else if a.num_samples == 1 {
-                a.out.display().to_string()
-            } else {
-                format!("{}_{k}", a.out.display())
-            };
-            jobs.push((m, a.seed + k, PathBuf::from(stem)));
-        }
-    }
+    let jobs = output::sample_stems(&a.out, &a.mask, a.num_samples, a.seed);
     let total = jobs.len();
     let jobs: Vec<_> = jobs.into_iter().skip(rank).step_by(world).collect();
     if jobs.is_empty() {
@@ -1152,7 +1070,15 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
         let secs = t0.elapsed().as_secs_f64();
         let mut volumes = Vec::new();
         for ((m, seed, stem), vol) in chunk.iter().zip(&vols) {
-            let paths = write_outputs(stem, vol, &cfg, &conv, &masks[*m].2, &[], &[])?;
+            let paths = output::write_sample_with_views(
+                stem,
+                &conv,
+                vol,
+                cfg.out_channels,
+                size,
+                &masks[*m].2,
+                Beside::default(),
+            )?;
             let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
             pb.println(format!("seed {seed}, {}: {}", masks[*m].0, names.join(", ")));
             volumes.push(TimedVolume { file: names[0].clone(), mask: masks[*m].0.clone(), seed: *seed });

@@ -2,7 +2,8 @@
 //! not on the number of decoding threads — different seeds differ, a resumed loader continues
 //! exactly, and errors surface for their sample. Shards: ranks get disjoint parts of every pass
 //! that cover it, together the single-process stream, and a resume with another world size
-//! continues the global stream without repeating or skipping a sample. An ignored test measures throughput:
+//! continues the global stream without repeating or skipping a sample; a host batch is the next
+//! samples concatenated. An ignored test measures throughput:
 //! `cargo test --release -p meddpm --test data_loader -- --ignored --nocapture throughput`.
 
 use meddpm::data::dataset::{Dataset, Pair, Source};
@@ -193,6 +194,23 @@ fn demo_loader_runs_without_files() {
     let b = l.next().unwrap();
     assert_ne!(a.index, b.index, "two demo pairs per pass");
     assert_eq!(a.image.len(), 32 * 32 * 32);
+}
+
+#[test]
+fn next_batch_concatenates_the_next_samples_in_stream_order() {
+    let (root, ds) = tiny_dataset("batch", 5);
+    let mut one = Loader::new(ds.clone(), 4, 2);
+    let mut batched = Loader::new(ds, 4, 0);
+    for _ in 0..3 {
+        let (img, cond) = batched.next_batch(2).unwrap();
+        let (a, b) = (one.next().unwrap(), one.next().unwrap());
+        assert_eq!(img, [a.image, b.image].concat());
+        assert_eq!(cond, [a.cond, b.cond].concat());
+    }
+    assert_eq!(batched.position(), 6);
+    assert_eq!(batched.next_batch(0).unwrap(), (Vec::new(), Vec::new()));
+    drop((one, batched));
+    std::fs::remove_dir_all(&root).ok();
 }
 
 /// CPU seconds (user + system) used by this process so far, from /proc (Linux; 0 elsewhere).

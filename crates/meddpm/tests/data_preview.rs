@@ -1,8 +1,11 @@
 //! PNG previews: layout (columns = volumes, rows = axial/coronal/sagittal mid-slices), the
-//! slice orientation, colours, and a PNG that decodes back to the same pixels.
+//! slice orientation, colours, and a PNG that decodes back to the same pixels; a sample's files
+//! with their preview and viewer page (`data::output::write_sample_with_views`).
 
-use meddpm::data::nifti::Volume;
+use meddpm::data::nifti::{read_volume, Volume};
+use meddpm::data::output::{image_volumes, write_sample_with_views, Beside};
 use meddpm::data::preview::{guess_kind, label_position, render, render_at, write_png, Kind, PALETTE};
+use meddpm::data::{demo, Convention};
 
 fn vol(f: impl Fn(usize, usize, usize) -> f32) -> Volume {
     let (nx, ny, nz) = (10, 12, 14);
@@ -66,4 +69,36 @@ fn layout_orientation_and_colours() {
     assert_eq!(px(r1, 3, 13 - 7), PALETTE[2], "coronal y = 4");
     assert_eq!(px(r2, 4, 13 - 7), PALETTE[2], "sagittal x = 3");
     assert!(label_position(&mask, 5.0).is_none());
+}
+
+#[test]
+fn a_sample_is_written_with_its_preview_and_viewer_page() {
+    let dir = std::env::temp_dir().join(format!("meddpm-preview-sample-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let size = [8, 8, 8];
+    let ds = demo::dataset_at(size).unwrap();
+    let (_, mask) = ds.condition(0).unwrap();
+    let (_, real) = ds.load(0).unwrap();
+    let tensor: Vec<f32> = (0..512).map(|i| (i as f32 / 256.0) - 1.0).collect();
+    let conv = Convention::whole_head();
+    let other = image_volumes(&conv, &tensor.iter().map(|v| -v).collect::<Vec<_>>(), 1, size, &mask).unwrap();
+    let stem = dir.join("s");
+    let written =
+        write_sample_with_views(&stem, &conv, &tensor, 1, size, &mask, Beside { others: &other, real: &real }).unwrap();
+    let names: Vec<String> = written.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, ["s.nii.gz", "s.png", "s.html"]);
+    // the NIfTI holds what image_volumes gives, on the mask's grid
+    let generated = image_volumes(&conv, &tensor, 1, size, &mask).unwrap();
+    assert_eq!(generated.len(), 1);
+    assert_eq!(read_volume(&written[0]).unwrap().dims, mask.dims);
+    // the preview: mask | generated | others | real
+    let mut panel: Vec<(&Volume, Kind)> =
+        vec![(&mask, Kind::Labels), (&generated[0], Kind::Intensity), (&other[0], Kind::Intensity)];
+    panel.extend(real.iter().map(|v| (v, Kind::Intensity)));
+    assert_eq!(image::open(&written[1]).unwrap().to_rgb8(), render(&panel));
+    let html = std::fs::read_to_string(&written[2]).unwrap();
+    assert!(html.contains("s.nii.gz") && html.contains("real"), "viewer layers named");
+    assert!(image_volumes(&conv, &tensor, 2, size, &mask).is_err(), "channel count checked");
+    std::fs::remove_dir_all(&dir).ok();
 }

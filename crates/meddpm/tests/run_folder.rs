@@ -1,5 +1,6 @@
 //! Tests of `meddpm::run` (a training run as a folder) on the CPU with the 8³ tiny model:
-//! the run record in checkpoints (and files without one), overrides and their notes, the data
+//! the run record in checkpoints (and files without one), overrides and their notes, data sources
+//! to and from flat paths, a session summary's figures, the data
 //! fingerprint and its change report, the loss log across resumes and its SVG plot, and the loop's
 //! safe stops by fault injection — a stop request, a NaN batch, non-finite weights, a write into
 //! a real size-limited tmpfs (skipped when mounting is impossible) and an injected full disk —
@@ -13,7 +14,7 @@ use meddpm::model::UNetConfig;
 use meddpm::run::losslog::{self, LossLog};
 use meddpm::run::{
     fingerprint, override_train, DataChanges, DataSource, Faults, Outcome, Overrides, RunRecord, Session, StopFlag,
-    CHECKPOINT,
+    Summary, CHECKPOINT,
 };
 use meddpm::{Backend, Error, Layout, Precision};
 use std::path::{Path, PathBuf};
@@ -123,6 +124,38 @@ fn overrides_give_one_note_per_changed_value() {
     assert_eq!((t.lr, t.grad_accum, notes.len()), (5e-4, 4, 2));
     assert!(override_train(&mut t, None, None, Some(2), None).unwrap_err().to_string().contains("batch"));
     assert!(override_train(&mut t, None, None, None, Some(9)).unwrap_err().to_string().contains("seed"));
+}
+
+#[test]
+fn data_sources_convert_to_and_from_flat_paths() {
+    let (m, csv) = (PathBuf::from("masks"), PathBuf::from("pairs.csv"));
+    let images = vec![PathBuf::from("t1"), PathBuf::from("t2")];
+    let folders = DataSource::Folders { masks: m.clone(), images: images.clone() };
+    assert_eq!(DataSource::from_paths(None, &[], None), DataSource::Demo);
+    assert_eq!(DataSource::from_paths(Some(&m), &images, None), folders);
+    assert_eq!(DataSource::from_paths(Some(&m), &images, Some(&csv)), folders, "the masks folder wins");
+    assert_eq!(DataSource::from_paths(None, &images, Some(&csv)), DataSource::Manifest { csv: csv.clone() });
+    for s in [DataSource::Demo, folders, DataSource::Manifest { csv }] {
+        let (m, i, c) = s.paths();
+        assert_eq!(DataSource::from_paths(m.as_deref(), &i, c.as_deref()), s);
+    }
+}
+
+#[test]
+fn summary_gives_steps_and_first_and_last_loss_means() {
+    let sum = |losses: Vec<f32>| Summary {
+        outcome: Outcome::Finished,
+        start: 3,
+        end: 3 + losses.len() as u64,
+        losses,
+        saved_step: None,
+    };
+    let s = sum((1..=12).map(|v| v as f32).collect());
+    assert_eq!(s.steps(), 12);
+    assert_eq!(s.loss_means(10), (5.5, 7.5));
+    assert_eq!(sum(vec![2.0, 4.0]).loss_means(10), (3.0, 3.0), "fewer steps than n");
+    let (a, b) = sum(Vec::new()).loss_means(10);
+    assert!(a.is_nan() && b.is_nan());
 }
 
 /// Write phantom pairs `keys` as `mask/m<k>.nii.gz`, `image/i<k>.nii.gz` under `dir`.

@@ -10,7 +10,8 @@
 //! - `masks`       tumour scaling and shifting (new conditioning masks)
 //! - `lesion`      images for masks: a lesion-free T1 darkened on the tumour (training pairs)
 //! - `preview`     PNG mid-slice previews
-//! - `output`      generated tensors → the NIfTI files of a sample (whole-head or BraTS)
+//! - `output`      generated tensors → the NIfTI files of a sample (whole-head or BraTS), its
+//!   PNG preview and viewer page, and the file stems of a mask × seed job list
 //! - `view`        the self-contained HTML volume viewer (slices, window/level, mask overlay)
 //! - `demo`        the embedded MNI152-derived demo pairs
 //!

@@ -10,9 +10,15 @@
 //!   `<stem>_t1.nii.gz`, `<stem>_t1ce.nii.gz`, `<stem>_t2.nii.gz`, `<stem>_flair.nii.gz`; and the
 //!   conditioning mask as the reference exports it ([`brats_export_mask`]: brain label dropped,
 //!   labels 1 ↔ 2, same crop/pad) as uint8 `<stem>_mask.nii.gz`.
+//!
+//! [`write_sample_with_views`] adds the PNG preview and the HTML viewer page beside those files
+//! (what `meddpm sample` and the end of `meddpm train` write); [`sample_stems`] names the files of
+//! a mask × seed sampling job list (moved here from the CLI with [`image_volumes`] and
+//! [`nifti_stem`]).
 
 use super::convention::{brats_export_mask, brats_postprocess_image, Convention, Preset};
 use super::nifti::{write_labels, write_volume, Volume};
+use super::{preview, view};
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -94,4 +100,129 @@ pub fn write_sample(
         written.push((path, o));
     }
     Ok(written)
+}
+
+/// The intensity volumes of [`sample_outputs`] (BraTS's exported label map left out), on the
+/// mask's grid: the generated columns of a preview.
+pub fn image_volumes(
+    conv: &Convention,
+    tensor: &[f32],
+    channels: usize,
+    size_dhw: [usize; 3],
+    mask: &Volume,
+) -> Result<Vec<Volume>> {
+    let outs = sample_outputs(conv, tensor, channels, size_dhw, mask)?;
+    Ok(outs.into_iter().filter(|o| !o.labels).map(|o| o.volume).collect())
+}
+
+/// Further volumes a preview shows beside a sample: `others` (e.g. the bundled model's sample of
+/// the same mask and seed), then `real` (the pair's real images), both as intensity columns.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Beside<'a> {
+    pub others: &'a [Volume],
+    pub real: &'a [Volume],
+}
+
+/// [`write_sample`], plus a PNG preview `<stem>.png` (mask | generated | `beside.others` |
+/// `beside.real`) and `<stem>.html`, the generated and real volumes in the viewer with the mask
+/// as overlay (when a volume is on its grid). Returns the files written: the NIfTI files in
+/// [`write_sample`]'s order, then the PNG, then the HTML page.
+pub fn write_sample_with_views(
+    stem: &Path,
+    conv: &Convention,
+    tensor: &[f32],
+    channels: usize,
+    size_dhw: [usize; 3],
+    mask: &Volume,
+    beside: Beside<'_>,
+) -> Result<Vec<PathBuf>> {
+    let outs = write_sample(stem, conv, tensor, channels, size_dhw, mask)?;
+    let mut written: Vec<PathBuf> = outs.iter().map(|(p, _)| p.clone()).collect();
+    let png = stem.with_extension("png");
+    let mut panel: Vec<(&Volume, preview::Kind)> = vec![(mask, preview::Kind::Labels)];
+    panel.extend(outs.iter().filter(|(_, o)| !o.labels).map(|(_, o)| (&o.volume, preview::Kind::Intensity)));
+    panel.extend(beside.others.iter().map(|v| (v, preview::Kind::Intensity)));
+    panel.extend(beside.real.iter().map(|v| (v, preview::Kind::Intensity)));
+    preview::write_png(&png, &panel)?;
+    written.push(png);
+    // The same volumes in the HTML viewer (data::view), the mask as overlay.
+    let html = stem.with_extension("html");
+    let file_name = |p: &Path| p.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let mut layers: Vec<view::Layer> = outs
+        .iter()
+        .filter(|(_, o)| !o.labels)
+        .map(|(p, o)| view::Layer { name: file_name(p), volume: &o.volume })
+        .collect();
+    layers.extend(beside.real.iter().map(|v| view::Layer { name: "real".into(), volume: v }));
+    let overlay = layers.iter().any(|l| l.volume.dims == mask.dims).then_some(("conditioning", mask));
+    view::write_html(&html, &file_name(stem), &layers, overlay)?;
+    written.push(html);
+    Ok(written)
+}
+
+/// A NIfTI file's name without its directory and `.nii` / `.nii.gz` (`"mask"` when the path has
+/// no UTF-8 file name).
+pub fn nifti_stem(p: &Path) -> String {
+    let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("mask");
+    n.strip_suffix(".nii.gz").or_else(|| n.strip_suffix(".nii")).unwrap_or(n).to_string()
+}
+
+/// The volumes of a sampling run, `num_samples` per mask with seeds `seed, seed + 1, …`, as
+/// (mask index, seed, output stem), mask by mask. `masks` are the mask files; none stands for one
+/// built-in mask. The stem is `out` for a single volume, `<out>_<k>` for several of one mask, and
+/// `<out>_<mask stem>_<k>` with several masks.
+pub fn sample_stems(out: &Path, masks: &[PathBuf], num_samples: u64, seed: u64) -> Vec<(usize, u64, PathBuf)> {
+    let mut jobs = Vec::new();
+    for m in 0..masks.len().max(1) {
+        for k in 0..num_samples {
+            let stem = if masks.len() > 1 {
+                format!("{}_{}_{k}", out.display(), nifti_stem(&masks[m]))
+            } else if num_samples == 1 {
+                out.display().to_string()
+            } else {
+                format!("{}_{k}", out.display())
+            };
+            jobs.push((m, seed + k, PathBuf::from(stem)));
+        }
+    }
+    jobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nifti_stems_drop_the_folder_and_the_extension() {
+        assert_eq!(nifti_stem(Path::new("a/b/case_01.nii.gz")), "case_01");
+        assert_eq!(nifti_stem(Path::new("case_02.nii")), "case_02");
+        assert_eq!(nifti_stem(Path::new("dir/plain")), "plain");
+        assert_eq!(nifti_stem(Path::new("x.nii.gz.bak")), "x.nii.gz.bak");
+        assert_eq!(nifti_stem(Path::new("/")), "mask");
+    }
+
+    #[test]
+    fn sample_stems_name_one_several_and_per_mask_volumes() {
+        let out = Path::new("o/s");
+        let stems = |masks: &[PathBuf], n, seed| -> Vec<(usize, u64, String)> {
+            sample_stems(out, masks, n, seed).into_iter().map(|(m, s, p)| (m, s, p.display().to_string())).collect()
+        };
+        // the built-in mask: one volume is `out` itself, several are numbered
+        assert_eq!(stems(&[], 1, 7), vec![(0, 7, "o/s".to_string())]);
+        assert_eq!(stems(&[], 2, 7), vec![(0, 7, "o/s_0".to_string()), (0, 8, "o/s_1".to_string())]);
+        // one mask file: as the built-in mask
+        assert_eq!(stems(&[PathBuf::from("m/a.nii.gz")], 1, 0), vec![(0, 0, "o/s".to_string())]);
+        // several masks: the mask's stem in every name, mask by mask, seeds restarting per mask
+        let two = [PathBuf::from("m/a.nii.gz"), PathBuf::from("b.nii")];
+        assert_eq!(
+            stems(&two, 2, 3),
+            vec![
+                (0, 3, "o/s_a_0".to_string()),
+                (0, 4, "o/s_a_1".to_string()),
+                (1, 3, "o/s_b_0".to_string()),
+                (1, 4, "o/s_b_1".to_string()),
+            ]
+        );
+        assert!(sample_stems(out, &two, 0, 0).is_empty());
+    }
 }

@@ -3,14 +3,15 @@
 //!
 //! - `record`: [`RunRecord`] — data source and convention, folder, step target, checkpoint
 //!   interval, precision, layout and the data's fingerprint, stored in each checkpoint; flags
-//!   override it on resume with one note each
+//!   override it on resume with one note each; [`DataSource`] ↔ the masks/images/manifest settings
 //! - `fingerprint`: per-file size, mtime and content hash of every pair; [`DataChanges`] says what
 //!   was added, went missing or changed since the checkpoint
 //! - `losslog`: `loss.csv` (appended across resumes) and its plot `loss.svg` with the EMA
 //! - `stop`: [`StopFlag`] — SIGINT/SIGTERM finish the step and save; a second one aborts
 //! - `session`: [`Session::run`] — the loop with checkpoints, stop, divergence and write failures
 //!   handled, and the test-only fault injection ([`Faults`]); [`Session::run_ranked`] is the same
-//!   loop as one data-parallel rank ([`Ranks`]: stop and divergence agreed by all ranks)
+//!   loop as one data-parallel rank ([`Ranks`]: stop and divergence agreed by all ranks); its
+//!   [`Summary`] gives the steps taken and the first/last loss means
 
 pub mod fingerprint;
 pub mod losslog;

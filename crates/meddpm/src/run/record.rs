@@ -7,6 +7,9 @@
 //! (lr, batch, accumulation, seed, ...) are the checkpoint's `train` entry, overridden by
 //! [`override_train`]. A checkpoint without a record (written before meddpm recorded runs, or a
 //! plain state dict) reads as `None`: callers fall back to flags and defaults and say so.
+//!
+//! [`DataSource::from_paths`] and [`DataSource::paths`] convert between the record's data source
+//! and the flat masks / images / manifest settings of flags and run files (moved from the CLI).
 
 use super::fingerprint::PairPrint;
 use crate::checkpoint::Checkpoint;
@@ -39,6 +42,27 @@ pub fn absolute(p: &Path) -> Result<PathBuf> {
 }
 
 impl DataSource {
+    /// The source that a masks folder (with its image folders) or a CSV manifest names, as the
+    /// flags and run files give them: the masks folder wins over a manifest; neither is the
+    /// built-in demo data.
+    pub fn from_paths(masks: Option<&Path>, images: &[PathBuf], manifest: Option<&Path>) -> DataSource {
+        match (masks, manifest) {
+            (Some(m), _) => DataSource::Folders { masks: m.to_path_buf(), images: images.to_vec() },
+            (None, Some(csv)) => DataSource::Manifest { csv: csv.to_path_buf() },
+            (None, None) => DataSource::Demo,
+        }
+    }
+
+    /// The (masks folder, image folders, manifest) the source stands for: the inverse of
+    /// [`DataSource::from_paths`].
+    pub fn paths(&self) -> (Option<PathBuf>, Vec<PathBuf>, Option<PathBuf>) {
+        match self {
+            DataSource::Demo => (None, Vec::new(), None),
+            DataSource::Folders { masks, images } => (Some(masks.clone()), images.clone(), None),
+            DataSource::Manifest { csv } => (None, Vec::new(), Some(csv.clone())),
+        }
+    }
+
     /// The same source with every path made absolute (against the current directory).
     pub fn absolute(&self) -> Result<DataSource> {
         Ok(match self {

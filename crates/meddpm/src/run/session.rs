@@ -26,6 +26,9 @@
 //! stops half-way with "no space left on device"; `MEDDPM_FAULT_SLOW_STEP_MS=M`: every batch
 //! fetch inside a step sleeps M ms, so a signal sent after a checkpoint lands in a running step),
 //! or set directly by library tests. Nothing reads these variables unless they are set.
+//!
+//! [`Summary`] reports what a session did (outcome, steps, losses; [`Summary::loss_means`] is the
+//! first/last-steps loss of `meddpm train`'s closing line).
 
 use super::losslog::LossLog;
 use super::record::{RunRecord, META_KEY};
@@ -101,6 +104,21 @@ pub struct Summary {
     pub losses: Vec<f32>,
     /// Step of the checkpoint now on disk (None: none was ever written).
     pub saved_step: Option<u64>,
+}
+
+impl Summary {
+    /// Optimizer steps this session took.
+    pub fn steps(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// Mean loss of this session's first `n` and of its last `n` steps (fewer when it took fewer;
+    /// NaN when it took none): the "first → last" of the end-of-run report.
+    pub fn loss_means(&self, n: usize) -> (f32, f32) {
+        let mean = |v: &[f32]| if v.is_empty() { f32::NAN } else { v.iter().sum::<f32>() / v.len() as f32 };
+        let l = &self.losses;
+        (mean(&l[..l.len().min(n)]), mean(&l[l.len().saturating_sub(n)..]))
+    }
 }
 
 /// A run folder being trained.
