@@ -22,6 +22,7 @@ use crate::run::{Preset, RunFile};
 use anyhow::{bail, Context, Result};
 use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
+use meddpm::dist::scaling::median;
 use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::DistEnv;
 use meddpm::model::{cost, UNetConfig};
@@ -175,16 +176,6 @@ struct Report<'a> {
     floor: &'static str,
     memory: &'static str,
     rows: &'a [Row],
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => s[n / 2],
-        n => 0.5 * (s[n / 2 - 1] + s[n / 2]),
-    }
 }
 
 /// Deterministic host data in [-1, 1) (the bench only needs non-trivial values).
