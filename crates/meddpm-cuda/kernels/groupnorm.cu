@@ -155,13 +155,15 @@ extern "C" __global__ void gn_apply(const void* x, const float* mean, const floa
 // g = dout, times silu'(y) with y = GN(x + off) recomputed from the statistics when `silu` (beta
 // given); μ is the channel's mean less its offset.
 // dout, x, dx: activations of the type `bf` selects; dx may be dout itself (each element is read
-// before it is written, by the same thread).
+// before it is written, by the same thread). `act` (may be null; only with `silu`): also writes
+// silu(y), the forward's output, as gn_apply computes it (the recomputation the convolution's
+// weight gradient needs, riding in this pass); act may be x itself (same thread, read first).
 template <typename T, int V>
 __device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* mean, const float* rstd,
                                const float* gamma, const float* beta, const float* off, const float* coef,
-                               void* dxv, int C, i64 S, int G, int cl, int accum) {
+                               void* dxv, void* actv, int C, i64 S, int G, int cl, int accum) {
     const T *dout = (const T*)doutv, *x = (const T*)xv;
-    T* dx = (T*)dxv;
+    T *dx = (T*)dxv, *act = (T*)actv;
     Row r = row_geom(C, S, V, cl);
     int cpg = C / G;
     float A[V], B[V], K[V], sc[V], sh[V];
@@ -182,8 +184,17 @@ __device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* m
         ldv<V>(dout, i, g);
         ldv<V>(x, i, xs);
         if (beta) {
+            float y[V];
 #pragma unroll
-            for (int j = 0; j < V; j++) g[j] *= silu_grad_t<T>(xs[j] * sc[j] + sh[j]);
+            for (int j = 0; j < V; j++) {
+                y[j] = xs[j] * sc[j] + sh[j];
+                g[j] *= silu_grad_t<T>(y[j]);
+            }
+            if (act) {
+#pragma unroll
+                for (int j = 0; j < V; j++) y[j] = y[j] * sigmoid_t<T>(y[j]);
+                stv<V>(act, i, y);
+            }
         }
         if (accum) ldv<V>(dx, i, o);
 #pragma unroll
@@ -196,6 +207,7 @@ __device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* m
 }
 extern "C" __global__ void gn_bwd_apply(const void* dout, const void* x, const float* mean, const float* rstd,
                                         const float* gamma, const float* beta, const float* off, const float* coef,
-                                        void* dx, int C, i64 S, int G, int cl, int accum, int bf, int V) {
-    DISPATCH_V(bf, V, gn_bwd_apply_t, dout, x, mean, rstd, gamma, beta, off, coef, dx, C, S, G, cl, accum);
+                                        void* dx, void* act, int C, i64 S, int G, int cl, int accum, int bf,
+                                        int V) {
+    DISPATCH_V(bf, V, gn_bwd_apply_t, dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum);
 }

@@ -1773,10 +1773,41 @@ pub(crate) fn backward(
     } else {
         cudnn_wgrad(dev, cache, dw, xp, dyp, cs);
     }
+    if let Some(d) = dinp {
+        data_grad(dev, cache, d, dyp, cdt, w, cs, ly);
+    }
+}
 
-    // Data gradient: our few-channel kernel or cuDNN (timed on first use, on a scratch target
-    // because dx may accumulate).
-    if let Some((dx, acc)) = dinp {
+/// `Backend::conv3d_backward_data`: the data gradient alone.
+pub(crate) fn backward_data(
+    dev: &Device,
+    cache: &mut ConvCache,
+    dinp: (&mut GpuBuf, Accum),
+    dout: &GpuBuf,
+    w: &GpuBuf,
+    cs: ConvShape,
+) {
+    check_lens(cs, cs.x.numel(), w.len(), dout.len(), cs.cout);
+    let cdt = compute_type(cache.precision);
+    let dyp = operand(dev, dout, cdt, T_DY);
+    let ly = (cache.layout == Layout::Ndhwc, cache.mma_on());
+    data_grad(dev, cache, dinp, dyp, cdt, w, cs, ly);
+}
+
+/// Data gradient: our few-channel kernel or cuDNN (timed on first use, on a scratch target
+/// because dx may accumulate); dy already in the compute type `cdt`.
+#[allow(clippy::too_many_arguments)]
+fn data_grad(
+    dev: &Device,
+    cache: &mut ConvCache,
+    (dx, acc): (&mut GpuBuf, Accum),
+    dyp: u64,
+    cdt: DType,
+    w: &GpuBuf,
+    cs: ConvShape,
+    ly: (bool, bool),
+) {
+    {
         assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
         let dxdt = dx.dtype();
         let ours = small_dgrad(cs)

@@ -301,12 +301,14 @@ fn check(x: Dims, groups: usize, inp: usize, gamma: usize, stats: usize) {
 /// (only where [`can_sum`], dinp overwritten): dsum[n, c] (f32 [N·C]) = Σ over the voxels of
 /// dinp[n, c], from the backward's own channel sums (a third partial, Σ (x − μ), in
 /// `chan_gnbwd3_*`; gn_bwd_finalize forms r·(γ_c·Σg − S·m1 − m2·r·Σ(x − μ))), so no pass reads
-/// dinp again.
+/// dinp again. With `act` (only with SiLU): act = silu(GN(inp + off)) too, written by the
+/// elementwise pass (`Backend::groupnorm_silu_backward_act`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &Device,
     dinp: (&mut GpuBuf, Accum),
     dsum: Option<&mut GpuBuf>,
+    act: Option<&mut GpuBuf>,
     dgamma: &mut GpuBuf,
     dbeta: &mut GpuBuf,
     dout: &GpuBuf,
@@ -338,8 +340,16 @@ pub(crate) fn backward(
             dev.ptr_mut(s)
         }
     };
+    let ap = match act {
+        None => 0,
+        Some(a) => {
+            assert!(silu_beta.is_some(), "groupnorm backward {x}: act is the SiLU output, SiLU backward only");
+            assert!(a.len() == x.numel() && a.bf() == bf, "groupnorm backward {x}: act length/type vs inp");
+            dev.ptr_mut(a)
+        }
+    };
     let inp = (inp, offp);
-    backward_ptrs(dev, (dxp, acc), dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf, sp);
+    backward_ptrs(dev, (dxp, acc), dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf, (sp, ap));
 }
 
 /// Whether [`backward`] can also give the channel sums of dinp (`dsum`): NDHWC, and the
@@ -358,12 +368,47 @@ pub(crate) fn can_sum(x: Dims, groups: usize, cl: bool) -> bool {
 pub(crate) fn backward_inplace(
     dev: &Device,
     d: &mut GpuBuf,
-    dgamma: &mut GpuBuf,
-    dbeta: &mut GpuBuf,
+    (dgamma, dbeta): (&mut GpuBuf, &mut GpuBuf),
     beta: &GpuBuf,
     inp: &GpuBuf,
     mean: &GpuBuf,
     rstd: &GpuBuf,
+    gamma: &GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    inplace(dev, d, (dgamma, dbeta), beta, (inp, 0), (mean, rstd), gamma, x, groups, cl);
+}
+
+/// [`backward_inplace`] that also replaces `x` (the GroupNorm's input) by silu(GN(x)) in the
+/// same elementwise pass, each element after its thread read it
+/// (`Backend::groupnorm_silu_backward_inplace_act`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_inplace_act(
+    dev: &Device,
+    d: &mut GpuBuf,
+    x: &mut GpuBuf,
+    dgb: (&mut GpuBuf, &mut GpuBuf),
+    beta: &GpuBuf,
+    (mean, rstd): (&GpuBuf, &GpuBuf),
+    gamma: &GpuBuf,
+    xd: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    let ap = dev.ptr_mut(x);
+    inplace(dev, d, dgb, beta, (&*x, ap), (mean, rstd), gamma, xd, groups, cl);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn inplace(
+    dev: &Device,
+    d: &mut GpuBuf,
+    (dgamma, dbeta): (&mut GpuBuf, &mut GpuBuf),
+    beta: &GpuBuf,
+    (inp, ap): (&GpuBuf, u64),
+    (mean, rstd): (&GpuBuf, &GpuBuf),
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
@@ -374,11 +419,13 @@ pub(crate) fn backward_inplace(
     let bf = same_bf("groupnorm backward in place", &[d, inp]);
     let dp = dev.ptr_mut(d);
     let dx = (dp, Accum::Overwrite);
-    backward_ptrs(dev, dx, dgamma, dbeta, dp, Some(beta), (inp, 0), mean, rstd, gamma, x, groups, cl, bf, 0);
+    let (b, ip) = (Some(beta), (inp, 0));
+    backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap));
 }
 
 /// The three backward stages on raw gradient pointers (`dx.0` may be `dp`); `inp` with its input
-/// offset's pointer (0: none); `dsum` ≠ 0: dx's channel sums too.
+/// offset's pointer (0: none); `dsum` ≠ 0: dx's channel sums too; `act` ≠ 0: silu(GN(inp)) too
+/// (may be `inp`'s own pointer).
 #[allow(clippy::too_many_arguments)]
 fn backward_ptrs(
     dev: &Device,
@@ -395,7 +442,7 @@ fn backward_ptrs(
     groups: usize,
     cl: bool,
     bf: i32,
-    dsum: u64,
+    (dsum, act): (u64, u64),
 ) {
     let (_, nchunks) = chunking(x, cl);
     let stride = if dsum != 0 { 3 } else { 2 };
@@ -439,6 +486,7 @@ fn backward_ptrs(
         P(offp),
         P(coef),
         P(dx.0),
+        P(act),
         I(x.c as i32),
         L(x.s() as i64),
         I(groups as i32),

@@ -607,6 +607,10 @@ impl Backend for CudaBackend {
         let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
         conv3d::backward(&self.dev, &mut cache, dinp, dw, db, dout, inp, w, cs);
     }
+    fn conv3d_backward_data(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, w: &Self::Buf, cs: ConvShape) {
+        let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        conv3d::backward_data(&self.dev, &mut cache, dinp, dout, w, cs);
+    }
 
     fn groupnorm_forward(
         &self,
@@ -637,6 +641,7 @@ impl Backend for CudaBackend {
         groupnorm::backward(
             &self.dev,
             dinp,
+            None,
             None,
             dgamma,
             dbeta,
@@ -724,7 +729,7 @@ impl Backend for CudaBackend {
         groups: usize,
     ) {
         let cl = self.cl();
-        groupnorm::backward_inplace(&self.dev, d, dgamma, dbeta, beta, inp, mean, rstd, gamma, x, groups, cl);
+        groupnorm::backward_inplace(&self.dev, d, (dgamma, dbeta), beta, inp, mean, rstd, gamma, x, groups, cl);
     }
     fn groupnorm_silu_recompute(
         &self,
@@ -759,6 +764,7 @@ impl Backend for CudaBackend {
         groupnorm::backward(
             &self.dev,
             dinp,
+            None,
             None,
             dgamma,
             dbeta,
@@ -799,6 +805,7 @@ impl Backend for CudaBackend {
             dev,
             d,
             Some(dsum),
+            None,
             dgamma,
             dbeta,
             dout,
@@ -812,6 +819,67 @@ impl Backend for CudaBackend {
             groups,
             true,
         );
+    }
+
+    fn groupnorm_silu_backward_act(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        dsum: Option<&mut Self::Buf>,
+        act: &mut Self::Buf,
+        (dgamma, dbeta): (&mut Self::Buf, &mut Self::Buf),
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        x: Dims,
+        groups: usize,
+    ) {
+        let cl = self.cl();
+        // channel sums from the backward's own partials where they fit, else a pass over dinp
+        let (dsum, sum_after) = match dsum {
+            Some(s) if !groupnorm::can_sum(x, groups, cl) => (None, Some(s)),
+            other => (other, None),
+        };
+        if dsum.is_some() || sum_after.is_some() {
+            assert!(dinp.1 == Accum::Overwrite, "groupnorm_silu_backward_act with dsum: dinp is overwritten");
+        }
+        let (dx, acc) = dinp;
+        let (dev, b) = (&self.dev, Some(beta));
+        let d = (&mut *dx, acc);
+        groupnorm::backward(
+            dev,
+            d,
+            dsum,
+            Some(act),
+            dgamma,
+            dbeta,
+            dout,
+            b,
+            inp,
+            off,
+            mean,
+            rstd,
+            gamma,
+            x,
+            groups,
+            cl,
+        );
+        if let Some(s) = sum_after {
+            self.channel_sum(s, dx, x);
+        }
+    }
+    fn groupnorm_silu_backward_inplace_act(
+        &self,
+        d: &mut Self::Buf,
+        x: &mut Self::Buf,
+        dgb: (&mut Self::Buf, &mut Self::Buf),
+        ms: (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        xd: Dims,
+        groups: usize,
+    ) {
+        groupnorm::backward_inplace_act(&self.dev, d, x, dgb, beta, ms, gamma, xd, groups, self.cl());
     }
 
     fn linear_forward(

@@ -243,6 +243,14 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
                     None => assert_eq!(dx_g, dx0, "{tag}: dinp None must leave the buffer alone"),
                 }
             }
+            // the data gradient alone (`conv3d_backward_data`; tolerance as above)
+            if let Some(a) = with_dinp {
+                let mut dxd = mk(&dx0, cs.x);
+                g.conv3d_backward_data((&mut dxd, a), &dyg, &wg, cs);
+                let tol = if cs.x.c <= 4 && cs.cout >= 64 { 2.0 * BF } else { BF };
+                check(&format!("{tag} dx (data only)"), &get_act(g, &dxd, cs.x), &dx_c, tol);
+                check_small_path(g, cs, small, 1, &tag);
+            }
         }
         g.set_small_conv(None); // the defaults
         g.set_small_mma(true);
@@ -385,6 +393,27 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
             assert!(
                 get_raw(g, &dgi) == get_raw(g, &dgo) && get_raw(g, &dbi) == get_raw(g, &dbo),
                 "{tag}: in-place dgamma/dbeta"
+            );
+            // in place with the recomputation riding along (x := silu(GN(x))): the same
+            // gradients, and x the forward's output, bit for bit
+            let (mut dgj, mut dbj, mut dj, mut xj) = (raw(g, &dg0), raw(g, &db0), act(g, &dy, x), act(g, &xin, x));
+            g.groupnorm_silu_backward_inplace_act(
+                &mut dj,
+                &mut xj,
+                (&mut dgj, &mut dbj),
+                (&mg, &rg),
+                (&gg, &bg),
+                x,
+                groups,
+            );
+            assert!(get_act(g, &dj, x) == get_act(g, &dxo, x), "{tag}: in-place backward with act differs");
+            assert!(
+                get_act(g, &xj, x) == get_act(g, &ag, x),
+                "{tag}: in-place backward's act differs from the forward"
+            );
+            assert!(
+                get_raw(g, &dgj) == get_raw(g, &dgo) && get_raw(g, &dbj) == get_raw(g, &dbo),
+                "{tag}: in-place dgamma/dbeta with act"
             );
             // with a per-(n, c) input offset (the ResBlock's time embedding folded in)
             let off: Vec<f32> = rnd(x.n * x.c, seed + 7, 2.0);

@@ -299,6 +299,11 @@ pub trait Backend {
         w: &Self::Buf,
         cs: ConvShape,
     );
+    /// The data half of [`Backend::conv3d_backward`] alone: dinp (per `Accum`) from dout and w.
+    /// The U-Net runs it before the weight half where that half's input, silu(GN(·)), is
+    /// rewritten by the GroupNorm backward that consumes this gradient
+    /// ([`Backend::groupnorm_silu_backward_act`]): no separate recomputation pass.
+    fn conv3d_backward_data(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, w: &Self::Buf, cs: ConvShape);
 
     // ---- normalisation and activation -----------------------------------------------------------
     /// GroupNorm(groups, eps 1e-5, affine) over each (n, group): out, and mean/rstd [N·G] saved.
@@ -455,6 +460,58 @@ pub trait Backend {
         let d = (&mut *dinp, Accum::Overwrite);
         self.groupnorm_silu_backward(d, dgamma, dbeta, dout, inp, off, mean, rstd, gamma, beta, x, groups);
         self.channel_sum(dsum, dinp, x);
+    }
+
+    /// [`Backend::groupnorm_silu_backward`] (with `dsum`: [`Backend::groupnorm_silu_backward_sum`],
+    /// dinp overwritten) that also writes act = silu(GN(inp + off)), the forward's output that the
+    /// convolution's weight gradient reads next: the recomputation rides in the backward's
+    /// elementwise pass, which computes GN(inp + off) for SiLU's derivative anyway (CUDA: one
+    /// extra write instead of a read-and-write pass). This default is the recomputation, then the
+    /// backward — the same values.
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_backward_act(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        dsum: Option<&mut Self::Buf>,
+        act: &mut Self::Buf,
+        (dgamma, dbeta): (&mut Self::Buf, &mut Self::Buf),
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        x: Dims,
+        groups: usize,
+    ) {
+        self.groupnorm_silu_recompute(act, mean, rstd, inp, off, gamma, beta, x, groups);
+        match dsum {
+            Some(s) => {
+                assert!(dinp.1 == Accum::Overwrite, "groupnorm_silu_backward_act with dsum: dinp is overwritten");
+                let (ms, gb) = ((mean, rstd), (gamma, beta));
+                self.groupnorm_silu_backward_sum(dinp.0, s, dgamma, dbeta, dout, inp, off, ms, gb, x, groups);
+            }
+            None => {
+                self.groupnorm_silu_backward(dinp, dgamma, dbeta, dout, inp, off, mean, rstd, gamma, beta, x, groups)
+            }
+        }
+    }
+    /// [`Backend::groupnorm_silu_backward_inplace`] that also replaces `x` by silu(GN(x)) (the
+    /// decoder ResBlock reading a skip concatenation in place: after this call `x` holds the
+    /// convolution's input for its weight gradient, and the concatenation need not be rebuilt for
+    /// the GroupNorm backward). This default is the backward, then the in-place recomputation.
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_backward_inplace_act(
+        &self,
+        d: &mut Self::Buf,
+        x: &mut Self::Buf,
+        (dgamma, dbeta): (&mut Self::Buf, &mut Self::Buf),
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        xd: Dims,
+        groups: usize,
+    ) {
+        self.groupnorm_silu_backward_inplace(d, dgamma, dbeta, x, mean, rstd, gamma, beta, xd, groups);
+        self.groupnorm_silu_recompute_inplace(x, mean, rstd, gamma, beta, xd, groups);
     }
 
     // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------

@@ -41,7 +41,48 @@ fn run<T: Float>(cs: ConvShape, budget: usize, seed: u64) -> Grads<T> {
     conv3d::conv3d_backward_with(Some((&mut dx_add, Accum::Add)), &mut dw2, Some(&mut db2), &g, &x, &w, cs, &mut s);
     let mut dw_no_dx = vec![T::zero(); cs.w_len()];
     conv3d::conv3d_backward_with(None, &mut dw_no_dx, Some(&mut db2), &g, &x, &w, cs, &mut s);
+    // the data gradient alone: the same sums as the joint call's, bit for bit
+    data_only_matches(cs, (&prior, &dx, &dx_add), &g, &w, &mut s);
     Grads { out, dx, dx_add, dw, db, dw_no_dx }
+}
+
+/// `conv3d_backward_data_with` (overwrite and add onto `prior`) equals the joint backward's
+/// data gradients `dx` / `dx_add` exactly.
+fn data_only_matches<T: Float>(
+    cs: ConvShape,
+    (prior, dx, dx_add): (&[T], &[T], &[T]),
+    g: &[T],
+    w: &[T],
+    s: &mut ConvScratch<T>,
+) {
+    let mut d = prior.to_vec();
+    conv3d::conv3d_backward_data_with((&mut d, Accum::Overwrite), g, w, cs, s);
+    assert!(d == dx, "{cs:?}: data-only gradient (overwrite) differs from the joint backward's");
+    let mut d = prior.to_vec();
+    conv3d::conv3d_backward_data_with((&mut d, Accum::Add), g, w, cs, s);
+    assert!(d == dx_add, "{cs:?}: data-only gradient (add) differs from the joint backward's");
+}
+
+/// The data-only backward on the im2col and pointwise paths too (stride 2, 1×1×1, batch 2).
+#[test]
+fn data_only_backward_equals_joint_on_every_path() {
+    let shapes = [
+        ConvShape::new(Dims::new(2, 3, 5, 6, 7), 4, 3, 2),
+        ConvShape::new(Dims::new(2, 5, 4, 3, 6), 7, 1, 1),
+        ConvShape::new(Dims::new(1, 4, 6, 5, 7), 3, 3, 1),
+    ];
+    for cs in shapes {
+        for budget in [COL_BUDGET, 1] {
+            let r = |st, len, sc| randn_f64(7, st, len, sc).into_iter().map(f32::from_f64).collect::<Vec<f32>>();
+            let (x, w, g, prior) =
+                (r(0, cs.x.numel(), 1.0), r(1, cs.w_len(), 0.3), r(3, cs.out().numel(), 1.0), r(4, cs.x.numel(), 1.0));
+            let mut s = ConvScratch::new(budget);
+            let (mut dx, mut dx_add, mut dw) = (prior.clone(), prior.clone(), vec![0f32; cs.w_len()]);
+            conv3d::conv3d_backward_with(Some((&mut dx, Accum::Overwrite)), &mut dw, None, &g, &x, &w, cs, &mut s);
+            conv3d::conv3d_backward_with(Some((&mut dx_add, Accum::Add)), &mut dw, None, &g, &x, &w, cs, &mut s);
+            data_only_matches(cs, (&prior, &dx, &dx_add), &g, &w, &mut s);
+        }
+    }
 }
 
 fn check<T: Float + Into<f64>>(name: &str, cs: ConvShape, tol: Tolerance) {

@@ -184,6 +184,46 @@ pub fn check_gn_offset(
     check(&format!("{tag} channel sums of dx"), &downr(&sg), &s_c);
     check(&format!("{tag} dgamma+= (with sums)"), &downr(&dgg), &dg_c);
     check(&format!("{tag} dbeta+= (with sums)"), &downr(&dbg), &db_c);
+    // with the recomputation of the forward's output riding along (`groupnorm_silu_backward_act`,
+    // what the U-Net's backward calls): with and without the sums, bit for bit the calls above,
+    // and act bit for bit the forward's output
+    let (mut dgs, mut dbs) = (upr(&vec![0.5; x.c]), upr(&vec![0.25; x.c]));
+    let (mut dxs, mut ss, mut acts) = (up(&vec![f32::NAN; n]), upr(&vec![f32::NAN; nc]), up(&vec![f32::NAN; n]));
+    let d = (&mut dxs, Accum::Overwrite);
+    g.groupnorm_silu_backward_act(
+        d,
+        Some(&mut ss),
+        &mut acts,
+        (&mut dgs, &mut dbs),
+        &dyg,
+        &xg,
+        Some(&og),
+        ms,
+        gb,
+        x,
+        groups,
+    );
+    assert!(down(&acts) == down(&ag), "{tag}: backward's act (with sums) differs from the forward");
+    assert!(down(&dxs) == down(&dxg) && downr(&ss) == downr(&sg), "{tag}: backward with act: dx / sums differ");
+    assert!(
+        downr(&dgs) == downr(&dgg) && downr(&dbs) == downr(&dbg),
+        "{tag}: backward with act: dgamma / dbeta differ"
+    );
+    let (mut dga, mut dba) = (upr(&vec![0.5; x.c]), upr(&vec![0.25; x.c]));
+    let (mut dxa, mut acta) = (up(dx0), up(&vec![f32::NAN; n]));
+    let d = (&mut dxa, acc);
+    g.groupnorm_silu_backward_act(d, None, &mut acta, (&mut dga, &mut dba), &dyg, &xg, Some(&og), ms, gb, x, groups);
+    let (mut dgp, mut dbp, mut dxp) = (upr(&vec![0.5; x.c]), upr(&vec![0.25; x.c]), up(dx0));
+    let (mg2, rg2) = ms;
+    let (gg2, bg2) = gb;
+    let d = (&mut dxp, acc);
+    g.groupnorm_silu_backward(d, &mut dgp, &mut dbp, &dyg, &xg, Some(&og), mg2, rg2, gg2, bg2, x, groups);
+    assert!(down(&acta) == down(&ag), "{tag}: backward's act differs from the forward");
+    assert!(down(&dxa) == down(&dxp), "{tag}: backward with act: dx differs");
+    assert!(
+        downr(&dga) == downr(&dgp) && downr(&dba) == downr(&dbp),
+        "{tag}: backward with act: dgamma / dbeta differ"
+    );
 }
 
 /// `concat_channels_stats` (a decoder ResBlock's skip concatenation with its GroupNorm

@@ -300,7 +300,7 @@ pub fn classify(name: &str) -> Category {
     if has(s, &["wgrad", "weight_grad", "conv3d_bwd_w", "conv_bwd_filter", "bwd_filter"]) {
         return Category::ConvWgrad;
     }
-    if has(s, &["dgrad", "data_grad", "conv3d_bwd_d", "conv_bwd_data", "bwd_data", "col2im"]) {
+    if has(s, &["dgrad", "data_grad", "conv3d_bwd_d", "conv_bwd_data", "bwd_data", "backward_data", "col2im"]) {
         return Category::ConvDgrad;
     }
     if has(

@@ -200,6 +200,12 @@ impl<B: Backend> Backend for Timed<B> {
         };
         self.rec(name, cat, Some(flops), e, || self.inner.conv3d_backward(dinp, dw, db, dout, inp, w, cs))
     }
+    fn conv3d_backward_data(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, w: &Self::Buf, cs: ConvShape) {
+        let e = self.l(dout) + self.l(w) + self.acc(dinp.0, dinp.1);
+        self.rec("conv3d_backward_data", Category::ConvDgrad, Some(cs.flops()), e, || {
+            self.inner.conv3d_backward_data(dinp, dout, w, cs)
+        })
+    }
     fn groupnorm_forward(
         &self,
         out: &mut Self::Buf,
@@ -409,6 +415,56 @@ impl<B: Backend> Backend for Timed<B> {
         self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
             let (ms, gb) = ((mean, rstd), (gamma, beta));
             self.inner.groupnorm_silu_backward_sum(dinp, dsum, dgamma, dbeta, dout, inp, off, ms, gb, x, groups)
+        })
+    }
+    fn groupnorm_silu_backward_act(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        dsum: Option<&mut Self::Buf>,
+        act: &mut Self::Buf,
+        (dgamma, dbeta): (&mut Self::Buf, &mut Self::Buf),
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        x: Dims,
+        groups: usize,
+    ) {
+        let e = self.acc(dinp.0, dinp.1)
+            + dsum.as_ref().map_or(0.0, |s| self.l(s))
+            + self.l(act)
+            + 2.0 * (self.l(dgamma) + self.l(dbeta))
+            + self.l(dout)
+            + self.l(inp)
+            + self.lo(off)
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(gamma)
+            + self.l(beta);
+        self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
+            let (gg, ms, gb) = ((dgamma, dbeta), (mean, rstd), (gamma, beta));
+            self.inner.groupnorm_silu_backward_act(dinp, dsum, act, gg, dout, inp, off, ms, gb, x, groups)
+        })
+    }
+    fn groupnorm_silu_backward_inplace_act(
+        &self,
+        d: &mut Self::Buf,
+        x: &mut Self::Buf,
+        (dgamma, dbeta): (&mut Self::Buf, &mut Self::Buf),
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        xd: Dims,
+        groups: usize,
+    ) {
+        let e = 2.0 * (self.l(d) + self.l(x) + self.l(dgamma) + self.l(dbeta))
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(gamma)
+            + self.l(beta);
+        self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
+            let (gg, ms, gb) = ((dgamma, dbeta), (mean, rstd), (gamma, beta));
+            self.inner.groupnorm_silu_backward_inplace_act(d, x, gg, ms, gb, xd, groups)
         })
     }
     fn linear_forward(
@@ -638,6 +694,7 @@ impl Backend for NullBackend {
         cs: ConvShape,
     ) {
     }
+    fn conv3d_backward_data(&self, dinp: (&mut usize, Accum), dout: &usize, w: &usize, cs: ConvShape) {}
     fn groupnorm_forward(
         &self,
         out: &mut usize,

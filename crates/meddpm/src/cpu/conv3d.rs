@@ -283,18 +283,43 @@ pub fn conv3d_backward_with<T: Float>(
 ) {
     check(&cs, inp.len(), w.len(), dout.len());
     assert_eq!(dw.len(), w.len(), "conv3d: dw length vs w");
-    let o = cs.out();
-    let (cin, si, so, rows) = (cs.x.c, cs.x.s(), o.s(), cs.x.c * cs.k * cs.k * cs.k);
-
     if let Some(db) = db {
         assert_eq!(db.len(), cs.cout, "conv3d: db length vs Cout");
         bias_grad(db, dout, cs);
     }
+    backward_parts(dinp, Some((dw, inp)), dout, w, cs, scratch);
+}
+
+/// The data gradient alone: dinp (per `Accum`) from dout and w (`Backend::conv3d_backward_data`;
+/// the same sums as [`conv3d_backward_with`]'s dinp).
+pub fn conv3d_backward_data_with<T: Float>(
+    dinp: (&mut [T], Accum),
+    dout: &[T],
+    w: &[T],
+    cs: ConvShape,
+    scratch: &mut ConvScratch<T>,
+) {
+    check(&cs, cs.x.numel(), w.len(), dout.len());
+    backward_parts(Some(dinp), None, dout, w, cs, scratch);
+}
+
+/// Backward on whichever of the two parts is asked for: dinp, and `wg` = (dw, the forward's
+/// input) for dw += the filter gradient.
+fn backward_parts<T: Float>(
+    dinp: Option<(&mut [T], Accum)>,
+    mut wg: Option<(&mut [T], &[T])>,
+    dout: &[T],
+    w: &[T],
+    cs: ConvShape,
+    scratch: &mut ConvScratch<T>,
+) {
+    let o = cs.out();
+    let (cin, si, so, rows) = (cs.x.c, cs.x.s(), o.s(), cs.x.c * cs.k * cs.k * cs.k);
 
     let wm = Mat::dense(w, cs.cout, rows);
     let (mut dinp, acc) = match dinp {
         Some((d, acc)) => {
-            assert_eq!(d.len(), inp.len(), "conv3d: dinp length vs input");
+            assert_eq!(d.len(), cs.x.numel(), "conv3d: dinp length vs input");
             (Some(d), acc)
         }
         None => (None, Accum::Add),
@@ -308,9 +333,11 @@ pub fn conv3d_backward_with<T: Float>(
         let wt = if dinp.is_some() { direct::arrange_weights(w, cs.cout, cin, true) } else { Vec::new() };
         let init = if acc == Accum::Add { direct::Init::Add } else { direct::Init::Zero };
         for n in 0..cs.x.n {
-            direct::pad(xp, &inp[n * cin * si..(n + 1) * cin * si], &px);
             direct::pad(gp, &dout[n * cs.cout * so..(n + 1) * cs.cout * so], &pg);
-            direct::filter_grad(dw, cs.cout, gp, &pg, xp, &px, cin, gt);
+            if let Some((dw, inp)) = wg.as_mut() {
+                direct::pad(xp, &inp[n * cin * si..(n + 1) * cin * si], &px);
+                direct::filter_grad(dw, cs.cout, gp, &pg, xp, &px, cin, gt);
+            }
             if let Some(d) = dinp.as_deref_mut() {
                 direct::correlate(&mut d[n * cin * si..(n + 1) * cin * si], cin, gp, &pg, cs.cout, &wt, init);
             }
@@ -319,11 +346,13 @@ pub fn conv3d_backward_with<T: Float>(
     }
     if is_pointwise(&cs) {
         for n in 0..cs.x.n {
-            let xn = &inp[n * cin * si..(n + 1) * cin * si];
             let gn = &dout[n * cs.cout * so..(n + 1) * cs.cout * so];
             let gm = Mat::dense(gn, cs.cout, so);
-            // dW (Cout × Cin) += dout[n] · x[n]ᵀ
-            gemm(MatMut::dense(dw, cs.cout, cin), true, T::one(), gm, Mat::dense(xn, cin, si).t());
+            if let Some((dw, inp)) = wg.as_mut() {
+                // dW (Cout × Cin) += dout[n] · x[n]ᵀ
+                let xn = &inp[n * cin * si..(n + 1) * cin * si];
+                gemm(MatMut::dense(dw, cs.cout, cin), true, T::one(), gm, Mat::dense(xn, cin, si).t());
+            }
             if let Some(d) = dinp.as_deref_mut() {
                 // dx[n] (Cin × S) (+)= Wᵀ · dout[n]
                 let dn = &mut d[n * cin * si..(n + 1) * cin * si];
@@ -341,15 +370,18 @@ pub fn conv3d_backward_with<T: Float>(
     let col = grow(&mut scratch.col, slab);
     let dcol = if dinp.is_some() { grow(&mut scratch.dcol, slab) } else { &mut [][..] };
     for n in 0..cs.x.n {
-        let xn = &inp[n * cin * si..(n + 1) * cin * si];
         let gn = &dout[n * cs.cout * so..(n + 1) * cs.cout * so];
         for od0 in (0..o.d).step_by(planes) {
             let pl = planes.min(o.d - od0);
             let len = pl * o.h * o.w;
             let gm = Mat::new(&gn[od0 * o.h * o.w..], cs.cout, len, so);
-            im2col(&mut col[..rows * len], xn, &cs, od0, pl);
-            // dW (Cout × Cin·k³) += dout_slab · colᵀ
-            gemm(MatMut::dense(dw, cs.cout, rows), true, T::one(), gm, Mat::dense(&col[..rows * len], rows, len).t());
+            if let Some((dw, inp)) = wg.as_mut() {
+                let xn = &inp[n * cin * si..(n + 1) * cin * si];
+                im2col(&mut col[..rows * len], xn, &cs, od0, pl);
+                // dW (Cout × Cin·k³) += dout_slab · colᵀ
+                let cm = Mat::dense(&col[..rows * len], rows, len).t();
+                gemm(MatMut::dense(dw, cs.cout, rows), true, T::one(), gm, cm);
+            }
             if let Some(d) = dinp.as_deref_mut() {
                 // dcol = Wᵀ · dout_slab, then scatter back.
                 gemm(MatMut::dense(&mut dcol[..rows * len], rows, len), false, T::one(), wm.t(), gm);

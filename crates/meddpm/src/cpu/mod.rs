@@ -232,6 +232,20 @@ impl Backend for CpuBackend {
             }
         });
     }
+    fn conv3d_backward_data(&self, dinp: (&mut Vec<f32>, Accum), dout: &Vec<f32>, w: &Vec<f32>, cs: ConvShape) {
+        let (d, acc) = dinp;
+        if !self.bf16 {
+            CONV_SCRATCH
+                .with_borrow_mut(|s| conv3d::conv3d_backward_data_with((d.as_mut_slice(), acc), dout, w, cs, s));
+            return;
+        }
+        // as conv3d_backward's data half: bf16 operands, the gradient rounded as it is stored
+        EMU.with_borrow_mut(|[_, ew, edy, _]| {
+            let (w, dy) = (rounded_into(ew, w), rounded_into(edy, dout));
+            CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_backward_data_with((d.as_mut_slice(), acc), dy, w, cs, s));
+        });
+        self.r(d);
+    }
 
     fn groupnorm_forward(
         &self,

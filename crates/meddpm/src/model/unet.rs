@@ -82,10 +82,11 @@ pub struct ResBlock<B: Backend> {
     /// scratch of the concatenation's size (the largest tensors at 128³): forward builds the
     /// concatenation itself with its GroupNorm statistics (`concat_channels_stats`; the Concat
     /// layer's forward does nothing), runs the skip conv, then GroupNorm+SiLU over it in place
-    /// from those statistics; backward recomputes that in place from the saved statistics for the
-    /// conv's weight gradient, writes the conv's data gradient straight into the concatenation's
-    /// gradient, concatenates again and runs GroupNorm+SiLU's backward in place there, and adds
-    /// the skip conv's data gradient last.
+    /// from those statistics; backward (x the concatenation again) takes the skip conv's weight
+    /// gradient first, writes the conv's data gradient straight into the concatenation's gradient,
+    /// runs GroupNorm+SiLU's backward in place there while the same pass turns x into
+    /// SiLU(GroupNorm(x)) for the conv's weight gradient, and adds the skip conv's data gradient
+    /// last.
     cat_in: bool,
 }
 
@@ -298,8 +299,9 @@ fn plan_acts<B: Backend>(
 /// 0 the SiLU output (the conv's input), 1 the gradient of the conv input, 2 the gradient inside a
 /// ResBlock (dh). GroupNorm+SiLU outputs are not kept from forward to backward: backward recomputes
 /// them into slot 0 from the saved input and statistics, which halves what a ResBlock keeps (the
-/// largest tensors at 128³); the GroupNorm output itself is never stored (the fused backward
-/// recomputes it).
+/// largest tensors at 128³) — in the GroupNorm+SiLU backward's own elementwise pass
+/// (`groupnorm_silu_backward_act`), so the conv's data gradient runs before its weight gradient;
+/// the GroupNorm output itself is never stored (the fused backward recomputes it).
 struct Scratch<B: Backend> {
     bufs: Vec<B::Buf>,
     base: std::collections::HashMap<usize, usize>,
@@ -857,24 +859,8 @@ impl<B: Backend> UNet<B> {
                 done(i, dw);
                 continue;
             }
-            // the output gradient, the input, the input's gradient, and where the input is a
-            // concatenation its two parts (a `cat_in` ResBlock concatenates them again)
-            let cat = match &layers[inp].op {
-                Op::Concat { skip, x: xd, ca, cb, .. } => {
-                    Some((layers[layers[inp].input].out, layers[*skip].out, *xd, *ca, *cb))
-                }
-                _ => None,
-            };
-            let (dout, x, dx, parts) = match cat {
-                Some((hi, si, ..)) => {
-                    let [dout, x, dx, h, s] = acts.get_disjoint_mut([di, xi, dxi, hi, si]).expect("distinct buffers");
-                    (dout, x, dx, Some((&*h, &*s)))
-                }
-                None => {
-                    let [dout, x, dx] = acts.get_disjoint_mut([di, xi, dxi]).expect("distinct buffers");
-                    (dout, x, dx, None)
-                }
-            };
+            // the output gradient, the input (a concatenation rebuilt above), the input's gradient
+            let [dout, x, dx] = acts.get_disjoint_mut([di, xi, dxi]).expect("distinct buffers");
             let dout = &*dout;
             match &mut layers[i].op {
                 Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
@@ -904,62 +890,55 @@ impl<B: Backend> UNet<B> {
                     } else {
                         be.copy(dx, dout);
                     }
-                    // out_layers: recompute SiLU(GroupNorm(h)) into slot 0; Conv3 backward → slot
-                    // 1; GroupNorm+SiLU backward → dh in slot 2.
+                    // out_layers: Conv3's data gradient → slot 1; GroupNorm+SiLU backward → dh in
+                    // slot 2, recomputing SiLU(GroupNorm(h)) into slot 0 on the way; Conv3's
+                    // weight gradient from it.
                     let [a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2)]);
-                    let (m, rs) = (&r.mean2, &r.rstd2);
-                    be.groupnorm_silu_recompute(a, m, rs, &r.h, Some(&r.e), &w[p + 6], &w[p + 7], yd, g);
                     let cs = ConvShape::new(yd, r.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), &mut dw[p + 8], None, dout, a, cw(p + 8), cs);
+                    be.conv3d_backward_data((da, Accum::Overwrite), dout, cw(p + 8), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
                     let (m, rs) = (&r.mean2, &r.rstd2);
                     let (gm, bt) = (&w[p + 6], &w[p + 7]);
                     // with dh's channel sums, the gradient of emb_layers' output (h + Linear(SiLU(emb)),
                     // broadcast over voxels: the GroupNorm's input offset)
-                    let (h, e) = (&r.h, Some(&r.e));
-                    be.groupnorm_silu_backward_sum(dh, &mut r.de, gg, gb, da, h, e, (m, rs), (gm, bt), yd, g);
+                    let (h, e, d) = (&r.h, Some(&r.e), (&mut *dh, Accum::Overwrite));
+                    let (ms, gmb) = ((m, rs), (gm, bt));
+                    be.groupnorm_silu_backward_act(d, Some(&mut r.de), a, (gg, gb), da, h, e, ms, gmb, yd, g);
+                    be.conv3d_backward(None, &mut dw[p + 8], None, dout, a, cw(p + 8), cs);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let de_silu = Some((&mut te.d_emb_silu, Accum::Add));
                     be.linear_backward(de_silu, gw, gb, &r.de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
                     be.bias_grad_rows(&mut dw[p + 3], &r.de, n, r.cout);
                     if r.cat_in {
-                        // in_layers over the concatenation x in place: GroupNorm+SiLU of x for
-                        // the conv's weight gradient, its data gradient straight into dx, x
-                        // concatenated again, GroupNorm+SiLU backward in place in dx; then the
-                        // skip conv's backward adds its data gradient.
-                        let ((h, sk), (_, _, cd, ca, cb)) = (parts.expect("cat_in"), cat.expect("cat_in"));
+                        // in_layers over the concatenation x in place: the skip conv's weight
+                        // gradient while x is the concatenation; the conv's data gradient
+                        // straight into dx; GroupNorm+SiLU backward in place in dx, turning x into
+                        // SiLU(GroupNorm(x)) in the same pass; the conv's weight gradient from it;
+                        // then the skip conv's data gradient is added. (x is rebuilt wherever a
+                        // concatenation is read again.)
                         let [dh] = scr.get([(yn, 2)]);
-                        be.groupnorm_silu_recompute_inplace(x, &r.mean1, &r.rstd1, &w[p], &w[p + 1], xd, g);
+                        let cs1 = ConvShape::new(xd, r.cout, 1, 1);
+                        be.conv3d_backward(None, &mut dw[p + 10], None, dout, x, cw(p + 10), cs1);
                         let cs = ConvShape::new(xd, r.cout, 3, 1);
-                        be.conv3d_backward(
-                            Some((&mut *dx, Accum::Overwrite)),
-                            &mut dw[p + 2],
-                            None,
-                            dh,
-                            x,
-                            cw(p + 2),
-                            cs,
-                        );
-                        be.concat_channels_bias(x, h, ab.map(|k| &w[k]), sk, cd, ca, cb);
+                        be.conv3d_backward_data((&mut *dx, Accum::Overwrite), dh, cw(p + 2), cs);
                         let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                        let (m, rs) = (&r.mean1, &r.rstd1);
-                        be.groupnorm_silu_backward_inplace(dx, gg, gb, x, m, rs, &w[p], &w[p + 1], xd, g);
-                        let cs = ConvShape::new(xd, r.cout, 1, 1);
-                        be.conv3d_backward(Some((dx, Accum::Add)), &mut dw[p + 10], None, dout, x, cw(p + 10), cs);
+                        let (ms, gmb) = ((&r.mean1, &r.rstd1), (&w[p], &w[p + 1]));
+                        be.groupnorm_silu_backward_inplace_act(dx, x, (gg, gb), ms, gmb, xd, g);
+                        be.conv3d_backward(None, &mut dw[p + 2], None, dh, x, cw(p + 2), cs);
+                        be.conv3d_backward_data((dx, Accum::Add), dout, cw(p + 10), cs1);
                         be.pop_range();
                         done(i, dw);
                         continue;
                     }
-                    // in_layers: recompute GroupNorm+SiLU of x; Conv3 backward; GroupNorm+SiLU
-                    // backward added into dx.
+                    // in_layers: Conv3's data gradient; GroupNorm+SiLU backward added into dx,
+                    // recomputing GroupNorm+SiLU of x on the way; Conv3's weight gradient.
                     let [dh, a, da] = scr.get([(yn, 2), (xn, 0), (xn, 1)]);
-                    let (m, rs) = (&r.mean1, &r.rstd1);
-                    be.groupnorm_silu_recompute(a, m, rs, x, None, &w[p], &w[p + 1], xd, g);
                     let cs = ConvShape::new(xd, r.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), &mut dw[p + 2], None, dh, a, cw(p + 2), cs);
+                    be.conv3d_backward_data((da, Accum::Overwrite), dh, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    let (m, rs) = (&r.mean1, &r.rstd1);
-                    be.groupnorm_silu_backward((dx, Accum::Add), gg, gb, da, x, None, m, rs, &w[p], &w[p + 1], xd, g);
+                    let (ms, gmb) = ((&r.mean1, &r.rstd1), (&w[p], &w[p + 1]));
+                    be.groupnorm_silu_backward_act((dx, Accum::Add), None, a, (gg, gb), da, x, None, ms, gmb, xd, g);
+                    be.conv3d_backward(None, &mut dw[p + 2], None, dh, a, cw(p + 2), cs);
                 }
                 Op::Attn(a) => {
                     let (p, xd) = (a.p, a.x);
@@ -994,14 +973,16 @@ impl<B: Backend> UNet<B> {
                 Op::Out(o) => {
                     let (p, xd) = (o.p, o.x);
                     let xo = &*x;
+                    // the conv's data gradient; GroupNorm+SiLU backward, recomputing the conv's
+                    // input on the way; the conv's weight and bias gradients
                     let [a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
-                    be.groupnorm_silu_recompute(a, &o.mean, &o.rstd, xo, None, &w[p], &w[p + 1], xd, g);
-                    let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     let cs = ConvShape::new(xd, o.cout, 3, 1);
-                    be.conv3d_backward(Some((da, Accum::Overwrite)), gw, Some(gb), dout, a, cw(p + 2), cs);
+                    be.conv3d_backward_data((da, Accum::Overwrite), dout, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    let (gm, bt) = (&w[p], &w[p + 1]);
-                    be.groupnorm_silu_backward((dx, mode), gg, gb, da, xo, None, &o.mean, &o.rstd, gm, bt, xd, g);
+                    let (ms, gmb) = ((&o.mean, &o.rstd), (&w[p], &w[p + 1]));
+                    be.groupnorm_silu_backward_act((dx, mode), None, a, (gg, gb), da, xo, None, ms, gmb, xd, g);
+                    let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
+                    be.conv3d_backward(None, gw, Some(gb), dout, a, cw(p + 2), cs);
                 }
             }
             be.pop_range();
