@@ -62,25 +62,30 @@ def conv_shapes(cfg):
     return sorted(shapes.items(), key=lambda kv: -(kv[0][0][1] * kv[0][0][2] ** 3))
 
 
+def plan_ms(graph, pack, i, handle, iters):
+    """Median ms of plan i (built) over `iters` runs after two warm-up runs (CUDA events)."""
+    ws = torch.empty(max(1, graph.get_workspace_size_plan_at_index(i)), dtype=torch.uint8, device="cuda")
+    run = lambda: graph.execute_plan_at_index(pack, ws, i, handle=handle)  # noqa: E731
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
 def time_plans(graph, pack, handle, iters):
     """Every plan cuDNN built for the graph: (best ms, plans that ran, first error)."""
     best, ran, err = float("inf"), 0, None
     for i in range(graph.get_execution_plan_count()):
         try:
-            ws = torch.empty(max(1, graph.get_workspace_size_plan_at_index(i)), dtype=torch.uint8, device="cuda")
-            run = lambda: graph.execute_plan_at_index(pack, ws, i, handle=handle)  # noqa: E731
-            for _ in range(2):
-                run()
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(iters):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                run()
-                b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b))
-            best = min(best, statistics.median(ts))
+            best = min(best, plan_ms(graph, pack, i, handle, iters))
             ran += 1
         except Exception as e:  # noqa: BLE001 -- a plan that fails to run is reported, not fatal
             err = err or str(e).splitlines()[0][:200]

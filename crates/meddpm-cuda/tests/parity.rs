@@ -425,26 +425,21 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
                 get_raw(g, &dgi) == get_raw(g, &dgo) && get_raw(g, &dbi) == get_raw(g, &dbo),
                 "{tag}: in-place dgamma/dbeta"
             );
-            // in place with the recomputation riding along (x := silu(GN(x))): the same
-            // gradients, and x the forward's output, bit for bit
-            let (mut dgj, mut dbj, mut dj, mut xj) = (raw(g, &dg0), raw(g, &db0), act(g, &dy, x), act(g, &xin, x));
-            g.groupnorm_silu_backward_inplace_act(
-                &mut dj,
-                &mut xj,
-                (&mut dgj, &mut dbj),
-                (&mg, &rg),
-                (&gg, &bg),
-                x,
-                groups,
-            );
-            assert!(get_act(g, &dj, x) == get_act(g, &dxo, x), "{tag}: in-place backward with act differs");
-            assert!(
-                get_act(g, &xj, x) == get_act(g, &ag, x),
-                "{tag}: in-place backward's act differs from the forward"
-            );
-            assert!(
-                get_raw(g, &dgj) == get_raw(g, &dgo) && get_raw(g, &dbj) == get_raw(g, &dbo),
-                "{tag}: in-place dgamma/dbeta with act"
+            // in place with the recomputation riding along (x := silu(GN(x)))
+            let (up, down) = (&|v: &[f32]| act(g, v, x), &|b: &Buf| get_act(g, b, x));
+            let (upr, downr) = (&|v: &[f32]| raw(g, v), &|b: &Buf| get_raw(g, b));
+            let want = (&down(&dxo)[..], &down(&ag)[..], &downr(&dgo)[..], &downr(&dbo)[..]);
+            let dev = ((&mg, &rg), (&gg, &bg));
+            common::check_gn_inplace_act(
+                g,
+                (x, groups),
+                (&xin, &dy),
+                (&dg0, &db0),
+                dev,
+                want,
+                (up, down),
+                (upr, downr),
+                &tag,
             );
             // with a per-(n, c) input offset (the ResBlock's time embedding folded in)
             let off: Vec<f32> = rnd(x.n * x.c, seed + 7, 2.0);

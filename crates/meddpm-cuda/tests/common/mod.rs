@@ -226,6 +226,29 @@ pub fn check_gn_offset(
     );
 }
 
+/// `groupnorm_silu_backward_inplace_act` on `g` (the decoder ResBlock's backward over its skip
+/// concatenation): from `d` = dy and x = `xin` (host values as the GPU stores them), d must become
+/// the out-of-place backward's dx and x the forward's SiLU output, with the same dγ and dβ (onto
+/// `dg0`, `db0`), all bit for bit: `want` = (dx, forward output, dγ, dβ) of those calls.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn check_gn_inplace_act(
+    g: &CudaBackend,
+    (x, groups): (Dims, usize),
+    (xin, dy): (&[f32], &[f32]),
+    (dg0, db0): (&[f32], &[f32]),
+    (ms, gb): ((&Buf, &Buf), (&Buf, &Buf)),
+    want: (&[f32], &[f32], &[f32], &[f32]),
+    (up, down): (&dyn Fn(&[f32]) -> Buf, &dyn Fn(&Buf) -> Vec<f32>),
+    (upr, downr): (&dyn Fn(&[f32]) -> Buf, &dyn Fn(&Buf) -> Vec<f32>),
+    tag: &str,
+) {
+    let (mut dg, mut db, mut d, mut xa) = (upr(dg0), upr(db0), up(dy), up(xin));
+    g.groupnorm_silu_backward_inplace_act(&mut d, &mut xa, (&mut dg, &mut db), ms, gb, x, groups);
+    assert!(down(&d) == want.0, "{tag}: in-place backward with act: dx differs");
+    assert!(down(&xa) == want.1, "{tag}: in-place backward's act differs from the forward");
+    assert!(downr(&dg) == want.2 && downr(&db) == want.3, "{tag}: in-place dgamma/dbeta with act");
+}
+
 /// `concat_channels_stats` (a decoder ResBlock's skip concatenation with its GroupNorm
 /// statistics) on `g` against the CPU twin, with and without a bias on the first part: shapes the
 /// fused NDHWC kernel takes (both parts' channels a multiple of the vector width: 8 + 16, 4 + 8,
