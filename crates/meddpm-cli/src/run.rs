@@ -5,10 +5,12 @@
 //!
 //! Kept in the library instead (moved from here): data source ↔ masks/images/manifest settings
 //! (`meddpm::run::DataSource::{from_paths, paths}`), the host batch (`data::Loader::next_batch`),
-//! the closing line's loss means (`run::Summary::loss_means`), and a sample's files with PNG
+//! the closing line's loss means (`run::Summary::loss_means`), a sample's files with PNG
 //! preview and viewer page plus the mask × seed file stems (`data::output::{write_sample_with_views,
-//! image_volumes, sample_stems}`). The run-file types stay here: `Preset` and `ConventionName`
-//! derive clap's `ValueEnum` (`RunFile` and `RunConfig` hold them).
+//! image_volumes, sample_stems}`), what a run continues from (a resume's loss log, the checkpoint
+//! step on disk, data changes, the note for a replaced checkpoint: `run::Continuation`) and the
+//! progress bar's step count (`run::StepPlan`). The run-file types stay here: `Preset` and
+//! `ConventionName` derive clap's `ValueEnum` (`RunFile` and `RunConfig` hold them).
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -21,7 +23,9 @@ use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::{DistEnv, GradSync};
 use meddpm::eval::samplers::{BatchTiming, SampleTiming, TimedVolume};
 use meddpm::model::{cost, UNet, UNetConfig};
-use meddpm::run::{DataChanges, DataSource, Faults, LossLog, Outcome, Overrides, Ranks, RunRecord, Session, StopFlag};
+use meddpm::run::{
+    Continuation, DataSource, Faults, Outcome, Overrides, Ranks, RunRecord, Session, StepPlan, StopFlag,
+};
 use meddpm::{Backend, Layout, Precision};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -696,12 +700,14 @@ pub(crate) fn train_on<B: Backend>(
     // files as a resume from any directory will.
     run = run_config_of(&record)?;
     let ckpt = run.out.join(meddpm::run::CHECKPOINT);
-    if lead && old_record.is_none() && ckpt.is_file() {
-        let step = Checkpoint::read(&ckpt).map(|c| format!(" (step {})", c.step)).unwrap_or_default();
-        eprintln!(
-            "note: {} holds another run's checkpoint{step}; this new run replaces it and its loss log",
-            run.out.display()
-        );
+    let continued = Continuation {
+        dir: &run.out,
+        resumed: old_record.as_ref().map(|(path, rec)| (path.as_path(), rec.as_ref())),
+        step: tr.step,
+        lead,
+    };
+    if let Some(note) = continued.replaced_note() {
+        eprintln!("note: {note}");
     }
     let dataset = open_dataset(&run, &cfg)?;
     say(format!(
@@ -713,35 +719,18 @@ pub(crate) fn train_on<B: Backend>(
     // every rank checks and fingerprints the data (the same work keeps the ranks in step; only
     // rank 0's record is written)
     dataset.validate()?;
-    let known = old_record.as_ref().and_then(|(_, r)| r.as_ref()).map(|r| r.pairs.as_slice()).unwrap_or(&[]);
-    record.pairs = meddpm::run::fingerprint(&dataset, known)?;
-    if let Some((_, Some(old))) = old_record.as_ref().filter(|_| lead) {
-        let changes = DataChanges::between(&old.pairs, &record.pairs);
-        if !changes.is_empty() {
-            eprintln!("warning: the data changed since the checkpoint (step {}):", tr.step);
-            for line in changes.report() {
-                eprintln!("  {line}");
-            }
-            eprintln!("  training continues on the data as it is now (the resume is not bit-identical)");
+    record.pairs = meddpm::run::fingerprint(&dataset, continued.known_pairs())?;
+    if let Some(changes) = continued.data_changes(&record.pairs) {
+        eprintln!("warning: the data changed since the checkpoint (step {}):", tr.step);
+        for line in changes.report() {
+            eprintln!("  {line}");
         }
+        eprintln!("  training continues on the data as it is now (the resume is not bit-identical)");
     }
-    let log = match old_record.as_ref().filter(|_| lead) {
-        Some((ck_path, _)) => {
-            let (mut log, dropped) =
-                LossLog::open(&meddpm::run::run_dir(ck_path).join(meddpm::run::losslog::CSV), tr.step)?;
-            if dropped > 0 {
-                eprintln!(
-                    "note: {dropped} row(s) past step {} dropped from {} (they are redone)",
-                    tr.step,
-                    log.csv_path().display()
-                );
-            }
-            log.move_to(&run.out);
-            log
-        }
-        // a new run, or a rank other than 0 (which never writes its log)
-        None => LossLog::fresh(&run.out),
-    };
+    let (log, dropped_note) = continued.loss_log()?;
+    if let Some(note) = dropped_note {
+        eprintln!("note: {note}");
+    }
     let stop = StopFlag::install()?;
     let faults = Faults::from_env()?;
     if faults.any() && lead {
@@ -752,13 +741,11 @@ pub(crate) fn train_on<B: Backend>(
     let mut loader =
         Loader::sharded(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), tr.samples, shard);
     let batch = tr.tc.batch;
-    let saved_step = old_record
-        .as_ref()
-        .filter(|(p, _)| meddpm::run::record::absolute(&meddpm::run::run_dir(p)).ok().as_ref() == Some(&run.out))
-        .map(|_| tr.step);
+    let saved_step = continued.saved_step();
+    let steps_left = StepPlan::new(&record, &tr).steps_left();
     let mut session = Session { dir: run.out.clone(), record, log, stop: &stop, faults, saved_step };
     let t0 = Instant::now();
-    let pb = if lead { bar(run.steps.saturating_sub(tr.step), "train") } else { ProgressBar::hidden() };
+    let pb = if lead { bar(steps_left, "train") } else { ProgressBar::hidden() };
     let (ranks, agreed_end) = match dist {
         Some(d) => (Some(Ranks { sync: d.sync, check_every: d.check_every }), Some(d.agreed_end)),
         None => (None, None),
@@ -829,28 +816,36 @@ pub(crate) fn train_on<B: Backend>(
         session.log.svg_path().display()
     );
     if run.sample_at_end {
-        let size = [cfg.depth, cfg.size, cfg.size];
-        let (cond, mask) = dataset.condition(0)?;
-        let (_, real) = dataset.load(0)?;
-        let sched = Schedule::cosine(tr.tc.timesteps);
-        let seed = tr.tc.seed;
-        let vol = tr.with_ema(|net| sample_volume(be, net, &sched, &cond, seed))?;
-        // The bundled model's sample of the same mask and seed, when it is the same kind of model.
-        let mut others = Vec::new();
-        if let Some(w) = bundled_for_demo(&run, &cfg)? {
-            println!("comparison: {}", w.source);
-            let mut net = UNet::new(be, &w.cfg, 1)?;
-            net.set_params(be, &w.params)?;
-            let v = sample_volume(be, &mut net, &sched, &cond, seed)?;
-            others.extend(output::image_volumes(dataset.convention(), &v, cfg.out_channels, size, &mask)?);
-        }
-        let beside = Beside { others: &others, real: &real };
-        let stem = run.out.join("sample_0");
-        let paths =
-            output::write_sample_with_views(&stem, dataset.convention(), &vol, cfg.out_channels, size, &mask, beside)?;
-        for p in paths {
-            println!("sample:     {}", p.display());
-        }
+        sample_at_end(be, &mut tr, &run, &dataset)?;
+    }
+    Ok(())
+}
+
+/// The run's closing sample: one volume for the first pair's mask with the EMA weights, written
+/// into the run folder with its previews (beside it the bundled demo model's sample of the same
+/// mask and seed, when that is the same kind of model).
+fn sample_at_end<B: Backend>(be: &B, tr: &mut Trainer<B>, run: &RunConfig, dataset: &Dataset) -> Result<()> {
+    let cfg = tr.net.cfg.clone();
+    let size = [cfg.depth, cfg.size, cfg.size];
+    let (cond, mask) = dataset.condition(0)?;
+    let (_, real) = dataset.load(0)?;
+    let sched = Schedule::cosine(tr.tc.timesteps);
+    let seed = tr.tc.seed;
+    let vol = tr.with_ema(|net| sample_volume(be, net, &sched, &cond, seed))?;
+    let mut others = Vec::new();
+    if let Some(w) = bundled_for_demo(run, &cfg)? {
+        println!("comparison: {}", w.source);
+        let mut net = UNet::new(be, &w.cfg, 1)?;
+        net.set_params(be, &w.params)?;
+        let v = sample_volume(be, &mut net, &sched, &cond, seed)?;
+        others.extend(output::image_volumes(dataset.convention(), &v, cfg.out_channels, size, &mask)?);
+    }
+    let beside = Beside { others: &others, real: &real };
+    let stem = run.out.join("sample_0");
+    let paths =
+        output::write_sample_with_views(&stem, dataset.convention(), &vol, cfg.out_channels, size, &mask, beside)?;
+    for p in paths {
+        println!("sample:     {}", p.display());
     }
     Ok(())
 }

@@ -12,13 +12,18 @@
 //!   handled, and the test-only fault injection ([`Faults`]); [`Session::run_ranked`] is the same
 //!   loop as one data-parallel rank ([`Ranks`]: stop and divergence agreed by all ranks); its
 //!   [`Summary`] gives the steps taken and the first/last loss means
+//! - `bookkeeping`: the decisions around the loop — [`StepPlan`] (step target, checkpoint
+//!   interval, a batch's step, steps left) and [`Continuation`] (what a run continues from: its
+//!   loss log, the checkpoint step on disk, data changes, the note for a replaced checkpoint)
 
+pub mod bookkeeping;
 pub mod fingerprint;
 pub mod losslog;
 pub mod record;
 pub mod session;
 pub mod stop;
 
+pub use bookkeeping::{on_interval, Continuation, StepPlan};
 pub use fingerprint::{fingerprint, DataChanges, FilePrint, PairPrint};
 pub use losslog::LossLog;
 pub use record::{override_train, DataSource, Overrides, RunRecord};

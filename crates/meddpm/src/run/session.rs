@@ -30,6 +30,7 @@
 //! [`Summary`] reports what a session did (outcome, steps, losses; [`Summary::loss_means`] is the
 //! first/last-steps loss of `meddpm train`'s closing line).
 
+use super::bookkeeping::{on_interval, StepPlan};
 use super::losslog::LossLog;
 use super::record::{RunRecord, META_KEY};
 use super::stop::StopFlag;
@@ -300,22 +301,21 @@ impl Session<'_> {
             let _ = std::fs::remove_file(self.dir.join(format!("{CHECKPOINT}.tmp")));
         }
         let mut losses = Vec::new();
-        let every = self.record.checkpoint_every;
+        let plan = StepPlan::new(&self.record, tr);
         // with ranks: the stop all of them agreed on after the last step
         let mut agreed_stop = false;
-        let (ga, staged_at_start, mut fetched) = (tr.tc.grad_accum as u64, tr.is_staged() as u64, 0u64);
+        // batches fetched so far in this session (the plan gives each one's step)
+        let mut fetched = 0u64;
         let mut outcome = loop {
-            if tr.step >= self.record.steps {
+            if plan.reached(tr.step) {
                 break Outcome::Finished;
             }
             if agreed_stop || (ranks.is_none() && self.stop.requested()) {
                 break Outcome::Stopped;
             }
-            // The trainer fetches one batch ahead (it stages the next while the GPU runs the
-            // current one), so a batch's step follows from how many came before it.
             let batches = || {
                 let (mut img, cond) = next()?;
-                let step = start + 1 + (fetched + staged_at_start) / ga;
+                let step = plan.batch_step(fetched);
                 fetched += 1;
                 if self.faults.nan_at_step == Some(step) {
                     img.fill(f32::NAN);
@@ -331,7 +331,7 @@ impl Session<'_> {
                     let own = tr.train_step_synced(be, batches, r.sync)?;
                     let (global, stop) = r.agree_step(be, own, self.stop.requested())?;
                     agreed_stop = stop;
-                    if r.check_every > 0 && tr.step.is_multiple_of(r.check_every) {
+                    if on_interval(tr.step, r.check_every) {
                         check_weights(r.sync, be, tr)?;
                     }
                     global
@@ -343,7 +343,7 @@ impl Session<'_> {
             if !loss.is_finite() {
                 break Outcome::Diverged { step: tr.step, reason: format!("the loss is {loss}") };
             }
-            if every > 0 && tr.step.is_multiple_of(every) {
+            if plan.checkpoint_due(tr.step) {
                 if let Some(reason) = self.save_agreed(be, tr, &mut ranks)? {
                     break Outcome::Diverged { step: tr.step, reason };
                 }
