@@ -12,8 +12,9 @@
 #            (MEDDPM_SMALL_CONV=1 vs auto), whole-head, alternated in one call
 #   abmma    A/B of the tensor-core few-channel convs (MEDDPM_SMALL_MMA=1 vs 0), whole-head bf16
 #            NDHWC, alternated twice
-#   abbin    A/B of two builds, .devbin/old (built by hand from the commit before) vs .devbin/all:
-#            whole-head and BraTS bench, bf16 NDHWC, alternated twice
+#   abbin    A/B of two builds, .devbin/old (built by hand from the commit before) vs .devbin/all
+#            (and .devbin/alt, a third variant, when present): whole-head and BraTS bench, bf16
+#            NDHWC, alternated twice
 #   brats    meddpm bench of the BraTS preset, bf16 NDHWC
 #   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
 #   study    scripts/gpu/study.sh $STUDY (demo model, sampler study, whole-head 20-step timing, BraTS)
@@ -80,11 +81,12 @@ for part in "$@"; do
     abbin)
       # A/B of two builds: .devbin/old (the commit before a change, built by hand) against this
       # one, whole-head then BraTS, bf16 NDHWC, alternated twice
-      for i in 1 2; do for b in old all; do
+      BUILDS="old all$([ -x "$(dirname "$BIN")/alt/meddpm" ] && echo " alt")"
+      for i in 1 2; do for b in $BUILDS; do
         "$(dirname "$BIN")/$b/meddpm" bench --device cuda --preset whole-head --precision bf16 --layout ndhwc \
           --iters 9 2>&1 | grep -E '^cuda:0' | sed "s/^/[whole-head $b] /"
       done; done
-      for i in 1 2; do for b in old all; do
+      for i in 1 2; do for b in $BUILDS; do
         "$(dirname "$BIN")/$b/meddpm" bench --device cuda --preset brats --precision bf16 --layout ndhwc \
           --iters 5 --warmup 2 2>&1 | grep -E '^cuda:0' | sed "s/^/[brats $b] /"
       done; done ;;

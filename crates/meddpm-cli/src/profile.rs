@@ -661,11 +661,13 @@ fn cuda_run(
         }
     };
     // Profiles attribute each kernel to its U-Net block through ranges pushed by the host, so the
-    // steps run without CUDA graphs (meddpm bench measures with them).
+    // steps run without CUDA graphs (meddpm bench measures with them); the "(graph replay)"
+    // passes below run them as bench does, for the step's GPU idle time.
     cuda.set_graphs(false);
     input.not_collected.push(
-        "CUDA graphs: the profiled steps launch every kernel from the host (graphs off); `meddpm bench` times \
-         them with graph replay"
+        "CUDA graphs: the per-block passes launch every kernel from the host (graphs off); the \"(graph replay)\" \
+         passes replay the steps as CUDA graphs, as `meddpm bench` times them (their kernels keep their names, \
+         not their blocks: GPU idle of the step as it runs in training and sampling)"
             .into(),
     );
     input.device_gpu = gpus::find(&cuda.info().name);
@@ -684,6 +686,21 @@ fn cuda_run(
         matrix_rows.push((precision, layout, train.filter(|p| !p.records.is_empty()).map(|p| p.records.clone())));
     }
     input.passes.extend(passes);
+    // 1b) the same steps replayed as CUDA graphs (issue 12's "GPU idle" is of this step)
+    cuda.set_graphs(true);
+    let mut replay_notes = Vec::new();
+    match cuda_steps(&cuda, cfg, opts, Steps::Both, true, false, &mut replay_notes, &mut Vec::new()) {
+        Ok(ps) => input.passes.extend(ps.into_iter().map(|p| Pass { name: format!("{} (graph replay)", p.name), ..p })),
+        Err(e) => input.not_collected.push(format!("steps as CUDA graph replays: {e:#}")),
+    }
+    // kernels launched by a graph carry no host range: only notes other than that one are kept
+    notes.extend(
+        replay_notes
+            .into_iter()
+            .filter(|n| !n.contains("could not be attributed"))
+            .map(|n| format!("graph replay: {n}")),
+    );
+    cuda.set_graphs(false);
     if let Err(e) = cupti::nvtx_status() {
         notes.push(format!("NVTX ranges: not emitted because {e} (ncu then selects kernels by name only)"));
     }

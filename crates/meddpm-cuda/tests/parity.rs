@@ -1031,14 +1031,15 @@ fn graph_replay_matches_plain_launches() {
         cond.extend(c);
     }
     for g in &gs {
-        let plain = CudaBackend::new(0, g.precision(), g.layout()).unwrap();
-        plain.set_graphs(false);
-        g.set_graphs(true);
-        // the same conv paths on both (the algorithms come from the shared disk cache)
-        for b in [g, &plain] {
+        // the same conv paths on both backends: no per-shape timing that could choose differently
+        // (bias unfused, padding on, our few-channel kernels wherever a shape is theirs)
+        let pin = |b: &CudaBackend| {
             b.set_conv_fused_bias(Some(false));
             b.set_conv_pad(Some(true));
-        }
+            b.set_small_conv(Some(true));
+        };
+        g.set_graphs(true);
+        pin(g);
         let run = |be: &CudaBackend| {
             let mut tr = Trainer::new(be, &cfg, &tc).unwrap();
             let mut out = Vec::new();
@@ -1064,16 +1065,23 @@ fn graph_replay_matches_plain_launches() {
             }
             out
         };
-        let (a, b) = (run(g), run(&plain));
+        // the plain backend is made after the graphed one has run: it reads the cuDNN algorithms
+        // that one found from the disk cache, so both run the same conv paths (made first, on a
+        // fresh cache, it found its own, and a near-tied different algorithm once put one weight
+        // gradient element of a TF32 run just past the tolerance)
+        let a = run(g);
+        let plain = CudaBackend::new(0, g.precision(), g.layout()).unwrap();
+        plain.set_graphs(false);
+        pin(&plain);
+        let b = run(&plain);
         assert_eq!(a.len(), b.len());
         // a replay of stale inputs, timesteps or weights differs by O(1); the tolerance only absorbs
         // non-deterministic cuDNN reductions amplified over four steps
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             check(&format!("graph replay vs plain, tensor {i} [{}]", name(g)), x, y, mm_frac(g));
         }
-        for b in [g, &plain] {
-            b.set_conv_fused_bias(None);
-            b.set_conv_pad(None);
-        }
+        g.set_conv_fused_bias(None);
+        g.set_conv_pad(None);
+        g.set_small_conv(None);
     }
 }
