@@ -370,6 +370,42 @@ fn weight_dims(shape: &[usize]) -> Option<Dims> {
     (shape.len() == 5).then(|| Dims::new(shape[0], shape[1], shape[2], shape[3], shape[4]))
 }
 
+impl CudaBackend {
+    /// The fused GroupNorm+SiLU backward behind `groupnorm_silu_backward`, `_sum` and `_act`:
+    /// dinp (per `Accum`), dγ += , dβ += ; with `dsum` (dinp overwritten) dinp's channel sums,
+    /// from the backward's own partials where they fit (`groupnorm::can_sum`), else a pass over
+    /// dinp; with `act` the recomputed forward output too.
+    #[allow(clippy::too_many_arguments)]
+    fn gn_silu_backward(
+        &self,
+        (dx, acc): (&mut GpuBuf, Accum),
+        dsum: Option<&mut GpuBuf>,
+        act: Option<&mut GpuBuf>,
+        (dgamma, dbeta): (&mut GpuBuf, &mut GpuBuf),
+        dout: &GpuBuf,
+        inp: &GpuBuf,
+        off: Option<&GpuBuf>,
+        (mean, rstd): (&GpuBuf, &GpuBuf),
+        (gamma, beta): (&GpuBuf, &GpuBuf),
+        x: Dims,
+        groups: usize,
+    ) {
+        let cl = self.cl();
+        let (dsum, sum_after) = match dsum {
+            Some(s) if !groupnorm::can_sum(x, groups, cl) => (None, Some(s)),
+            other => (other, None),
+        };
+        if dsum.is_some() || sum_after.is_some() {
+            assert!(acc == Accum::Overwrite, "GroupNorm+SiLU backward with channel sums: dinp is overwritten");
+        }
+        let (dev, b, d) = (&self.dev, Some(beta), (&mut *dx, acc));
+        groupnorm::backward(dev, d, dsum, act, dgamma, dbeta, dout, b, inp, off, mean, rstd, gamma, x, groups, cl);
+        if let Some(s) = sum_after {
+            self.channel_sum(s, dx, x);
+        }
+    }
+}
+
 impl Backend for CudaBackend {
     type Buf = GpuBuf;
 
@@ -760,25 +796,8 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        let cl = self.cl();
-        groupnorm::backward(
-            &self.dev,
-            dinp,
-            None,
-            None,
-            dgamma,
-            dbeta,
-            dout,
-            Some(beta),
-            inp,
-            off,
-            mean,
-            rstd,
-            gamma,
-            x,
-            groups,
-            cl,
-        );
+        let (ms, gb) = ((mean, rstd), (gamma, beta));
+        self.gn_silu_backward(dinp, None, None, (dgamma, dbeta), dout, inp, off, ms, gb, x, groups);
     }
     fn groupnorm_silu_backward_sum(
         &self,
@@ -789,85 +808,29 @@ impl Backend for CudaBackend {
         dout: &Self::Buf,
         inp: &Self::Buf,
         off: Option<&Self::Buf>,
-        (mean, rstd): (&Self::Buf, &Self::Buf),
-        (gamma, beta): (&Self::Buf, &Self::Buf),
+        ms: (&Self::Buf, &Self::Buf),
+        gb: (&Self::Buf, &Self::Buf),
         x: Dims,
         groups: usize,
     ) {
-        if !groupnorm::can_sum(x, groups, self.cl()) {
-            let d = (&mut *dinp, Accum::Overwrite);
-            self.groupnorm_silu_backward(d, dgamma, dbeta, dout, inp, off, mean, rstd, gamma, beta, x, groups);
-            return self.channel_sum(dsum, dinp, x);
-        }
         let d = (dinp, Accum::Overwrite);
-        let dev = &self.dev;
-        groupnorm::backward(
-            dev,
-            d,
-            Some(dsum),
-            None,
-            dgamma,
-            dbeta,
-            dout,
-            Some(beta),
-            inp,
-            off,
-            mean,
-            rstd,
-            gamma,
-            x,
-            groups,
-            true,
-        );
+        self.gn_silu_backward(d, Some(dsum), None, (dgamma, dbeta), dout, inp, off, ms, gb, x, groups);
     }
-
     fn groupnorm_silu_backward_act(
         &self,
         dinp: (&mut Self::Buf, Accum),
         dsum: Option<&mut Self::Buf>,
         act: &mut Self::Buf,
-        (dgamma, dbeta): (&mut Self::Buf, &mut Self::Buf),
+        dgb: (&mut Self::Buf, &mut Self::Buf),
         dout: &Self::Buf,
         inp: &Self::Buf,
         off: Option<&Self::Buf>,
-        (mean, rstd): (&Self::Buf, &Self::Buf),
-        (gamma, beta): (&Self::Buf, &Self::Buf),
+        ms: (&Self::Buf, &Self::Buf),
+        gb: (&Self::Buf, &Self::Buf),
         x: Dims,
         groups: usize,
     ) {
-        let cl = self.cl();
-        // channel sums from the backward's own partials where they fit, else a pass over dinp
-        let (dsum, sum_after) = match dsum {
-            Some(s) if !groupnorm::can_sum(x, groups, cl) => (None, Some(s)),
-            other => (other, None),
-        };
-        if dsum.is_some() || sum_after.is_some() {
-            assert!(dinp.1 == Accum::Overwrite, "groupnorm_silu_backward_act with dsum: dinp is overwritten");
-        }
-        let (dx, acc) = dinp;
-        let (dev, b) = (&self.dev, Some(beta));
-        let d = (&mut *dx, acc);
-        groupnorm::backward(
-            dev,
-            d,
-            dsum,
-            Some(act),
-            dgamma,
-            dbeta,
-            dout,
-            b,
-            inp,
-            off,
-            mean,
-            rstd,
-            gamma,
-            x,
-            groups,
-            cl,
-        );
-        if let Some(s) = sum_after {
-            self.channel_sum(s, dx, x);
-        }
+        self.gn_silu_backward(dinp, dsum, Some(act), dgb, dout, inp, off, ms, gb, x, groups);
     }
     fn groupnorm_silu_backward_inplace_act(
         &self,
