@@ -1807,36 +1807,34 @@ fn data_grad(
     cs: ConvShape,
     ly: (bool, bool),
 ) {
-    {
-        assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
-        let dxdt = dx.dtype();
-        let ours = small_dgrad(cs)
-            && match small_decided(cache, cs, Dir::BwdData) {
-                Some(f) => f,
-                None => {
-                    let mut tmp = dev.alloc(dx.len(), dxdt).unwrap_or_else(|e| panic!("{e}"));
-                    let tp = dev.ptr_mut(&mut tmp);
-                    let f = time_small(dev, cache, cs, Dir::BwdData, |cache, ours| {
-                        if ours {
-                            small_dgrad_run(dev, tp, dxdt, Accum::Overwrite, w, dyp, cdt, cs, ly);
-                        } else {
-                            cudnn_dgrad(dev, cache, tp, dxdt, Accum::Overwrite, w, dyp, cs);
-                        }
-                    });
-                    dev.sync();
-                    drop(tmp);
-                    f
-                }
-            };
-        if small_dgrad(cs) {
-            cache.small_used.insert((cs, Dir::BwdData), ours);
-        }
-        let dxp = dev.ptr_mut(dx);
-        if ours {
-            small_dgrad_run(dev, dxp, dxdt, acc, w, dyp, cdt, cs, ly);
-        } else {
-            cudnn_dgrad(dev, cache, dxp, dxdt, acc, w, dyp, cs);
-        }
+    assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
+    let dxdt = dx.dtype();
+    let ours = small_dgrad(cs)
+        && match small_decided(cache, cs, Dir::BwdData) {
+            Some(f) => f,
+            None => {
+                let mut tmp = dev.alloc(dx.len(), dxdt).unwrap_or_else(|e| panic!("{e}"));
+                let tp = dev.ptr_mut(&mut tmp);
+                let f = time_small(dev, cache, cs, Dir::BwdData, |cache, ours| {
+                    if ours {
+                        small_dgrad_run(dev, tp, dxdt, Accum::Overwrite, w, dyp, cdt, cs, ly);
+                    } else {
+                        cudnn_dgrad(dev, cache, tp, dxdt, Accum::Overwrite, w, dyp, cs);
+                    }
+                });
+                dev.sync();
+                drop(tmp);
+                f
+            }
+        };
+    if small_dgrad(cs) {
+        cache.small_used.insert((cs, Dir::BwdData), ours);
+    }
+    let dxp = dev.ptr_mut(dx);
+    if ours {
+        small_dgrad_run(dev, dxp, dxdt, acc, w, dyp, cdt, cs, ly);
+    } else {
+        cudnn_dgrad(dev, cache, dxp, dxdt, acc, w, dyp, cs);
     }
 }
 
