@@ -41,7 +41,8 @@ fn op(t: bool) -> bsys::cublasOperation_t {
     }
 }
 
-/// C (m × n) = alpha · A (m × k) · B (k × n) + beta · C, for `batch` matrices.
+/// C (m × n) = alpha · A (m × k) · B (k × n) + beta · C, for `batch` f32 matrices (TF32 where the
+/// handle's math mode allows it).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     dev: &Device,
@@ -55,24 +56,44 @@ pub(crate) fn gemm(
     c: Mat,
     batch: usize,
 ) {
+    gemm_typed(dev, (m, n, k), alpha, a, b, beta, c, batch, meddpm::DType::F32)
+}
+
+/// [`gemm`] for A, B and C of element type `dt`: f32 (cublasSgemmStridedBatched) or bf16
+/// (cublasGemmStridedBatchedEx, f32 accumulation, C rounded to bf16 as it is stored).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_typed(
+    dev: &Device,
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    beta: f32,
+    c: Mat,
+    batch: usize,
+    dt: meddpm::DType,
+) {
+    use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
     dev.bind();
     let (m, n, k) = (m as i32, n as i32, k as i32);
+    // cuBLAS is column-major: C itself, or (c.t) its storage holds Cᵀ = Bᵀ·Aᵀ.
+    let (ta, tb, mm, nn, x, y) = if !c.t { (a.t, b.t, m, n, a, b) } else { (!b.t, !a.t, n, m, b, a) };
     let st = unsafe {
-        if !c.t {
+        if dt == meddpm::DType::F32 {
             bsys::cublasSgemmStridedBatched(
                 dev.blas.0,
-                op(a.t),
-                op(b.t),
-                m,
-                n,
+                op(ta),
+                op(tb),
+                mm,
+                nn,
                 k,
                 &alpha,
-                a.ptr as *const f32,
-                a.ld,
-                a.stride,
-                b.ptr as *const f32,
-                b.ld,
-                b.stride,
+                x.ptr as *const f32,
+                x.ld,
+                x.stride,
+                y.ptr as *const f32,
+                y.ld,
+                y.stride,
                 &beta,
                 c.ptr as *mut f32,
                 c.ld,
@@ -80,30 +101,35 @@ pub(crate) fn gemm(
                 batch as i32,
             )
         } else {
-            // Storage holds Cᵀ = Bᵀ·Aᵀ.
-            bsys::cublasSgemmStridedBatched(
+            let t = cudaDataType::CUDA_R_16BF;
+            bsys::cublasGemmStridedBatchedEx(
                 dev.blas.0,
-                op(!b.t),
-                op(!a.t),
-                n,
-                m,
+                op(ta),
+                op(tb),
+                mm,
+                nn,
                 k,
-                &alpha,
-                b.ptr as *const f32,
-                b.ld,
-                b.stride,
-                a.ptr as *const f32,
-                a.ld,
-                a.stride,
-                &beta,
-                c.ptr as *mut f32,
+                &alpha as *const f32 as _,
+                x.ptr as _,
+                t,
+                x.ld,
+                x.stride,
+                y.ptr as _,
+                t,
+                y.ld,
+                y.stride,
+                &beta as *const f32 as _,
+                c.ptr as _,
+                t,
                 c.ld,
                 c.stride,
                 batch as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
     };
-    cublas_ck(st, &format!("sgemm m {m} n {n} k {k} batch {batch}")).unwrap_or_else(|e| panic!("{e}"));
+    cublas_ck(st, &format!("gemm m {m} n {n} k {k} batch {batch} {dt:?}")).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// C (m × n, f32, column-major with leading dimension `ldc`) = A·B for A, B of type `dt` (bf16

@@ -541,8 +541,17 @@ fn linear_parity() {
 fn attention_parity() {
     let Some(gs) = gpus() else { return };
     let cpu = Cpu::new();
-    for (x, heads) in [(Dims::new(2, 12, 3, 4, 5), 1), (Dims::new(1, 64, 4, 4, 4), 2), (Dims::new(1, 256, 8, 8, 8), 1)]
-    {
+    // softmax paths: rows in registers (T % 4 == 0; 256 threads, or 512 for 12,544 keys), the
+    // general kernel with its shared-memory row cache (105 keys) and without (12,289 keys)
+    let cases = [
+        (Dims::new(2, 12, 3, 4, 5), 1),
+        (Dims::new(1, 64, 4, 4, 4), 2),
+        (Dims::new(1, 256, 8, 8, 8), 1),
+        (Dims::new(1, 6, 3, 5, 7), 1),
+        (Dims::new(1, 8, 16, 16, 49), 1),
+        (Dims::new(1, 4, 1, 1, 12289), 1),
+    ];
+    for (x, heads) in cases {
         let q3 = x.with_c(3 * x.c);
         let qkv = rnd(q3.numel(), 1, 1.0);
         let dy = rnd(x.numel(), 2, 1.0);

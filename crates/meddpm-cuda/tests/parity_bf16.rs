@@ -14,11 +14,13 @@
 //!   moves a value across a rounding boundary now and then (one ulp is 2⁻⁸…2⁻⁷ relative);
 //! - f32 results computed from bf16 data (GroupNorm statistics, channel sums, dgamma/dbeta, bias
 //!   gradients): 1e-4 … 1e-3;
-//! - whole U-Net and training step: per tensor a relative L2 error ≤ 0.5, and over all tensors a
-//!   median relative L2 error ≤ 0.02 (measured on the H200: 1.2e-2 median; worst 4.5e-2 in the
-//!   U-Net test and 0.26 in the training step, for an attention GroupNorm's bias gradient — a sum
-//!   with heavy cancellation, behind attention GEMMs that are TF32 on the GPU and f32 in the
-//!   emulation; the emulation's own distance from fp32 is 1.2e-2 … 1.7e-2, printed). Whole-network
+//! - whole U-Net and training step: per tensor a relative L2 error ≤ 0.2 (0.5 until the attention
+//!   core was bf16 on both sides), and over all tensors a
+//!   median relative L2 error ≤ 0.02 (measured on the H200 since the attention core is bf16 on
+//!   both sides: 0.8e-2 … 1.0e-2 median, worst 4.0e-2 in the U-Net test and 3.5e-2 in the
+//!   training step; with TF32 attention GEMMs against an f32 emulation the training step's worst
+//!   was 0.26, an attention GroupNorm's bias gradient, a sum with heavy cancellation; the
+//!   emulation's own distance from fp32 is 1.2e-2 … 1.7e-2, printed). Whole-network
 //!   bf16 results differ by rounding-boundary flips that compound layer by layer, so two correct
 //!   bf16 computations are about as far apart as bf16 is from fp32: the tight checks are the
 //!   primitives above; these catch layout, indexing and weight-copy bugs (O(1) errors).
@@ -456,7 +458,16 @@ fn groupnorm_bf16_parity() {
 fn attention_bf16_parity() {
     let Some(gs) = gpus() else { return };
     let cpu = CpuBackend::bf16();
-    for (x, heads) in [(Dims::new(2, 12, 3, 4, 5), 1), (Dims::new(1, 64, 4, 4, 4), 2)] {
+    // softmax paths: rows in registers (T % 4 == 0; 256 threads, or 512 for 12,544 keys), the
+    // general kernel with its shared-memory row cache (105 keys) and without (12,289 keys)
+    let cases = [
+        (Dims::new(2, 12, 3, 4, 5), 1),
+        (Dims::new(1, 64, 4, 4, 4), 2),
+        (Dims::new(1, 6, 3, 5, 7), 1),
+        (Dims::new(1, 8, 16, 16, 49), 1),
+        (Dims::new(1, 4, 1, 1, 12289), 1),
+    ];
+    for (x, heads) in cases {
         let q3 = x.with_c(3 * x.c);
         let qkv = rb(&rnd(q3.numel(), 1, 1.0));
         let dy = rb(&rnd(x.numel(), 2, 1.0));
@@ -469,14 +480,20 @@ fn attention_bf16_parity() {
         for g in &gs {
             let tag = format!("bf16 attention {x} heads {heads} [{}]", name(g));
             let (qg, dyg) = (act(g, &qkv, q3), act(g, &dy, x));
-            let (mut og, mut ag) = (g.alloc_act(x.numel()).unwrap(), g.alloc(alen).unwrap());
+            // the U-Net's buffers: att and datt of the activation type (bf16 GEMMs, bf16 logits)
+            let (mut og, mut ag) = (g.alloc_act(x.numel()).unwrap(), g.alloc_act(alen).unwrap());
             g.attention_forward(&mut og, &mut ag, &qg, x, heads);
-            // the core runs in f32 with TF32 GEMMs
-            check(&format!("{tag} att"), &get_raw(g, &ag), &att, 1e-2);
-            check(&format!("{tag} out"), &get_act(g, &og, x), &out, 2e-2);
-            let (mut dqg, mut dag) = (g.alloc_act(q3.numel()).unwrap(), g.alloc(alen).unwrap());
+            assert_eq!(ag.dtype(), DType::Bf16, "{tag}: att type");
+            check(&format!("{tag} att"), &get_raw(g, &ag), &att, BF);
+            check(&format!("{tag} out"), &get_act(g, &og, x), &out, BF);
+            let (mut dqg, mut dag) = (g.alloc_act(q3.numel()).unwrap(), g.alloc_act(alen).unwrap());
             g.attention_backward(&mut dqg, &mut dag, &dyg, &qg, &ag, x, heads);
-            check(&format!("{tag} dqkv"), &get_act(g, &dqg, q3), &dqkv, 2e-2);
+            check(&format!("{tag} dZ"), &get_raw(g, &dag), &datt, BF);
+            // dq and dk sum T products of bf16 dZ, whose one-ulp rounding flips between GPU and
+            // CPU add up like a random walk over the keys: BF·√(T/1024) beyond 1024 keys (12,289
+            // keys measured 1.7 × BF on the H200)
+            let long = (t as f64 / 1024.0).sqrt().max(1.0);
+            check(&format!("{tag} dqkv"), &get_act(g, &dqg, q3), &dqkv, BF * long);
         }
     }
 }
@@ -581,7 +598,7 @@ fn plumbing_bf16_parity() {
 // ---- whole network -----------------------------------------------------------------------------------
 
 const NET_FRAC: f64 = 0.5;
-const NET_L2: f64 = 0.5;
+const NET_L2: f64 = 0.2;
 const NET_MEDIAN_L2: f64 = 0.02;
 
 fn rel_l2(got: &[f32], want: &[f32]) -> f64 {

@@ -544,9 +544,11 @@ pub trait Backend {
     // ---- attention core (QKVAttentionLegacy) ------------------------------------------------------
     /// qkv: activation of logical shape (N, 3C, D, H, W) from the qkv Conv1 — for head h its
     /// channels [h·3c, h·3c+c) are q, then k, then v (c = C / heads, "legacy" order).
-    /// att[N, heads, T, T] = softmax_keys((q·s)ᵀ(k·s)) with s = c^(−1/4), in fp32;
+    /// att[N, heads, T, T] = softmax_keys((q·s)ᵀ(k·s)) with s = c^(−1/4), computed in f32;
     /// out (N, C, D, H, W) with out[head h, channel j, query t] = Σ_s v[j, s]·att[t, s].
-    /// `x` is the logical shape of `out` (C channels, T = D·H·W tokens).
+    /// `x` is the logical shape of `out` (C channels, T = D·H·W tokens). att (and backward's
+    /// datt) may be of the activation type: where it is bf16, the logits, att, dP and dZ are
+    /// stored in bf16 as PyTorch autocast stores them (the CPU's bf16 mode rounds there).
     fn attention_forward(&self, out: &mut Self::Buf, att: &mut Self::Buf, qkv: &Self::Buf, x: Dims, heads: usize);
     /// dqkv (overwritten) from dout; `datt` is scratch of att's size.
     #[allow(clippy::too_many_arguments)]

@@ -142,6 +142,8 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("unpad_c_bias", Layout),
     ("softmax_rows", GemmAttention),
     ("softmax_bwd_rows", GemmAttention),
+    ("softmax_rows4", GemmAttention),
+    ("softmax_bwd_rows4", GemmAttention),
     ("silu_fwd", Elementwise),
     ("silu_bwd", Elementwise),
     ("add_assign", Elementwise),

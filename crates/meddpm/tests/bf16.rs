@@ -67,6 +67,41 @@ fn cpu_bf16_emulation_stores_bf16_and_stays_close_to_fp32() {
     assert!((1..nf.layers.len() - 1).any(|i| !representable(nf.layer_output(i))));
 }
 
+/// The attention core in bf16 mode stores what the GPU's bf16 path stores: the probabilities, dZ
+/// and dqkv are bf16 values, the probabilities computed from bf16-rounded logits (so they differ
+/// from the rounded fp32 probabilities somewhere), and the result stays close to fp32.
+#[test]
+fn cpu_bf16_attention_rounds_logits_probabilities_and_gradients() {
+    use meddpm::cpu::attention;
+    use meddpm::Dims;
+    let (bf, fp) = (CpuBackend::bf16(), CpuBackend::new());
+    let x = Dims::new(1, 16, 4, 4, 4);
+    let t = x.s();
+    let qkv: Vec<f32> = randn_f32(5, 1, 3 * x.numel(), 2.0).into_iter().map(round_bf16).collect();
+    let dout: Vec<f32> = randn_f32(5, 2, x.numel(), 1.0).into_iter().map(round_bf16).collect();
+    let run = |be: &CpuBackend| {
+        let (mut out, mut att) = (vec![0f32; x.numel()], vec![0f32; t * t]);
+        be.attention_forward(&mut out, &mut att, &qkv, x, 1);
+        let (mut dqkv, mut datt) = (vec![0f32; qkv.len()], vec![0f32; t * t]);
+        be.attention_backward(&mut dqkv, &mut datt, &dout, &qkv, &att, x, 1);
+        (out, att, dqkv, datt)
+    };
+    let (ob, ab, db, zb) = run(&bf);
+    let (of, af, df, _) = run(&fp);
+    for (what, v) in [("out", &ob), ("att", &ab), ("dqkv", &db), ("dZ", &zb)] {
+        assert!(representable(v), "bf16 attention {what} is not bf16");
+    }
+    // P from rounded logits, not just rounded P: some probability differs from round(P_fp32)
+    let mut plain = vec![0f32; t * t];
+    attention::attention_forward(&mut vec![0f32; x.numel()], &mut plain, &qkv, x, 1);
+    assert!(ab.iter().zip(&plain).any(|(&a, &p)| a != round_bf16(p)), "logits were not rounded");
+    for (what, b, f) in [("out", &ob, &of), ("att", &ab, &af), ("dqkv", &db, &df)] {
+        let num: f64 = b.iter().zip(f.iter()).map(|(&a, &c)| (a as f64 - c as f64).powi(2)).sum::<f64>().sqrt();
+        let den: f64 = f.iter().map(|&c| (c as f64).powi(2)).sum::<f64>().sqrt();
+        assert!(num / den < 0.05, "bf16 attention {what}: relative L2 {:e} vs fp32", num / den);
+    }
+}
+
 /// The conv weight copies follow every parameter change: after an optimizer step (and inside
 /// `with_ema`) a network's output equals that of a fresh network given the same weights.
 #[test]

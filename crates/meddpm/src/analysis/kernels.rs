@@ -203,6 +203,8 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("rows_sum_accum", Category::Reduction),
     ("softmax_rows", Category::GemmAttention),
     ("softmax_bwd_rows", Category::GemmAttention),
+    ("softmax_rows4", Category::GemmAttention),
+    ("softmax_bwd_rows4", Category::GemmAttention),
     ("upsample_fwd", Category::Elementwise),
     ("upsample_bwd", Category::Elementwise),
     ("upsample_fwd_cl", Category::Elementwise),

@@ -9,6 +9,8 @@
 //! Backward (P = att, G = dout_h):
 //!   dv = G·P,  dP = Gᵀ·v,  dZ = P ⊙ (dP − rowsum(P ⊙ dP)),  dq = s²·k·dZᵀ,  dk = s²·q·dZ.
 //! Every product is one GEMM per (n, h); the softmax is parallel over query rows.
+//! The `_rounded` variants take the rounding the bf16 GPU path applies where it stores att's
+//! element type (the logits, P, dP and dZ); the plain ones round nowhere.
 
 use rayon::prelude::*;
 
@@ -40,6 +42,18 @@ fn softmax_rows<T: Float>(a: &mut [T], t: usize) {
 
 /// out (N, C, T) and att (N, heads, T, T) from qkv (N, 3C, T); `x` is out's shape.
 pub fn attention_forward<T: Float>(out: &mut [T], att: &mut [T], qkv: &[T], x: Dims, heads: usize) {
+    attention_forward_rounded(out, att, qkv, x, heads, |_| {});
+}
+
+/// [`attention_forward`] with `round` applied to the logits and to P as they are stored.
+pub fn attention_forward_rounded<T: Float>(
+    out: &mut [T],
+    att: &mut [T],
+    qkv: &[T],
+    x: Dims,
+    heads: usize,
+    round: impl Fn(&mut [T]),
+) {
     check(qkv.len(), att.len(), out.len(), &x, heads);
     let (c, t) = (x.c / heads, x.s());
     let s2 = T::from_f64(1.0 / (c as f64).sqrt());
@@ -49,7 +63,9 @@ pub fn attention_forward<T: Float>(out: &mut [T], att: &mut [T], qkv: &[T], x: D
         let (k, v) = kv.split_at(c * t);
         // logits (T × T) = s²·qᵀk
         gemm(MatMut::dense(&mut *ha, t, t), false, s2, Mat::dense(q, c, t).t(), Mat::dense(k, c, t));
+        round(&mut *ha);
         softmax_rows(ha, t);
+        round(&mut *ha);
         // out_h (c × T) = v·attᵀ
         gemm(MatMut::dense(ho, c, t), false, T::one(), Mat::dense(v, c, t), Mat::dense(ha, t, t).t());
     }
@@ -66,6 +82,21 @@ pub fn attention_backward<T: Float>(
     x: Dims,
     heads: usize,
 ) {
+    attention_backward_rounded(dqkv, datt, dout, qkv, att, x, heads, |_| {});
+}
+
+/// [`attention_backward`] with `round` applied to dP and to dZ as they are stored.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_rounded<T: Float>(
+    dqkv: &mut [T],
+    datt: &mut [T],
+    dout: &[T],
+    qkv: &[T],
+    att: &[T],
+    x: Dims,
+    heads: usize,
+    round: impl Fn(&mut [T]),
+) {
     check(qkv.len(), att.len(), dout.len(), &x, heads);
     assert!(dqkv.len() == qkv.len() && datt.len() == att.len(), "attention: dqkv/datt length vs qkv/att");
     let (c, t) = (x.c / heads, x.s());
@@ -81,12 +112,14 @@ pub fn attention_backward<T: Float>(
         gemm(MatMut::dense(dv, c, t), false, T::one(), gm, pm);
         // dP = Gᵀ·v, then dZ = P ⊙ (dP − rowsum(P ⊙ dP)) in place
         gemm(MatMut::dense(&mut *dp, t, t), false, T::one(), gm.t(), Mat::dense(v, c, t));
+        round(&mut *dp);
         dp.par_chunks_mut(t).zip(p.par_chunks(t)).for_each(|(dr, pr)| {
             let dot: T = dr.iter().zip(pr).map(|(&a, &b)| a * b).sum();
             for (d, &pv) in dr.iter_mut().zip(pr) {
                 *d = pv * (*d - dot);
             }
         });
+        round(&mut *dp);
         let dz = Mat::dense(&*dp, t, t);
         // dq = s²·k·dZᵀ, dk = s²·q·dZ
         gemm(MatMut::dense(dq, c, t), false, s2, Mat::dense(k, c, t), dz.t());

@@ -3,7 +3,8 @@
 //! With [`CpuBackend::bf16`] it also emulates `Precision::Bf16` exactly where the GPU stores bf16:
 //! every primitive still computes in f32, then rounds (to nearest even, [`round_bf16`]) the
 //! outputs that the GPU writes into activation buffers — conv outputs and input gradients,
-//! GroupNorm(+SiLU) outputs and input gradients, attention outputs and qkv gradients, upsampling,
+//! GroupNorm(+SiLU) outputs and input gradients, attention logits, probabilities, outputs and
+//! their gradients (dP, dZ, dqkv), upsampling,
 //! residual adds, bias broadcasts, concat/split — and convolutions first round their inputs,
 //! weights and output gradients (the GPU converts them to bf16 before cuDNN) and round each
 //! weight-gradient contribution before adding it to the f32 gradient (cuDNN writes it in bf16).
@@ -439,7 +440,7 @@ impl Backend for CpuBackend {
     }
 
     fn attention_forward(&self, out: &mut Vec<f32>, att: &mut Vec<f32>, qkv: &Vec<f32>, x: Dims, heads: usize) {
-        attention::attention_forward(out, att, qkv, x, heads);
+        attention::attention_forward_rounded(out, att, qkv, x, heads, |b| self.r(b));
         self.r(out);
     }
     fn attention_backward(
@@ -452,7 +453,7 @@ impl Backend for CpuBackend {
         x: Dims,
         heads: usize,
     ) {
-        attention::attention_backward(dqkv, datt, dout, qkv, att, x, heads);
+        attention::attention_backward_rounded(dqkv, datt, dout, qkv, att, x, heads, |b| self.r(b));
         self.r(dqkv);
     }
 

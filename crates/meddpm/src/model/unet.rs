@@ -189,8 +189,8 @@ pub struct MemPlan {
     pub outputs: usize,
     /// Gradients of the layer outputs, buffers shared by lifetime (activation type).
     pub grads: usize,
-    /// Block internals kept for backward: ResBlock h, attention GroupNorm/qkv/output (activation
-    /// type), attention probabilities (f32).
+    /// Block internals kept for backward: ResBlock h, attention GroupNorm/qkv/probabilities/output
+    /// (activation type).
     pub saved: usize,
     /// Scratch shared by all blocks (activation type).
     pub scratch: usize,
@@ -329,8 +329,8 @@ pub struct UNet<B: Backend> {
     acts: Vec<B::Buf>,
     temb: TimeEmbed<B>,
     scr: Scratch<B>,
-    /// f32 scratch (attention-probability gradients).
-    scr32: Scratch<B>,
+    /// Attention-probability gradients (activation type, one per attention size).
+    scr_att: Scratch<B>,
     /// Activation-type copies of the conv weights (Some for every conv weight when activations
     /// are bf16, else all None): what the convolutions read.
     lowp: Vec<Option<B::Buf>>,
@@ -386,8 +386,8 @@ impl<B: Backend> UNet<B> {
         let mut skips: Vec<usize> = Vec::new();
         // scratch slots needed per tensor size (see `Scratch` for the slot roles)
         let mut sizes = std::collections::BTreeMap::<usize, usize>::new();
-        // f32 scratch: the attention-probability gradients (one per attention size)
-        let mut sizes32 = std::collections::BTreeSet::<usize>::new();
+        // the attention-probability gradients (one per attention size)
+        let mut sizes_att = std::collections::BTreeSet::<usize>::new();
         let mut need = |len: usize, slots: usize| {
             let e = sizes.entry(len).or_insert(0);
             *e = (*e).max(slots);
@@ -464,7 +464,7 @@ impl<B: Backend> UNet<B> {
                     let att_len = n * cfg.num_heads * t * t;
                     need(x.numel(), 2);
                     need(3 * x.numel(), 1);
-                    sizes32.insert(att_len);
+                    sizes_att.insert(att_len);
                     conv_w.extend([p + 2, p + 4]);
                     let a = AttnBlock {
                         p,
@@ -474,7 +474,7 @@ impl<B: Backend> UNet<B> {
                         mean: alloc(&mut mem.small, n * g)?,
                         rstd: alloc(&mut mem.small, n * g)?,
                         qkv: act(&mut mem.saved, 3 * x.numel())?,
-                        att: alloc(&mut mem.saved, att_len)?,
+                        att: act(&mut mem.saved, att_len)?,
                         a: act(&mut mem.saved, x.numel())?,
                     };
                     (Op::Attn(a), x, prev)
@@ -543,10 +543,10 @@ impl<B: Backend> UNet<B> {
                 scr.bufs.push(act(&mut mem.scratch, len)?);
             }
         }
-        let mut scr32 = Scratch { bufs: Vec::new(), base: Default::default() };
-        for len in sizes32 {
-            scr32.base.insert(len, scr32.bufs.len());
-            scr32.bufs.push(alloc(&mut mem.scratch, len)?);
+        let mut scr_att = Scratch { bufs: Vec::new(), base: Default::default() };
+        for len in sizes_att {
+            scr_att.base.insert(len, scr_att.bufs.len());
+            scr_att.bufs.push(act(&mut mem.scratch, len)?);
         }
         let params = specs.iter().map(|s| alloc(&mut mem.params, s.numel())).collect::<Result<Vec<_>>>()?;
         let grads = specs.iter().map(|s| alloc(&mut mem.params, s.numel())).collect::<Result<Vec<_>>>()?;
@@ -567,7 +567,7 @@ impl<B: Backend> UNet<B> {
             acts,
             temb,
             scr,
-            scr32,
+            scr_att,
             lowp,
             lowp_fresh: false,
             graph_id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -832,7 +832,7 @@ impl<B: Backend> UNet<B> {
 
     /// The backward's device calls (see [`UNet::backward`]), reporting finished layers to `done`.
     fn backward_calls(&mut self, be: &B, done: &mut dyn FnMut(usize, &mut [B::Buf])) {
-        let UNet { cfg, params: w, grads: dw, layers, acts, temb: te, scr, scr32, lowp, .. } = self;
+        let UNet { cfg, params: w, grads: dw, layers, acts, temb: te, scr, scr_att, lowp, .. } = self;
         let cw = |i: usize| lowp[i].as_ref().unwrap_or(&w[i]);
         let (n, mc, emb, g) = (self.batch, cfg.model_channels, cfg.emb_dim(), cfg.groups);
         be.zero(&mut te.d_emb_silu);
@@ -949,7 +949,7 @@ impl<B: Backend> UNet<B> {
                         be.copy(dx, dout);
                     }
                     let [da, dqkv] = scr.get([(xn, 0), (qn, 0)]);
-                    let [datt] = scr32.get([(an, 0)]);
+                    let [datt] = scr_att.get([(an, 0)]);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let cs = ConvShape::new(xd, xd.c, 1, 1);
                     be.conv3d_backward(Some((da, Accum::Overwrite)), gw, Some(gb), dout, &a.a, cw(p + 4), cs);
