@@ -158,10 +158,15 @@ extern "C" __global__ void gn_apply(const void* x, const float* mean, const floa
 // before it is written, by the same thread). `act` (may be null; only with `silu`): also writes
 // silu(y), the forward's output, as gn_apply computes it (the recomputation the convolution's
 // weight gradient needs, riding in this pass); act may be x itself (same thread, read first).
-template <typename T, int V>
-__device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* mean, const float* rstd,
-                               const float* gamma, const float* beta, const float* off, const float* coef,
-                               void* dxv, void* actv, int C, i64 S, int G, int cl, int accum) {
+// SPLIT (gn_bwd_apply_split): dx is a concatenation's gradient delivered to its two parts, dx
+// holding channels [0, ca) and dx2 channels [ca, C) (each in the layout, (N, ca, ...) and
+// (N, C − ca, ...)); `accum` bit 0 adds into dx, bit 1 into dx2. In NDHWC a vector never straddles
+// the two (ca % V == 0, checked by the host) and the launch keeps each thread on one channel.
+template <typename T, int V, bool SPLIT>
+__device__ void gn_bwd_apply_body(const void* doutv, const void* xv, const float* mean, const float* rstd,
+                                  const float* gamma, const float* beta, const float* off, const float* coef,
+                                  void* dxv, void* actv, int C, i64 S, int G, int cl, int accum, void* dx2v,
+                                  int ca) {
     const T *dout = (const T*)doutv, *x = (const T*)xv;
     T *dx = (T*)dxv, *act = (T*)actv;
     Row r = row_geom(C, S, V, cl);
@@ -178,8 +183,28 @@ __device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* m
         sc[j] = A[j];
         sh[j] = beta ? beta[c] - mu * A[j] : 0.0f;
     }
-    for (i64 v = r.start; v < r.nvec; v += r.step) {
+    // where this thread's vectors go: dx at the same index, or (SPLIT) its part at
+    // obase + (vector's voxel)·ocs (NDHWC: the part's channel count; NCDHW: V per vector)
+    T* out = dx;
+    int acc = accum & 1;
+    i64 obase = 0, ocs = 0;
+    if (SPLIT) {
+        bool lo = r.c0 < ca;
+        int cp = lo ? ca : C - ca, cc = lo ? r.c0 : r.c0 - ca;
+        out = lo ? dx : (T*)dx2v;
+        acc = lo ? (accum & 1) : (accum >> 1) & 1;
+        if (cl) {
+            obase = (i64)r.n * S * cp + cc;
+            ocs = cp;
+        } else {
+            obase = ((i64)r.n * cp + cc) * S;
+            ocs = V;
+        }
+    }
+    i64 vox = SPLIT ? r.start / r.lanes : 0, vstep = SPLIT ? r.step / r.lanes : 0;
+    for (i64 v = r.start; v < r.nvec; v += r.step, vox += vstep) {
         i64 i = r.base + v * V;
+        i64 oi = SPLIT ? obase + vox * ocs : i;
         float g[V], xs[V], o[V];
         ldv<V>(dout, i, g);
         ldv<V>(x, i, xs);
@@ -196,18 +221,37 @@ __device__ void gn_bwd_apply_t(const void* doutv, const void* xv, const float* m
                 stv<V>(act, i, y);
             }
         }
-        if (accum) ldv<V>(dx, i, o);
+        if (acc) ldv<V>(out, oi, o);
 #pragma unroll
         for (int j = 0; j < V; j++) {
             float d = A[j] * g[j] + B[j] * xs[j] + K[j];
-            o[j] = accum ? o[j] + d : d;
+            o[j] = acc ? o[j] + d : d;
         }
-        stv<V>(dx, i, o);
+        stv<V>(out, oi, o);
     }
+}
+template <typename T, int V>
+__device__ void gn_bwd_apply_t(const void* dout, const void* x, const float* mean, const float* rstd,
+                               const float* gamma, const float* beta, const float* off, const float* coef, void* dx,
+                               void* act, int C, i64 S, int G, int cl, int accum) {
+    gn_bwd_apply_body<T, V, false>(dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum, 0, 0);
+}
+template <typename T, int V>
+__device__ void gn_bwd_apply_split_t(const void* dout, const void* x, const float* mean, const float* rstd,
+                                     const float* gamma, const float* beta, const float* off, const float* coef,
+                                     void* dx, void* act, int C, i64 S, int G, int cl, int accum, void* dx2, int ca) {
+    gn_bwd_apply_body<T, V, true>(dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum, dx2, ca);
 }
 extern "C" __global__ void gn_bwd_apply(const void* dout, const void* x, const float* mean, const float* rstd,
                                         const float* gamma, const float* beta, const float* off, const float* coef,
                                         void* dx, void* act, int C, i64 S, int G, int cl, int accum, int bf,
                                         int V) {
     DISPATCH_V(bf, V, gn_bwd_apply_t, dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum);
+}
+extern "C" __global__ void gn_bwd_apply_split(const void* dout, const void* x, const float* mean, const float* rstd,
+                                              const float* gamma, const float* beta, const float* off,
+                                              const float* coef, void* dx, void* act, int C, i64 S, int G, int cl,
+                                              int accum, int bf, int V, void* dx2, int ca) {
+    DISPATCH_V(bf, V, gn_bwd_apply_split_t, dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum,
+               dx2, ca);
 }

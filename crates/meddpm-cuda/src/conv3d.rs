@@ -1898,6 +1898,59 @@ fn cudnn_dgrad(
     }
 }
 
+/// The data gradient of a 1×1×1 stride-1 conv (a decoder ResBlock's skip conv) added onto the
+/// two parts of its input, a concatenation: channels [0, ca) onto `ph`, [ca, Cin) onto `ps`, each
+/// in the layout ((N, ca, ...) / (N, Cin − ca, ...)). Two cuBLAS GEMMs with β = 1 (f32: TF32 where
+/// the precision says so; bf16: f32 accumulation), the weight's column blocks as operands
+/// (`Backend::groupnorm_silu_backward_cat_in`'s second half). dout, w and the parts share a type.
+pub(crate) fn backward_data_1x1_into_parts(
+    dev: &Device,
+    (ph, ps): (&mut GpuBuf, &mut GpuBuf),
+    dout: &GpuBuf,
+    w: &GpuBuf,
+    cs: ConvShape,
+    ca: usize,
+    cl: bool,
+) {
+    use crate::linear::{gemm_typed, Mat};
+    let (x, co) = (cs.x, cs.cout);
+    let (ci, s) = (x.c, x.s());
+    let dt = dout.dtype();
+    assert!(
+        cs.k == 1
+            && cs.stride == 1
+            && ca > 0
+            && ca < ci
+            && [w.dtype(), ph.dtype(), ps.dtype()].iter().all(|&d| d == dt),
+        "1×1 data gradient into parts: {x} → {co} k{} s{} at channel {ca}, types dout {dt:?} w {:?} parts {:?} {:?}",
+        cs.k,
+        cs.stride,
+        w.dtype(),
+        ph.dtype(),
+        ps.dtype()
+    );
+    assert!(
+        dout.len() == x.n * co * s && w.len() == co * ci && ph.len() == x.n * ca * s && ps.len() == x.n * (ci - ca) * s,
+        "1×1 data gradient into parts of {x} at channel {ca}: lengths"
+    );
+    let e = dt.bytes() as u64;
+    let (dp, wp) = (dev.ptr(dout), dev.ptr(w));
+    for (part, c0, cp) in [(dev.ptr_mut(ph), 0, ca), (dev.ptr_mut(ps), ca, ci - ca)] {
+        if cl {
+            // part (N·S × cp, row-major) += dout (N·S × co) · W[:, c0..c0+cp] (W row-major co × ci)
+            let a = Mat::row_major(dp, co, 0);
+            let b = Mat { ptr: wp + c0 as u64 * e, ld: ci as i32, t: true, stride: 0 };
+            gemm_typed(dev, (x.n * s, cp, co), 1.0, a, b, 1.0, Mat::row_major(part, cp, 0), 1, dt);
+        } else {
+            // per sample: part_n (cp × S) += W[:, c0..c0+cp]ᵀ (cp × co) · dout_n (co × S)
+            let a = Mat { ptr: wp + c0 as u64 * e, ld: ci as i32, t: false, stride: 0 };
+            let b = Mat::row_major(dp, s, (co * s) as i64);
+            let c = Mat::row_major(part, s, (cp * s) as i64);
+            gemm_typed(dev, (cp, s, co), 1.0, a, b, 1.0, c, x.n, dt);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -73,6 +73,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "gn_apply",
     "gn_bwd_finalize",
     "gn_bwd_apply",
+    "gn_bwd_apply_split",
     "silu_fwd",
     "silu_bwd",
     "add_assign",

@@ -423,11 +423,99 @@ fn inplace(
     backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap));
 }
 
+/// [`backward_inplace_act`] that delivers the gradient to the two parts of the concatenation
+/// `x` (channels [0, ca) and [ca, C)), each per its `Accum`, instead of writing it into `d`
+/// (`Backend::groupnorm_silu_backward_cat_in`'s first half). Only where [`split_ok`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_inplace_act_split(
+    dev: &Device,
+    d: &GpuBuf,
+    x: &mut GpuBuf,
+    ((ph, mh), (ps, ms_)): ((&mut GpuBuf, Accum), (&mut GpuBuf, Accum)),
+    ca: usize,
+    (dgamma, dbeta): (&mut GpuBuf, &mut GpuBuf),
+    beta: &GpuBuf,
+    (mean, rstd): (&GpuBuf, &GpuBuf),
+    gamma: &GpuBuf,
+    xd: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    check(xd, groups, x.len(), gamma.len(), mean.len());
+    let cb = xd.c - ca;
+    assert!(
+        d.len() == xd.numel() && ph.len() == xd.n * ca * xd.s() && ps.len() == xd.n * cb * xd.s(),
+        "groupnorm backward into the parts of {xd} at channel {ca}: lengths d {} parts {} {}",
+        d.len(),
+        ph.len(),
+        ps.len()
+    );
+    let bf = same_bf("groupnorm backward into parts", &[d, &*x, &*ph, &*ps]);
+    assert!(split_ok(xd, ca, cl, bf), "groupnorm backward into parts of {xd} at channel {ca}: a vector straddles them");
+    let ap = dev.ptr_mut(x);
+    let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
+    let ip = (&*x, 0);
+    let split = Some((sp, ms_, ca));
+    backward_ptrs_split(
+        dev,
+        (hp, mh),
+        dgamma,
+        dbeta,
+        dp,
+        Some(beta),
+        ip,
+        mean,
+        rstd,
+        gamma,
+        xd,
+        groups,
+        cl,
+        bf,
+        (0, ap),
+        split,
+    );
+}
+
+/// Whether the elementwise pass can write the parts of a concatenation of `x` at channel `ca`:
+/// in NDHWC no vector of the pass may straddle them.
+pub(crate) fn split_ok(x: Dims, ca: usize, cl: bool, bf: i32) -> bool {
+    if ca == 0 || ca >= x.c {
+        return false;
+    }
+    let v = row_vec(x, cl, bf);
+    !cl || (ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v))
+}
+
 /// The three backward stages on raw gradient pointers (`dx.0` may be `dp`); `inp` with its input
 /// offset's pointer (0: none); `dsum` ≠ 0: dx's channel sums too; `act` ≠ 0: silu(GN(inp)) too
 /// (may be `inp`'s own pointer).
 #[allow(clippy::too_many_arguments)]
 fn backward_ptrs(
+    dev: &Device,
+    dx: (u64, Accum),
+    dgamma: &mut GpuBuf,
+    dbeta: &mut GpuBuf,
+    dp: u64,
+    silu_beta: Option<&GpuBuf>,
+    inp: (&GpuBuf, u64),
+    mean: &GpuBuf,
+    rstd: &GpuBuf,
+    gamma: &GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+    bf: i32,
+    dsum_act: (u64, u64),
+) {
+    backward_ptrs_split(
+        dev, dx, dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf, dsum_act, None,
+    );
+}
+
+/// [`backward_ptrs`]; with `split = Some((dx2, its Accum, ca))` dx holds channels [0, ca) only and
+/// dx2 the rest (`gn_bwd_apply_split`).
+#[allow(clippy::too_many_arguments)]
+fn backward_ptrs_split(
     dev: &Device,
     dx: (u64, Accum),
     dgamma: &mut GpuBuf,
@@ -443,6 +531,7 @@ fn backward_ptrs(
     cl: bool,
     bf: i32,
     (dsum, act): (u64, u64),
+    split: Option<(u64, Accum, usize)>,
 ) {
     let (_, nchunks) = chunking(x, cl);
     let stride = if dsum != 0 { 3 } else { 2 };
@@ -491,9 +580,16 @@ fn backward_ptrs(
         L(x.s() as i64),
         I(groups as i32),
         I(cl as i32),
-        I((dx.1 == Accum::Add) as i32),
+        I((dx.1 == Accum::Add) as i32 | split.map_or(0, |s| ((s.1 == Accum::Add) as i32) << 1)),
         I(bf),
         I(v as i32),
     ];
-    dev.launch("gn_bwd_apply", grid, block, &args);
+    match split {
+        None => dev.launch("gn_bwd_apply", grid, block, &args),
+        Some((dx2, _, ca)) => {
+            let mut a = args.to_vec();
+            a.extend([P(dx2), I(ca as i32)]);
+            dev.launch("gn_bwd_apply_split", grid, block, &a)
+        }
+    }
 }

@@ -138,6 +138,18 @@ impl Pinned {
 }
 
 impl CudaBackend {
+    /// Whether `groupnorm_silu_backward_cat_in` over a concatenation `x` split at channel `ca`,
+    /// with a skip conv weight of type `w`, takes the fused path (the elementwise pass writing the
+    /// parts, two GEMMs onto them) rather than the trait's three steps: the weight of the
+    /// activation type and no vector of the pass straddling the parts. `MEDDPM_CAT_SPLIT=0`: never
+    /// (A/B benchmarks).
+    pub fn cat_in_fused(&self, x: Dims, ca: usize, w: DType) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("MEDDPM_CAT_SPLIT").map_or(true, |v| v != "0"));
+        let act = self.precision.act_dtype();
+        on && w == act && groupnorm::split_ok(x, ca, self.cl(), (act == DType::Bf16) as i32)
+    }
+
     /// Upload through a page-locked buffer ([`Pinned`]); `false` when the copy is small, the
     /// buffers are exhausted or page-locked memory cannot be had (the caller copies directly).
     fn upload_pinned(&self, host: &[f32], dst: &mut GpuBuf) -> bool {
@@ -843,6 +855,38 @@ impl Backend for CudaBackend {
         groups: usize,
     ) {
         groupnorm::backward_inplace_act(&self.dev, d, x, dgb, beta, ms, gamma, xd, groups, self.cl());
+    }
+    /// The GroupNorm+SiLU backward's elementwise pass writes the two parts' gradients directly
+    /// (`gn_bwd_apply_split`), and the skip conv's data gradient is two GEMMs added onto them, so
+    /// the concatenation-sized gradient is never written, read back and split. Where a vector of
+    /// the pass would straddle the parts, or the operands' types differ, the trait's three steps.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn groupnorm_silu_backward_cat_in(
+        &self,
+        d: &mut Self::Buf,
+        x: &mut Self::Buf,
+        parts: ((&mut Self::Buf, Accum), (&mut Self::Buf, Accum)),
+        dgb: (&mut Self::Buf, &mut Self::Buf),
+        ms: (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        (dout, w, cs): (&Self::Buf, &Self::Buf, ConvShape),
+        (ca, cb): (usize, usize),
+        groups: usize,
+    ) {
+        let xd = cs.x;
+        let dt = x.dtype();
+        let typed =
+            [d.dtype(), dout.dtype(), w.dtype(), parts.0 .0.dtype(), parts.1 .0.dtype()].iter().all(|&t| t == dt);
+        let cl = self.cl();
+        if !(typed && ca + cb == xd.c && cs.k == 1 && cs.stride == 1 && self.cat_in_fused(xd, ca, w.dtype())) {
+            groupnorm::backward_inplace_act(&self.dev, d, x, dgb, beta, ms, gamma, xd, groups, cl);
+            self.conv3d_backward_data((&mut *d, Accum::Add), dout, w, cs);
+            return self.split_channels(parts.0, parts.1, d, xd, ca, cb);
+        }
+        let ((ph, mh), (ps, msk)) = parts;
+        let pm = ((&mut *ph, mh), (&mut *ps, msk));
+        groupnorm::backward_inplace_act_split(&self.dev, d, x, pm, ca, dgb, beta, ms, gamma, xd, groups, cl);
+        conv3d::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
     }
 
     fn linear_forward(

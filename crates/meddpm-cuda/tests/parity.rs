@@ -481,6 +481,20 @@ fn groupnorm_parity() {
     }
 }
 
+/// A decoder block's input gradient delivered to its concatenation's parts in one call, against
+/// the three calls it replaces (`common::check_gn_cat_in`).
+#[test]
+fn gn_cat_in_parity() {
+    let Some(gs) = gpus() else { return };
+    for g in &gs {
+        let (up, down) = (|v: &[f32], d: Dims| act(g, v, d), |b: &Buf, d: Dims| get_act(g, b, d));
+        let (upr, downr) = (|v: &[f32]| raw(g, v), |b: &Buf| get_raw(g, b));
+        let upw = |v: &[f32], shape: &[usize]| param(g, v, shape);
+        let tol = mm_frac(g).max(1e-5);
+        common::check_gn_cat_in(g, &rnd, (&up, &down), (&upr, &downr), &upw, &check, tol, &name(g));
+    }
+}
+
 #[test]
 fn silu_parity() {
     let Some(gs) = gpus() else { return };

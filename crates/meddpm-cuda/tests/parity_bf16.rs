@@ -498,6 +498,26 @@ fn attention_bf16_parity() {
     }
 }
 
+/// A decoder block's input gradient delivered to its concatenation's parts in one call, against
+/// the three calls it replaces (`common::check_gn_cat_in`): the skip gradient's sums differ
+/// (cuBLAS vs cuDNN) and an added part rounds once more, so 2 × `BF`.
+#[test]
+fn gn_cat_in_bf16_parity() {
+    let Some(gs) = gpus() else { return };
+    let rnd_b = |len: usize, seed: u64, scale: f32| rb(&rnd(len, seed, scale));
+    for g in &gs {
+        let (up, down) = (|v: &[f32], d: Dims| act(g, v, d), |b: &Buf, d: Dims| get_act(g, b, d));
+        let (upr, downr) = (|v: &[f32]| raw(g, v), |b: &Buf| get_raw(g, b));
+        let upw = |v: &[f32], shape: &[usize]| {
+            let mut w = g.alloc_act(v.len()).unwrap();
+            g.cast(&mut w, &param(g, v, shape));
+            w
+        };
+        let tag = format!("bf16 {}", name(g));
+        common::check_gn_cat_in(g, &rnd_b, (&up, &down), (&upr, &downr), &upw, &check, 2.0 * BF, &tag);
+    }
+}
+
 #[test]
 fn upsample_bf16_parity() {
     let Some(gs) = gpus() else { return };

@@ -514,6 +514,35 @@ pub trait Backend {
         self.groupnorm_silu_recompute_inplace(x, mean, rstd, gamma, beta, xd, groups);
     }
 
+    /// A decoder ResBlock's input gradient over its skip concatenation x = [h, s] (`cat_in`), in
+    /// one call. On entry `d` holds ∂loss/∂silu(GN(x)) and x the concatenation; x becomes
+    /// silu(GN(x)) (the conv's input for its weight gradient, as
+    /// [`Backend::groupnorm_silu_backward_inplace_act`]), the skip conv's data gradient
+    /// (`skip` = its dout, weights and 1×1 shape) is added, and the sum goes straight to the two
+    /// parts' gradients, `parts` = (dh: channels 0..ca, ds: ca..ca+cb), each per its `Accum` (as
+    /// [`Backend::split_channels`]). `d` is scratch afterwards. This default is exactly those three
+    /// steps on `d`; a backend may write the parts from the GroupNorm backward's elementwise pass
+    /// and add the skip gradient onto them, so no concatenation-sized gradient is written, read
+    /// back and split.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn groupnorm_silu_backward_cat_in(
+        &self,
+        d: &mut Self::Buf,
+        x: &mut Self::Buf,
+        parts: ((&mut Self::Buf, Accum), (&mut Self::Buf, Accum)),
+        dgb: (&mut Self::Buf, &mut Self::Buf),
+        ms: (&Self::Buf, &Self::Buf),
+        gb: (&Self::Buf, &Self::Buf),
+        (dout, w, cs): (&Self::Buf, &Self::Buf, ConvShape),
+        (ca, cb): (usize, usize),
+        groups: usize,
+    ) {
+        let xd = cs.x;
+        self.groupnorm_silu_backward_inplace_act(d, x, dgb, ms, gb, xd, groups);
+        self.conv3d_backward_data((&mut *d, Accum::Add), dout, w, cs);
+        self.split_channels(parts.0, parts.1, d, xd, ca, cb);
+    }
+
     // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------
     /// out[N,O] = inp[N,I]·wᵀ[I,O] + b[O], with w stored (O, I) as in PyTorch.
     #[allow(clippy::too_many_arguments)]

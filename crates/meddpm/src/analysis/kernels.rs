@@ -191,6 +191,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("gn_apply", Category::Normalization),
     ("gn_bwd_finalize", Category::Normalization),
     ("gn_bwd_apply", Category::Normalization),
+    ("gn_bwd_apply_split", Category::Normalization),
     ("silu_fwd", Category::Elementwise),
     ("silu_bwd", Category::Elementwise),
     ("add_assign", Category::Elementwise),

@@ -467,6 +467,35 @@ impl<B: Backend> Backend for Timed<B> {
             self.inner.groupnorm_silu_backward_inplace_act(d, x, gg, ms, gb, xd, groups)
         })
     }
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn groupnorm_silu_backward_cat_in(
+        &self,
+        d: &mut Self::Buf,
+        x: &mut Self::Buf,
+        ((ph, mh), (ps, msk)): ((&mut Self::Buf, Accum), (&mut Self::Buf, Accum)),
+        (dgamma, dbeta): (&mut Self::Buf, &mut Self::Buf),
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        (dout, w, cs): (&Self::Buf, &Self::Buf, ConvShape),
+        cacb: (usize, usize),
+        groups: usize,
+    ) {
+        // the GroupNorm+SiLU backward into the parts and the skip conv's data gradient (its FLOPs)
+        let e = self.l(d)
+            + 2.0 * (self.l(x) + self.l(dgamma) + self.l(dbeta))
+            + self.acc(ph, mh)
+            + self.acc(ps, msk)
+            + self.l(dout)
+            + self.l(w)
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(gamma)
+            + self.l(beta);
+        self.rec("groupnorm_silu_backward_cat_in", Category::Normalization, Some(cs.flops()), e, || {
+            let (parts, gg, ms, gb) = (((ph, mh), (ps, msk)), (dgamma, dbeta), (mean, rstd), (gamma, beta));
+            self.inner.groupnorm_silu_backward_cat_in(d, x, parts, gg, ms, gb, (dout, w, cs), cacb, groups)
+        })
+    }
     fn linear_forward(
         &self,
         out: &mut Self::Buf,

@@ -264,11 +264,17 @@ fn plan_acts<B: Backend>(
     layers[0].dout = push(alloc(&mut mem.io, 0)?);
     // Backward runs layer i at time last − i. Layer j's gradient is first written by its last
     // consumer (in forward order) and last read by layer j itself.
+    // A concatenation's two inputs get their gradients from its consumer, the `cat_in` ResBlock
+    // right after it (`groupnorm_silu_backward_cat_in`), so their lifetimes start there.
     let mut last_use = vec![0usize; layers.len()];
     for (k, l) in layers.iter().enumerate() {
-        last_use[l.input] = last_use[l.input].max(k);
+        let at = match l.op {
+            Op::Concat { .. } => k + 1,
+            _ => k,
+        };
+        last_use[l.input] = last_use[l.input].max(at);
         if let Op::Concat { skip, .. } = l.op {
-            last_use[skip] = last_use[skip].max(k);
+            last_use[skip] = last_use[skip].max(at);
         }
     }
     let mut live: Vec<(usize, usize, usize)> = (1..last).map(|j| (last - last_use[j], last - j, j)).collect();
@@ -851,16 +857,31 @@ impl<B: Backend> UNet<B> {
                 be.concat_channels_bias(c, h, ab.map(|k| &w[k]), s, *xd, *ca, *cb);
             }
             let mode = layers[i].mode;
-            if let Op::Concat { skip, skip_mode, x: xd, ca, cb } = &layers[i].op {
-                let si = layers[*skip].dout;
-                let [dout, dh, ds] = acts.get_disjoint_mut([di, dxi, si]).expect("distinct buffers");
-                be.split_channels((dh, mode), (ds, *skip_mode), dout, *xd, *ca, *cb);
+            if let Op::Concat { .. } = &layers[i].op {
+                // its consumer, the `cat_in` ResBlock after it, delivered both parts' gradients
                 be.pop_range();
                 done(i, dw);
                 continue;
             }
-            // the output gradient, the input (a concatenation rebuilt above), the input's gradient
-            let [dout, x, dx] = acts.get_disjoint_mut([di, xi, dxi]).expect("distinct buffers");
+            // the output gradient, the input (a concatenation rebuilt above), the input's gradient,
+            // and where the input is a concatenation its two parts' gradients with their modes
+            let cat_parts = match &layers[inp].op {
+                Op::Concat { skip, skip_mode, ca, cb, .. } => {
+                    let (hp, sp) = (layers[layers[inp].input].dout, layers[*skip].dout);
+                    Some((hp, sp, layers[inp].mode, *skip_mode, (*ca, *cb)))
+                }
+                _ => None,
+            };
+            let (dout, x, dx, parts) = match cat_parts {
+                Some((hp, sp, mh, msk, cacb)) => {
+                    let [dout, x, dx, gh, gs] = acts.get_disjoint_mut([di, xi, dxi, hp, sp]).expect("distinct buffers");
+                    (dout, x, dx, Some(((gh, mh), (gs, msk), cacb)))
+                }
+                None => {
+                    let [dout, x, dx] = acts.get_disjoint_mut([di, xi, dxi]).expect("distinct buffers");
+                    (dout, x, dx, None)
+                }
+            };
             let dout = &*dout;
             match &mut layers[i].op {
                 Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
@@ -912,9 +933,10 @@ impl<B: Backend> UNet<B> {
                     if r.cat_in {
                         // in_layers over the concatenation x in place: the skip conv's weight
                         // gradient while x is the concatenation; the conv's data gradient
-                        // straight into dx; GroupNorm+SiLU backward in place in dx, turning x into
-                        // SiLU(GroupNorm(x)) in the same pass; the conv's weight gradient from it;
-                        // then the skip conv's data gradient is added. (x is rebuilt wherever a
+                        // straight into dx; then in one call the GroupNorm+SiLU backward (x turns
+                        // into SiLU(GroupNorm(x))), the skip conv's data gradient, and the sum
+                        // delivered to the concatenation's two parts (the Concat layer's backward
+                        // is empty); the conv's weight gradient last. (x is rebuilt wherever a
                         // concatenation is read again.)
                         let [dh] = scr.get([(yn, 2)]);
                         let cs1 = ConvShape::new(xd, r.cout, 1, 1);
@@ -923,9 +945,10 @@ impl<B: Backend> UNet<B> {
                         be.conv3d_backward_data((&mut *dx, Accum::Overwrite), dh, cw(p + 2), cs);
                         let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                         let (ms, gmb) = ((&r.mean1, &r.rstd1), (&w[p], &w[p + 1]));
-                        be.groupnorm_silu_backward_inplace_act(dx, x, (gg, gb), ms, gmb, xd, g);
+                        let (ph, ps, cacb) = parts.expect("a cat_in block reads a concatenation");
+                        let skip = (dout, cw(p + 10), cs1);
+                        be.groupnorm_silu_backward_cat_in(dx, x, (ph, ps), (gg, gb), ms, gmb, skip, cacb, g);
                         be.conv3d_backward(None, &mut dw[p + 2], None, dh, x, cw(p + 2), cs);
-                        be.conv3d_backward_data((dx, Accum::Add), dout, cw(p + 10), cs1);
                         be.pop_range();
                         done(i, dw);
                         continue;
