@@ -349,7 +349,24 @@ pub(crate) fn backward(
         }
     };
     let inp = (inp, offp);
-    backward_ptrs(dev, (dxp, acc), dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf, (sp, ap));
+    backward_ptrs(
+        dev,
+        (dxp, acc),
+        dgamma,
+        dbeta,
+        dp,
+        silu_beta,
+        inp,
+        mean,
+        rstd,
+        gamma,
+        x,
+        groups,
+        cl,
+        bf,
+        (sp, ap),
+        None,
+    );
 }
 
 /// Whether [`backward`] can also give the channel sums of dinp (`dsum`): NDHWC, and the
@@ -420,7 +437,7 @@ fn inplace(
     let dp = dev.ptr_mut(d);
     let dx = (dp, Accum::Overwrite);
     let (b, ip) = (Some(beta), (inp, 0));
-    backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap));
+    backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap), None);
 }
 
 /// [`backward_inplace_act`] that delivers the gradient to the two parts of the concatenation
@@ -456,7 +473,7 @@ pub(crate) fn backward_inplace_act_split(
     let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
     let ip = (&*x, 0);
     let split = Some((sp, ms_, ca));
-    backward_ptrs_split(
+    backward_ptrs(
         dev,
         (hp, mh),
         dgamma,
@@ -488,34 +505,10 @@ pub(crate) fn split_ok(x: Dims, ca: usize, cl: bool, bf: i32) -> bool {
 
 /// The three backward stages on raw gradient pointers (`dx.0` may be `dp`); `inp` with its input
 /// offset's pointer (0: none); `dsum` ≠ 0: dx's channel sums too; `act` ≠ 0: silu(GN(inp)) too
-/// (may be `inp`'s own pointer).
+/// (may be `inp`'s own pointer); `split` = Some((dx2, its Accum, ca)): dx holds channels [0, ca)
+/// only and dx2 the rest (`gn_bwd_apply_split`).
 #[allow(clippy::too_many_arguments)]
 fn backward_ptrs(
-    dev: &Device,
-    dx: (u64, Accum),
-    dgamma: &mut GpuBuf,
-    dbeta: &mut GpuBuf,
-    dp: u64,
-    silu_beta: Option<&GpuBuf>,
-    inp: (&GpuBuf, u64),
-    mean: &GpuBuf,
-    rstd: &GpuBuf,
-    gamma: &GpuBuf,
-    x: Dims,
-    groups: usize,
-    cl: bool,
-    bf: i32,
-    dsum_act: (u64, u64),
-) {
-    backward_ptrs_split(
-        dev, dx, dgamma, dbeta, dp, silu_beta, inp, mean, rstd, gamma, x, groups, cl, bf, dsum_act, None,
-    );
-}
-
-/// [`backward_ptrs`]; with `split = Some((dx2, its Accum, ca))` dx holds channels [0, ca) only and
-/// dx2 the rest (`gn_bwd_apply_split`).
-#[allow(clippy::too_many_arguments)]
-fn backward_ptrs_split(
     dev: &Device,
     dx: (u64, Accum),
     dgamma: &mut GpuBuf,

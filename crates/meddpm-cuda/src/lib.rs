@@ -879,9 +879,8 @@ impl Backend for CudaBackend {
             [d.dtype(), dout.dtype(), w.dtype(), parts.0 .0.dtype(), parts.1 .0.dtype()].iter().all(|&t| t == dt);
         let cl = self.cl();
         if !(typed && ca + cb == xd.c && cs.k == 1 && cs.stride == 1 && self.cat_in_fused(xd, ca, w.dtype())) {
-            groupnorm::backward_inplace_act(&self.dev, d, x, dgb, beta, ms, gamma, xd, groups, cl);
-            self.conv3d_backward_data((&mut *d, Accum::Add), dout, w, cs);
-            return self.split_channels(parts.0, parts.1, d, xd, ca, cb);
+            let gb = (gamma, beta);
+            return meddpm::backend::cat_in_steps(self, d, x, parts, dgb, ms, gb, (dout, w, cs), (ca, cb), groups);
         }
         let ((ph, mh), (ps, msk)) = parts;
         let pm = ((&mut *ph, mh), (&mut *ps, msk));

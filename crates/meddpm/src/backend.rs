@@ -537,10 +537,7 @@ pub trait Backend {
         (ca, cb): (usize, usize),
         groups: usize,
     ) {
-        let xd = cs.x;
-        self.groupnorm_silu_backward_inplace_act(d, x, dgb, ms, gb, xd, groups);
-        self.conv3d_backward_data((&mut *d, Accum::Add), dout, w, cs);
-        self.split_channels(parts.0, parts.1, d, xd, ca, cb);
+        cat_in_steps(self, d, x, parts, dgb, ms, gb, (dout, w, cs), (ca, cb), groups);
     }
 
     // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------
@@ -740,4 +737,26 @@ pub trait Backend {
             self.cast(d, s);
         }
     }
+}
+
+/// [`Backend::groupnorm_silu_backward_cat_in`] as its three steps on `d` (the trait's default; an
+/// override falls back to it where its fused path does not apply): the in-place GroupNorm+SiLU
+/// backward with act, the skip conv's data gradient added, the split into the parts.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn cat_in_steps<B: Backend + ?Sized>(
+    be: &B,
+    d: &mut B::Buf,
+    x: &mut B::Buf,
+    parts: ((&mut B::Buf, Accum), (&mut B::Buf, Accum)),
+    dgb: (&mut B::Buf, &mut B::Buf),
+    ms: (&B::Buf, &B::Buf),
+    gb: (&B::Buf, &B::Buf),
+    (dout, w, cs): (&B::Buf, &B::Buf, ConvShape),
+    (ca, cb): (usize, usize),
+    groups: usize,
+) {
+    let xd = cs.x;
+    be.groupnorm_silu_backward_inplace_act(d, x, dgb, ms, gb, xd, groups);
+    be.conv3d_backward_data((&mut *d, Accum::Add), dout, w, cs);
+    be.split_channels(parts.0, parts.1, d, xd, ca, cb);
 }

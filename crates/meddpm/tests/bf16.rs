@@ -93,7 +93,7 @@ fn cpu_bf16_attention_rounds_logits_probabilities_and_gradients() {
     }
     // P from rounded logits, not just rounded P: some probability differs from round(P_fp32)
     let mut plain = vec![0f32; t * t];
-    attention::attention_forward(&mut vec![0f32; x.numel()], &mut plain, &qkv, x, 1);
+    attention::attention_forward(&mut vec![0f32; x.numel()], &mut plain, &qkv, x, 1, |_| {});
     assert!(ab.iter().zip(&plain).any(|(&a, &p)| a != round_bf16(p)), "logits were not rounded");
     for (what, b, f) in [("out", &ob, &of), ("att", &ab, &af), ("dqkv", &db, &df)] {
         let num: f64 = b.iter().zip(f.iter()).map(|(&a, &c)| (a as f64 - c as f64).powi(2)).sum::<f64>().sqrt();

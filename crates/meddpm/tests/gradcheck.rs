@@ -331,7 +331,7 @@ fn linear_grads_and_values() {
 fn attn_fwd(qkv: &[f64], x: Dims, heads: usize) -> (Vec<f64>, Vec<f64>) {
     let t = x.s();
     let (mut out, mut att) = (vec![0.0; x.numel()], vec![0.0; x.n * heads * t * t]);
-    attention::attention_forward(&mut out, &mut att, qkv, x, heads);
+    attention::attention_forward(&mut out, &mut att, qkv, x, heads, |_| {});
     (out, att)
 }
 
@@ -368,7 +368,7 @@ fn attention_grads() {
         compare(&format!("attention heads={heads} forward vs naive"), &out, &attn_naive(&qkv, x, heads), EXACT)
             .unwrap();
         let (mut dqkv, mut datt) = (vec![7.0; qkv.len()], vec![0.0; att.len()]);
-        attention::attention_backward(&mut dqkv, &mut datt, &r, &qkv, &att, x, heads);
+        attention::attention_backward(&mut dqkv, &mut datt, &r, &qkv, &att, x, heads, |_| {});
         gradcheck(&format!("attention heads={heads} dqkv"), &dqkv, &qkv, |p| dot(&r, &attn_fwd(p, x, heads).0));
     }
 }

@@ -9,8 +9,8 @@
 //! Backward (P = att, G = dout_h):
 //!   dv = G·P,  dP = Gᵀ·v,  dZ = P ⊙ (dP − rowsum(P ⊙ dP)),  dq = s²·k·dZᵀ,  dk = s²·q·dZ.
 //! Every product is one GEMM per (n, h); the softmax is parallel over query rows.
-//! The `_rounded` variants take the rounding the bf16 GPU path applies where it stores att's
-//! element type (the logits, P, dP and dZ); the plain ones round nowhere.
+//! `round` is the rounding the bf16 GPU path applies where it stores att's element type (the
+//! logits, P, dP and dZ): `|_| {}` in f32 and f64, bf16 rounding in the CPU's bf16 emulation.
 
 use rayon::prelude::*;
 
@@ -40,13 +40,9 @@ fn softmax_rows<T: Float>(a: &mut [T], t: usize) {
     });
 }
 
-/// out (N, C, T) and att (N, heads, T, T) from qkv (N, 3C, T); `x` is out's shape.
-pub fn attention_forward<T: Float>(out: &mut [T], att: &mut [T], qkv: &[T], x: Dims, heads: usize) {
-    attention_forward_rounded(out, att, qkv, x, heads, |_| {});
-}
-
-/// [`attention_forward`] with `round` applied to the logits and to P as they are stored.
-pub fn attention_forward_rounded<T: Float>(
+/// out (N, C, T) and att (N, heads, T, T) from qkv (N, 3C, T); `x` is out's shape. `round` is
+/// applied to the logits and to P as they are stored (a no-op but in the bf16 emulation).
+pub fn attention_forward<T: Float>(
     out: &mut [T],
     att: &mut [T],
     qkv: &[T],
@@ -71,23 +67,10 @@ pub fn attention_forward_rounded<T: Float>(
     }
 }
 
-/// dqkv (overwritten) from dout (N, C, T); `datt` is scratch of att's size.
+/// dqkv (overwritten) from dout (N, C, T); `datt` is scratch of att's size. `round` is applied to
+/// dP and to dZ as they are stored (a no-op but in the bf16 emulation).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: Float>(
-    dqkv: &mut [T],
-    datt: &mut [T],
-    dout: &[T],
-    qkv: &[T],
-    att: &[T],
-    x: Dims,
-    heads: usize,
-) {
-    attention_backward_rounded(dqkv, datt, dout, qkv, att, x, heads, |_| {});
-}
-
-/// [`attention_backward`] with `round` applied to dP and to dZ as they are stored.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward_rounded<T: Float>(
     dqkv: &mut [T],
     datt: &mut [T],
     dout: &[T],

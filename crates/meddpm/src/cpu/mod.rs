@@ -440,7 +440,7 @@ impl Backend for CpuBackend {
     }
 
     fn attention_forward(&self, out: &mut Vec<f32>, att: &mut Vec<f32>, qkv: &Vec<f32>, x: Dims, heads: usize) {
-        attention::attention_forward_rounded(out, att, qkv, x, heads, |b| self.r(b));
+        attention::attention_forward(out, att, qkv, x, heads, |b| self.r(b));
         self.r(out);
     }
     fn attention_backward(
@@ -453,7 +453,7 @@ impl Backend for CpuBackend {
         x: Dims,
         heads: usize,
     ) {
-        attention::attention_backward_rounded(dqkv, datt, dout, qkv, att, x, heads, |b| self.r(b));
+        attention::attention_backward(dqkv, datt, dout, qkv, att, x, heads, |b| self.r(b));
         self.r(dqkv);
     }
 
