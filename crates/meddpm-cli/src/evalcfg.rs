@@ -13,9 +13,10 @@
 //! largest per-seed change from the baseline, max_k |q_k − q_k(baseline)|, is at most the
 //! baseline's seed-to-seed standard deviation of that metric (sample std over the K seeds).
 //!
-//! This file parses the arguments, loads the pairs, samples each configuration and writes the
-//! files; the report types, the metrics per sample, the verdict rule and the Markdown live in
-//! `meddpm::eval::configs` (`crates/meddpm/src/eval/configs.rs`).
+//! This file parses the arguments, samples each configuration (with progress bars) and writes the
+//! files; loading the pairs, the report types, the metrics per sample, the comparison of the runs,
+//! the verdict rule and the Markdown live in `meddpm::eval::configs`
+//! (`crates/meddpm/src/eval/configs.rs`).
 //!
 //! Metric definitions are `meddpm eval`'s (MONAI's; `crates/meddpm/src/eval/`): images in
 //! [−1, 1] are mapped to [0, 1] first, so SSIM uses data_range 1 and PSNR max_val 1. SSIM uses
@@ -39,14 +40,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::Checkpoint;
 use meddpm::cpu::CpuBackend;
 use meddpm::data::preview::{label_position, write_png_at, Kind};
-use meddpm::data::{Convention, Dataset, Volume};
+use meddpm::data::{Convention, Volume};
 use meddpm::diffusion::{Sampler, Schedule};
 use meddpm::eval::configs::{
-    labels_from_cond, metric_names, norm, to_markdown, verdict, Agreement, ConfigReport, Metrics, PairInfo, Quality,
-    Report, Settings, Spread,
+    compare_runs, load_pairs, to_markdown, ConfigReport, Metrics, PairData, Report, Run, Samples, Settings,
 };
-use meddpm::eval::report::Stat;
-use meddpm::eval::Vol;
 use meddpm::model::{param_specs, UNet, UNetConfig};
 use meddpm::{Backend, Layout, Precision};
 
@@ -161,18 +159,6 @@ pub struct EvalConfigsArgs {
     pub out: PathBuf,
 }
 
-/// A mask/image pair at model size plus the native volumes for the panel.
-pub struct PairData {
-    pub info: PairInfo,
-    pub cond: Vec<f32>,
-    /// Real image at model size, [0, 1].
-    pub real: Vec<f32>,
-    /// Label per voxel at model size.
-    pub labels: Vec<u8>,
-    pub mask_vol: Volume,
-    pub real_vol: Volume,
-}
-
 fn bar(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
     pb.set_style(
@@ -214,9 +200,6 @@ fn sample_all<B: Backend>(
     Ok((out, t0.elapsed().as_secs_f64()))
 }
 
-/// `samples[pair][seed]`: one host volume per mask and seed.
-pub type Samples = Vec<Vec<Vec<f32>>>;
-
 /// Run one configuration; Err(reason) for a configuration that cannot start (skipped).
 fn run_config(
     c: Config,
@@ -242,139 +225,6 @@ fn run_config(
             Err(e) => Err(format!("the CUDA backend did not start: {e}")),
         },
     })
-}
-
-/// The mask/image pairs to sample, at model size.
-pub fn load_pairs(a: &EvalConfigsArgs, cfg: &UNetConfig, range: [f64; 2]) -> Result<(Vec<PairData>, String)> {
-    let size = [cfg.depth, cfg.size, cfg.size];
-    let mut conv = Convention::whole_head();
-    conv.num_labels = cfg.cond_channels() + 1;
-    let (ds, source) = match (&a.masks, &a.images) {
-        (Some(m), Some(i)) => (
-            Dataset::from_folders(m, std::slice::from_ref(i), conv, size)?,
-            format!("{} with {}", m.display(), i.display()),
-        ),
-        _ => {
-            if cfg.cond_channels() != 2 {
-                bail!(
-                    "the built-in demo masks have 2 condition channels, the model {}; give --masks/--images",
-                    cfg.cond_channels()
-                );
-            }
-            (meddpm::data::demo::dataset_at(size)?, "built-in demo pairs".to_string())
-        }
-    };
-    if a.pairs.is_empty() {
-        bail!("--pairs: give at least one pair index");
-    }
-    let mut out = Vec::new();
-    for &i in &a.pairs {
-        if i >= ds.len() {
-            bail!("--pairs {i}: the dataset ({source}) has {} pairs (indices 0..{})", ds.len(), ds.len());
-        }
-        let sample = ds.get(i)?;
-        let (mask_vol, images) = ds.load(i)?;
-        let (lo, hi) = ds.convention().cond_values();
-        let labels = labels_from_cond(&sample.cond, sample.cond_channels, lo, hi);
-        let real = norm(&sample.image, range);
-        let mut counts = [0usize; 256];
-        for &l in &labels {
-            counts[l as usize] += 1;
-        }
-        let present: Vec<(u8, usize)> =
-            counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(l, &c)| (l as u8, c)).collect();
-        let real_mean = present
-            .iter()
-            .map(|&(l, n)| {
-                real.iter().zip(&labels).filter(|(_, &m)| m == l).map(|(&v, _)| v as f64).sum::<f64>() / n as f64
-            })
-            .collect();
-        let pair = &ds.pairs()[i];
-        out.push(PairData {
-            info: PairInfo {
-                index: i,
-                mask: pair.mask.name().display().to_string(),
-                image: pair.images[0].name().display().to_string(),
-                labels: present,
-                real_mean,
-            },
-            cond: sample.cond,
-            real,
-            labels,
-            mask_vol,
-            real_vol: images.into_iter().next().expect("whole-head: one image"),
-        });
-    }
-    Ok((out, source))
-}
-
-/// The samples of one configuration that ran: `samples[pair][seed]`, host (1, D, H, W).
-pub struct Run {
-    pub name: String,
-    pub backend: String,
-    pub seconds: f64,
-    pub seconds_per_sample: f64,
-    pub samples: Samples,
-}
-
-/// Quality, agreement with `runs[0]` (the baseline), the baseline's spread and the verdicts.
-pub fn compare(
-    runs: &[Run],
-    pairs: &[PairData],
-    seeds: &[u64],
-    metrics: &Metrics,
-    range: [f64; 2],
-) -> Result<(Vec<ConfigReport>, Vec<Spread>)> {
-    let dims = metrics.dims;
-    let mut configurations = Vec::new();
-    let mut all_quality: Vec<Vec<Quality>> = Vec::new();
-    for (ci, r) in runs.iter().enumerate() {
-        let mut quality = Vec::new();
-        let mut agreement = Vec::new();
-        for (pi, p) in pairs.iter().enumerate() {
-            let names = metric_names(&p.info.labels, metrics.ms.is_some());
-            for (k, &seed) in seeds.iter().enumerate() {
-                let what = format!("{} sample (pair {}, seed {seed})", r.name, p.info.index);
-                let g = norm(&r.samples[pi][k], range);
-                Vol::new(&what, dims, &g)?.check_finite(&what)?;
-                let vals = metrics.quality(&g, &p.real, &p.labels, &p.info.labels)?;
-                quality.push(Quality { pair: p.info.index, seed, metrics: names.iter().cloned().zip(vals).collect() });
-                let b = norm(&runs[0].samples[pi][k], range);
-                let (max_abs_diff, psnr_db, ssim) = metrics.agreement(&g, &b, range)?;
-                agreement.push(Agreement { pair: p.info.index, seed, max_abs_diff, psnr_db, ssim });
-            }
-        }
-        all_quality.push(quality.clone());
-        configurations.push(ConfigReport {
-            name: r.name.clone(),
-            status: if ci == 0 { "baseline".into() } else { "ran".into() },
-            skip_reason: None,
-            backend: Some(r.backend.clone()),
-            seconds: Some(r.seconds),
-            seconds_per_sample: Some(r.seconds_per_sample),
-            agreement,
-            quality,
-            verdict: None,
-        });
-    }
-    let mut spread = Vec::new();
-    for p in pairs {
-        for name in metric_names(&p.info.labels, metrics.ms.is_some()) {
-            let vals: Vec<f64> = all_quality[0]
-                .iter()
-                .filter(|q| q.pair == p.info.index)
-                .filter_map(|q| q.metrics.iter().find(|(m, _)| *m == name).map(|(_, v)| *v))
-                .filter(|v| !v.is_nan())
-                .collect();
-            if let Some(stat) = Stat::of(&vals) {
-                spread.push(Spread { pair: p.info.index, metric: name, stat });
-            }
-        }
-    }
-    for ci in 1..configurations.len() {
-        configurations[ci].verdict = verdict(&all_quality[ci], &all_quality[0], &spread, seeds.len());
-    }
-    Ok((configurations, spread))
 }
 
 pub fn run(a: &EvalConfigsArgs) -> Result<()> {
@@ -414,7 +264,14 @@ pub fn run(a: &EvalConfigsArgs) -> Result<()> {
         }
     }
     let (metrics, ms_note) = Metrics::new(dims, a.kernel_size)?;
-    let (pairs, source) = load_pairs(a, &cfg, range)?;
+    if a.pairs.is_empty() {
+        bail!("--pairs: give at least one pair index");
+    }
+    let (pairs, source) =
+        load_pairs(a.masks.as_deref(), a.images.as_deref(), &a.pairs, &cfg, range).map_err(|e| match e {
+            meddpm::Error::Config(m) => anyhow::anyhow!("--pairs/--masks/--images: {m}"),
+            e => e.into(),
+        })?;
     let seeds: Vec<u64> = (0..a.seeds).map(|k| a.seed + k).collect();
     let mut notes: Vec<String> = ms_note.iter().cloned().collect();
 
@@ -514,7 +371,7 @@ pub fn run(a: &EvalConfigsArgs) -> Result<()> {
             samples,
         })
         .collect();
-    let (mut configurations, spread) = compare(&runs, &pairs, &seeds, &metrics, range)?;
+    let (mut configurations, spread) = compare_runs(&runs, &pairs, &seeds, &metrics, range)?;
     if seeds.len() < 2 {
         notes.push("one seed per mask: no seed-to-seed spread, so no verdicts (use --seeds ≥ 2)".into());
     }

@@ -17,7 +17,7 @@ use evalcfg::{parse_config, Config, EvalConfigsArgs};
 use meddpm::checkpoint::{save_trainer, Checkpoint};
 use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
-use meddpm::eval::configs::Metrics;
+use meddpm::eval::configs::{self, Metrics};
 use meddpm::model::{UNet, UNetConfig};
 use meddpm::{Layout, Precision};
 use std::path::{Path, PathBuf};
@@ -203,7 +203,8 @@ fn configuration_names_parse() {
     }
 }
 
-/// The comparison path the GPU takes (several configurations), fed with CPU samples: a copy of
+/// The comparison path the GPU takes (several configurations, `meddpm::eval::configs::compare_runs`),
+/// fed with CPU samples: a copy of
 /// the baseline shifted by 1e-4 must agree to 1e-4 and stay within spread; a copy scaled by 0.5
 /// must fall outside.
 #[test]
@@ -213,7 +214,7 @@ fn several_configurations_compare_against_the_baseline() {
     let a = args(&ck, &dir.join("out"), &["--device", "cpu"]);
     let ckp = Checkpoint::read(&ck).unwrap();
     let cfg = ckp.unet.clone().unwrap();
-    let (pairs, _) = evalcfg::load_pairs(&a, &cfg, [-1.0, 1.0]).unwrap();
+    let (pairs, _) = configs::load_pairs(a.masks.as_deref(), a.images.as_deref(), &a.pairs, &cfg, [-1.0, 1.0]).unwrap();
     let be = CpuBackend::new();
     let mut net = UNet::new(&be, &cfg, 1).unwrap();
     let specs = net.specs.clone();
@@ -232,7 +233,7 @@ fn several_configurations_compare_against_the_baseline() {
     let map = |f: &dyn Fn(f32) -> f32| -> Vec<Vec<Vec<f32>>> {
         base.iter().map(|p| p.iter().map(|v| v.iter().map(|&x| f(x)).collect()).collect()).collect()
     };
-    let run = |name: &str, samples| evalcfg::Run {
+    let run = |name: &str, samples| configs::Run {
         name: name.into(),
         backend: "test".into(),
         seconds: 0.0,
@@ -241,7 +242,7 @@ fn several_configurations_compare_against_the_baseline() {
     };
     let runs = vec![run("base", base.clone()), run("shift", map(&|x| x + 1e-4)), run("half", map(&|x| 0.5 * x))];
     let (m, _) = Metrics::new([8, 8, 8], None).unwrap();
-    let (reps, spread) = evalcfg::compare(&runs, &pairs, &seeds, &m, [-1.0, 1.0]).unwrap();
+    let (reps, spread) = configs::compare_runs(&runs, &pairs, &seeds, &m, [-1.0, 1.0]).unwrap();
     assert_eq!(reps.len(), 3);
     assert_eq!(reps[0].status, "baseline");
     assert!(reps[0].verdict.is_none());

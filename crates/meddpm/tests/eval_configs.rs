@@ -1,7 +1,7 @@
 //! The verdict and metrics of `meddpm eval-configs` (`meddpm::eval::configs`) on synthetic
 //! values with closed-form answers, no model needed: which SSIM/MS-SSIM windows a size allows, the
 //! agreement of a constant offset, the within-spread rule, labels from a condition tensor and the
-//! Markdown of a small report.
+//! Markdown of a small report; the pairs to sample (built-in demo pairs at the tiny model's size).
 
 use meddpm::eval::configs::{
     labels_from_cond, metric_names, norm, to_markdown, verdict, ConfigReport, Metrics, PairInfo, Quality, Report,
@@ -153,4 +153,34 @@ fn report_serialises_infinities_as_strings_and_renders_markdown() {
     assert!(md.contains("| fp32/ndhwc | — | — | — | — | — | — | skipped: no CUDA device |"), "{md}");
     assert!(md.contains("**within spread**") && md.contains("| ∞ |") && md.contains("- a note"), "{md}");
     assert!(md.contains("| psnr_db | 21.0000 ± 1.4142 |"), "{md}");
+}
+
+/// The pairs to sample come at model size with their labels and real-image means, and bad
+/// requests are clear errors: no index, an index past the dataset, demo masks for a model with
+/// other condition channels.
+#[test]
+fn pairs_load_at_model_size_and_bad_requests_are_errors() {
+    use meddpm::eval::configs::load_pairs;
+    let cfg = UNetConfig::tiny();
+    let (pairs, source) = load_pairs(None, None, &[1, 0], &cfg, [-1.0, 1.0]).unwrap();
+    assert_eq!(source, "built-in demo pairs");
+    assert_eq!(pairs.iter().map(|p| p.info.index).collect::<Vec<_>>(), vec![1, 0]);
+    let n = cfg.depth * cfg.size * cfg.size;
+    for p in &pairs {
+        assert_eq!((p.real.len(), p.labels.len(), p.cond.len()), (n, n, 2 * n));
+        assert!(p.real.iter().all(|v| (0.0..=1.0).contains(v)), "real image on [0, 1]");
+        // every label present is counted, and its mean is that of the real image under it
+        assert_eq!(p.info.labels.iter().map(|&(_, c)| c).sum::<usize>(), n);
+        for (&(l, c), &m) in p.info.labels.iter().zip(&p.info.real_mean) {
+            let s: f64 = p.real.iter().zip(&p.labels).filter(|(_, &x)| x == l).map(|(&v, _)| v as f64).sum();
+            assert!((s / c as f64 - m).abs() < 1e-9, "label {l}");
+        }
+    }
+    let e = load_pairs(None, None, &[], &cfg, [-1.0, 1.0]).err().expect("an error").to_string();
+    assert!(e.contains("at least one pair"), "{e}");
+    let e = load_pairs(None, None, &[0, 7], &cfg, [-1.0, 1.0]).err().expect("an error").to_string();
+    assert!(e.contains("pair 7") && e.contains("has 2 pairs"), "{e}");
+    let seven = UNetConfig { in_channels: 8, ..UNetConfig::tiny() }; // 7 condition channels
+    let e = load_pairs(None, None, &[0], &seven, [-1.0, 1.0]).err().expect("an error").to_string();
+    assert!(e.contains("2 condition channels, the model 7"), "{e}");
 }

@@ -2,18 +2,23 @@
 //! bf16, the GPU itself — change what the model generates?), kept free of any backend so it is
 //! testable on the CPU: the report types (JSON as written to `eval_configs.json`), the quality
 //! and agreement metrics per sample ([`Metrics`]), the within-spread rule ([`verdict`]) and the
-//! Markdown table ([`to_markdown`]). The CLI (`crates/meddpm-cli/src/evalcfg.rs`) samples every
+//! Markdown table ([`to_markdown`]); the pairs to sample ([`load_pairs`]) and the comparison of
+//! the configurations' samples with the baseline's ([`compare_runs`]: quality, agreement, the
+//! baseline's seed spread, verdicts). The CLI (`crates/meddpm-cli/src/evalcfg.rs`) samples every
 //! configuration and wires these together.
 //!
 //! Metric definitions are `meddpm eval`'s (MONAI's, see [`super`]): images in [−1, 1] are mapped
 //! to [0, 1] first ([`norm`]), so SSIM uses data_range 1 and PSNR max_val 1. MS-SSIM is computed
 //! only where 5 scales fit a window of at least 3 (every axis ≥ 48 voxels).
 
+use std::path::Path;
+
 use serde::Serialize;
 
 use super::report::Stat;
 use super::ssim::{ms_ssim_kernel_for, MsSsimParams, SsimParams, MS_SSIM_WEIGHTS};
 use super::{mae, ms_ssim, psnr, ssim, wasserstein1, Vol};
+use crate::data::{Convention, Dataset, Volume};
 use crate::model::UNetConfig;
 use crate::{Error, Result};
 
@@ -460,4 +465,163 @@ pub fn to_markdown(r: &Report) -> String {
         }
     }
     s
+}
+
+/// A mask/image pair at model size plus the native volumes for the panel.
+pub struct PairData {
+    pub info: PairInfo,
+    pub cond: Vec<f32>,
+    /// Real image at model size, [0, 1].
+    pub real: Vec<f32>,
+    /// Label per voxel at model size.
+    pub labels: Vec<u8>,
+    pub mask_vol: Volume,
+    pub real_vol: Volume,
+}
+
+/// The pairs `indices` to sample, at model size: from mask and image folders (paired by the digits
+/// in file names, whole-head conventions), or without them the built-in demo pairs; with a
+/// description of the source.
+pub fn load_pairs(
+    masks: Option<&Path>,
+    images: Option<&Path>,
+    indices: &[usize],
+    cfg: &UNetConfig,
+    range: [f64; 2],
+) -> Result<(Vec<PairData>, String)> {
+    let size = [cfg.depth, cfg.size, cfg.size];
+    let mut conv = Convention::whole_head();
+    conv.num_labels = cfg.cond_channels() + 1;
+    let (ds, source) = match (masks, images) {
+        (Some(m), Some(i)) => {
+            (Dataset::from_folders(m, &[i.to_path_buf()], conv, size)?, format!("{} with {}", m.display(), i.display()))
+        }
+        _ => {
+            if cfg.cond_channels() != 2 {
+                return Err(Error::Config(format!(
+                    "the built-in demo masks have 2 condition channels, the model {}; give masks and images",
+                    cfg.cond_channels()
+                )));
+            }
+            (crate::data::demo::dataset_at(size)?, "built-in demo pairs".to_string())
+        }
+    };
+    if indices.is_empty() {
+        return Err(Error::Config("give at least one pair index".into()));
+    }
+    let mut out = Vec::new();
+    for &i in indices {
+        if i >= ds.len() {
+            return Err(Error::Config(format!(
+                "pair {i}: the dataset ({source}) has {} pairs (indices 0..{})",
+                ds.len(),
+                ds.len()
+            )));
+        }
+        let sample = ds.get(i)?;
+        let (mask_vol, images) = ds.load(i)?;
+        let (lo, hi) = ds.convention().cond_values();
+        let labels = labels_from_cond(&sample.cond, sample.cond_channels, lo, hi);
+        let real = norm(&sample.image, range);
+        let mut counts = [0usize; 256];
+        for &l in &labels {
+            counts[l as usize] += 1;
+        }
+        let present: Vec<(u8, usize)> =
+            counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(l, &c)| (l as u8, c)).collect();
+        let real_mean = present
+            .iter()
+            .map(|&(l, n)| {
+                real.iter().zip(&labels).filter(|(_, &m)| m == l).map(|(&v, _)| v as f64).sum::<f64>() / n as f64
+            })
+            .collect();
+        let pair = &ds.pairs()[i];
+        out.push(PairData {
+            info: PairInfo {
+                index: i,
+                mask: pair.mask.name().display().to_string(),
+                image: pair.images[0].name().display().to_string(),
+                labels: present,
+                real_mean,
+            },
+            cond: sample.cond,
+            real,
+            labels,
+            mask_vol,
+            real_vol: images.into_iter().next().expect("whole-head: one image"),
+        });
+    }
+    Ok((out, source))
+}
+
+/// `samples[pair][seed]`: one host volume per mask and seed.
+pub type Samples = Vec<Vec<Vec<f32>>>;
+
+/// The samples of one configuration that ran: `samples[pair][seed]`, host (1, D, H, W).
+pub struct Run {
+    pub name: String,
+    pub backend: String,
+    pub seconds: f64,
+    pub seconds_per_sample: f64,
+    pub samples: Samples,
+}
+
+/// Quality, agreement with `runs[0]` (the baseline), the baseline's spread and the verdicts.
+pub fn compare_runs(
+    runs: &[Run],
+    pairs: &[PairData],
+    seeds: &[u64],
+    metrics: &Metrics,
+    range: [f64; 2],
+) -> Result<(Vec<ConfigReport>, Vec<Spread>)> {
+    let dims = metrics.dims;
+    let mut configurations = Vec::new();
+    let mut all_quality: Vec<Vec<Quality>> = Vec::new();
+    for (ci, r) in runs.iter().enumerate() {
+        let mut quality = Vec::new();
+        let mut agreement = Vec::new();
+        for (pi, p) in pairs.iter().enumerate() {
+            let names = metric_names(&p.info.labels, metrics.ms.is_some());
+            for (k, &seed) in seeds.iter().enumerate() {
+                let what = format!("{} sample (pair {}, seed {seed})", r.name, p.info.index);
+                let g = norm(&r.samples[pi][k], range);
+                Vol::new(&what, dims, &g)?.check_finite(&what)?;
+                let vals = metrics.quality(&g, &p.real, &p.labels, &p.info.labels)?;
+                quality.push(Quality { pair: p.info.index, seed, metrics: names.iter().cloned().zip(vals).collect() });
+                let b = norm(&runs[0].samples[pi][k], range);
+                let (max_abs_diff, psnr_db, ssim) = metrics.agreement(&g, &b, range)?;
+                agreement.push(Agreement { pair: p.info.index, seed, max_abs_diff, psnr_db, ssim });
+            }
+        }
+        all_quality.push(quality.clone());
+        configurations.push(ConfigReport {
+            name: r.name.clone(),
+            status: if ci == 0 { "baseline".into() } else { "ran".into() },
+            skip_reason: None,
+            backend: Some(r.backend.clone()),
+            seconds: Some(r.seconds),
+            seconds_per_sample: Some(r.seconds_per_sample),
+            agreement,
+            quality,
+            verdict: None,
+        });
+    }
+    let mut spread = Vec::new();
+    for p in pairs {
+        for name in metric_names(&p.info.labels, metrics.ms.is_some()) {
+            let vals: Vec<f64> = all_quality[0]
+                .iter()
+                .filter(|q| q.pair == p.info.index)
+                .filter_map(|q| q.metrics.iter().find(|(m, _)| *m == name).map(|(_, v)| *v))
+                .filter(|v| !v.is_nan())
+                .collect();
+            if let Some(stat) = Stat::of(&vals) {
+                spread.push(Spread { pair: p.info.index, metric: name, stat });
+            }
+        }
+    }
+    for ci in 1..configurations.len() {
+        configurations[ci].verdict = verdict(&all_quality[ci], &all_quality[0], &spread, seeds.len());
+    }
+    Ok((configurations, spread))
 }
