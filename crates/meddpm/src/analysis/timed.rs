@@ -78,6 +78,16 @@ impl<B: Backend> Timed<B> {
             Accum::Add => 2.0 * self.l(b),
         }
     }
+    /// Elements a GroupNorm+SiLU backward moves besides its activations: dγ, dβ accumulated (read
+    /// and written), the statistics and γ, β read.
+    fn gn_params(
+        &self,
+        (dg, db): (&B::Buf, &B::Buf),
+        (mean, rstd): (&B::Buf, &B::Buf),
+        (g, b): (&B::Buf, &B::Buf),
+    ) -> f64 {
+        2.0 * (self.l(dg) + self.l(db)) + self.l(mean) + self.l(rstd) + self.l(g) + self.l(b)
+    }
 }
 
 fn attention_flops(x: Dims) -> f64 {
@@ -375,15 +385,8 @@ impl<B: Backend> Backend for Timed<B> {
         x: Dims,
         groups: usize,
     ) {
-        let e = self.acc(dinp.0, dinp.1)
-            + 2.0 * (self.l(dgamma) + self.l(dbeta))
-            + self.l(dout)
-            + self.l(inp)
-            + self.lo(off)
-            + self.l(mean)
-            + self.l(rstd)
-            + self.l(gamma)
-            + self.l(beta);
+        let p = self.gn_params((dgamma, dbeta), (mean, rstd), (gamma, beta));
+        let e = self.acc(dinp.0, dinp.1) + self.l(dout) + self.l(inp) + self.lo(off) + p;
         self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
             self.inner.groupnorm_silu_backward(dinp, dgamma, dbeta, dout, inp, off, mean, rstd, gamma, beta, x, groups)
         })
@@ -402,16 +405,8 @@ impl<B: Backend> Backend for Timed<B> {
         x: Dims,
         groups: usize,
     ) {
-        let e = self.l(dinp)
-            + self.l(dsum)
-            + 2.0 * (self.l(dgamma) + self.l(dbeta))
-            + self.l(dout)
-            + self.l(inp)
-            + self.lo(off)
-            + self.l(mean)
-            + self.l(rstd)
-            + self.l(gamma)
-            + self.l(beta);
+        let p = self.gn_params((dgamma, dbeta), (mean, rstd), (gamma, beta));
+        let e = self.l(dinp) + self.l(dsum) + self.l(dout) + self.l(inp) + self.lo(off) + p;
         self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
             let (ms, gb) = ((mean, rstd), (gamma, beta));
             self.inner.groupnorm_silu_backward_sum(dinp, dsum, dgamma, dbeta, dout, inp, off, ms, gb, x, groups)
@@ -431,17 +426,14 @@ impl<B: Backend> Backend for Timed<B> {
         x: Dims,
         groups: usize,
     ) {
+        let p = self.gn_params((dgamma, dbeta), (mean, rstd), (gamma, beta));
         let e = self.acc(dinp.0, dinp.1)
             + dsum.as_ref().map_or(0.0, |s| self.l(s))
             + self.l(act)
-            + 2.0 * (self.l(dgamma) + self.l(dbeta))
             + self.l(dout)
             + self.l(inp)
             + self.lo(off)
-            + self.l(mean)
-            + self.l(rstd)
-            + self.l(gamma)
-            + self.l(beta);
+            + p;
         self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
             let (gg, ms, gb) = ((dgamma, dbeta), (mean, rstd), (gamma, beta));
             self.inner.groupnorm_silu_backward_act(dinp, dsum, act, gg, dout, inp, off, ms, gb, x, groups)
@@ -457,11 +449,7 @@ impl<B: Backend> Backend for Timed<B> {
         xd: Dims,
         groups: usize,
     ) {
-        let e = 2.0 * (self.l(d) + self.l(x) + self.l(dgamma) + self.l(dbeta))
-            + self.l(mean)
-            + self.l(rstd)
-            + self.l(gamma)
-            + self.l(beta);
+        let e = 2.0 * (self.l(d) + self.l(x)) + self.gn_params((dgamma, dbeta), (mean, rstd), (gamma, beta));
         self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
             let (gg, ms, gb) = ((dgamma, dbeta), (mean, rstd), (gamma, beta));
             self.inner.groupnorm_silu_backward_inplace_act(d, x, gg, ms, gb, xd, groups)
@@ -481,16 +469,8 @@ impl<B: Backend> Backend for Timed<B> {
         groups: usize,
     ) {
         // the GroupNorm+SiLU backward into the parts and the skip conv's data gradient (its FLOPs)
-        let e = self.l(d)
-            + 2.0 * (self.l(x) + self.l(dgamma) + self.l(dbeta))
-            + self.acc(ph, mh)
-            + self.acc(ps, msk)
-            + self.l(dout)
-            + self.l(w)
-            + self.l(mean)
-            + self.l(rstd)
-            + self.l(gamma)
-            + self.l(beta);
+        let p = self.gn_params((dgamma, dbeta), (mean, rstd), (gamma, beta));
+        let e = self.l(d) + 2.0 * self.l(x) + self.acc(ph, mh) + self.acc(ps, msk) + self.l(dout) + self.l(w) + p;
         self.rec("groupnorm_silu_backward_cat_in", Category::Normalization, Some(cs.flops()), e, || {
             let (parts, gg, ms, gb) = (((ph, mh), (ps, msk)), (dgamma, dbeta), (mean, rstd), (gamma, beta));
             self.inner.groupnorm_silu_backward_cat_in(d, x, parts, gg, ms, gb, (dout, w, cs), cacb, groups)
