@@ -15,6 +15,8 @@
 #   abbin    A/B of two builds, .devbin/old (built by hand from the commit before) vs .devbin/all
 #            (and .devbin/alt, a third variant, when present): whole-head and BraTS bench, bf16
 #            NDHWC, alternated twice
+#   abenv    A/B of one build with $AB_ENV set (e.g. MEDDPM_CAT_PARTS=0, a fused path switched off)
+#            against the default: whole-head and BraTS bench, bf16 NDHWC, alternated twice
 #   brats    meddpm bench of the BraTS preset, bf16 NDHWC
 #   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
 #   study    scripts/gpu/study.sh $STUDY (demo model, sampler study, whole-head 20-step timing, BraTS)
@@ -90,6 +92,15 @@ for part in "$@"; do
         "$(dirname "$BIN")/$b/meddpm" bench --device cuda --preset brats --precision bf16 --layout ndhwc \
           --iters 5 --warmup 2 2>&1 | grep -E '^cuda:0' | sed "s/^/[brats $b] /"
       done; done ;;
+    abenv)
+      # the default (all) against the same build with $AB_ENV set (env), alternated twice
+      for preset in whole-head brats; do
+        it=$([ $preset = brats ] && echo "--iters 5 --warmup 2" || echo "--iters 9")
+        for i in 1 2; do for e in all env; do
+          env $([ $e = env ] && echo "${AB_ENV:?}") "$BIN/meddpm" bench --device cuda --preset $preset \
+            --precision bf16 --layout ndhwc $it 2>&1 | grep -E '^cuda:0' | sed "s/^/[$preset $e] /"
+        done; done
+      done ;;
     brats)
       "$BIN/meddpm" bench --device cuda --preset brats --precision bf16 --layout ndhwc --iters 7 --warmup 2 \
         --json "$RES/bench-brats.json" 2>&1 | grep -E '^cuda:0|^device' ;;

@@ -196,3 +196,16 @@ extern "C" __global__ void unpad_c_bias(void* dst, const void* src, const float*
 extern "C" __global__ void cast_buf(void* dst, const void* src, i64 n, int dt, int accum) {
     DISPATCH2(dt, cast_t, dst, src, n, accum);
 }
+
+// dw[o * ld + c] += (sum over n < N of s[n * O + o]) * v[c], for o < O, c < K (f32): the part of a
+// 1x1 conv's weight gradient that a per-channel offset v of its input contributes, s being dout's
+// per-sample channel sums (conv3d::backward_filter_1x1_from_parts: the decoder's skip conv over
+// cat([h + bias, skip]) with the GEMM reading h alone). One thread per (o, c).
+extern "C" __global__ void rank1_add(float* dw, const float* s, const float* v, int N, int O, int K, int ld) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= O * K) return;
+    int o = i / K, c = i % K;
+    float t = 0.0f;
+    for (int n = 0; n < N; n++) t += s[n * O + o];
+    dw[(i64)o * ld + c] += t * v[c];
+}

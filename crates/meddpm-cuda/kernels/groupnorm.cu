@@ -162,11 +162,14 @@ extern "C" __global__ void gn_apply(const void* x, const float* mean, const floa
 // holding channels [0, ca) and dx2 channels [ca, C) (each in the layout, (N, ca, ...) and
 // (N, C − ca, ...)); `accum` bit 0 adds into dx, bit 1 into dx2. In NDHWC a vector never straddles
 // the two (ca % V == 0, checked by the host) and the launch keeps each thread on one channel.
+// With `xh` (SPLIT only) x is not read either: it is the concatenation cat([xh + xbias, xs]) (xbias
+// f32, ca long, may be null), read from its parts where the gradient goes and rounded as stored
+// (reduce.cu's cat_load), so no concatenation is built; act is then a separate buffer.
 template <typename T, int V, bool SPLIT>
 __device__ void gn_bwd_apply_body(const void* doutv, const void* xv, const float* mean, const float* rstd,
                                   const float* gamma, const float* beta, const float* off, const float* coef,
                                   void* dxv, void* actv, int C, i64 S, int G, int cl, int accum, void* dx2v,
-                                  int ca) {
+                                  int ca, const void* xhv, const void* xsv, const float* xbias) {
     const T *dout = (const T*)doutv, *x = (const T*)xv;
     T *dx = (T*)dxv, *act = (T*)actv;
     Row r = row_geom(C, S, V, cl);
@@ -188,9 +191,18 @@ __device__ void gn_bwd_apply_body(const void* doutv, const void* xv, const float
     T* out = dx;
     int acc = accum & 1;
     i64 obase = 0, ocs = 0;
+    // where x comes from: x at i, or (xh given) the part at the gradient's index plus its bias
+    const T* xin = x;
+    bool xpart = false;
+    const float* xb = nullptr;  // the bias of this thread's part, if any (read per vector: registers)
     if (SPLIT) {
         bool lo = r.c0 < ca;
         int cp = lo ? ca : C - ca, cc = lo ? r.c0 : r.c0 - ca;
+        if (xhv) {
+            xpart = true;
+            xin = lo ? (const T*)xhv : (const T*)xsv;
+            xb = lo ? xbias : nullptr;
+        }
         out = lo ? dx : (T*)dx2v;
         acc = lo ? (accum & 1) : (accum >> 1) & 1;
         if (cl) {
@@ -207,7 +219,15 @@ __device__ void gn_bwd_apply_body(const void* doutv, const void* xv, const float
         i64 oi = SPLIT ? obase + vox * ocs : i;
         float g[V], xs[V], o[V];
         ldv<V>(dout, i, g);
-        ldv<V>(x, i, xs);
+        if (SPLIT && xpart) {
+            ldv<V>(xin, oi, xs);
+            if (xb) {
+#pragma unroll
+                for (int j = 0; j < V; j++) xs[j] = as_stored<T>(xs[j] + xb[r.c0 + j * r.cstep]);
+            }
+        } else {
+            ldv<V>(x, i, xs);
+        }
         if (beta) {
             float y[V];
 #pragma unroll
@@ -234,13 +254,16 @@ template <typename T, int V>
 __device__ void gn_bwd_apply_t(const void* dout, const void* x, const float* mean, const float* rstd,
                                const float* gamma, const float* beta, const float* off, const float* coef, void* dx,
                                void* act, int C, i64 S, int G, int cl, int accum) {
-    gn_bwd_apply_body<T, V, false>(dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum, 0, 0);
+    gn_bwd_apply_body<T, V, false>(dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum, 0, 0, 0,
+                                   0, 0);
 }
 template <typename T, int V>
 __device__ void gn_bwd_apply_split_t(const void* dout, const void* x, const float* mean, const float* rstd,
                                      const float* gamma, const float* beta, const float* off, const float* coef,
-                                     void* dx, void* act, int C, i64 S, int G, int cl, int accum, void* dx2, int ca) {
-    gn_bwd_apply_body<T, V, true>(dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum, dx2, ca);
+                                     void* dx, void* act, int C, i64 S, int G, int cl, int accum, void* dx2, int ca,
+                                     const void* xh, const void* xs, const float* xbias) {
+    gn_bwd_apply_body<T, V, true>(dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum, dx2, ca,
+                                  xh, xs, xbias);
 }
 extern "C" __global__ void gn_bwd_apply(const void* dout, const void* x, const float* mean, const float* rstd,
                                         const float* gamma, const float* beta, const float* off, const float* coef,
@@ -251,7 +274,8 @@ extern "C" __global__ void gn_bwd_apply(const void* dout, const void* x, const f
 extern "C" __global__ void gn_bwd_apply_split(const void* dout, const void* x, const float* mean, const float* rstd,
                                               const float* gamma, const float* beta, const float* off,
                                               const float* coef, void* dx, void* act, int C, i64 S, int G, int cl,
-                                              int accum, int bf, int V, void* dx2, int ca) {
+                                              int accum, int bf, int V, void* dx2, int ca, const void* xh,
+                                              const void* xs, const float* xbias) {
     DISPATCH_V(bf, V, gn_bwd_apply_split_t, dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum,
-               dx2, ca);
+               dx2, ca, xh, xs, xbias);
 }

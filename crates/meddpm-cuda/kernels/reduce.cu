@@ -110,6 +110,32 @@ __device__ __forceinline__ void rows_sum(float (*red)[256 * VEC], int rows, int 
     }
 }
 
+// A value rounded to T as it would be stored (the concatenation a decoder ResBlock normalises
+// is summed as its stored values, wherever it is read from its parts).
+template <typename T>
+__device__ __forceinline__ float as_stored(float v);
+template <>
+__device__ __forceinline__ float as_stored<float>(float v) {
+    return v;
+}
+template <>
+__device__ __forceinline__ float as_stored<bf16>(float v) {
+    return bf2f(f2bf(v));
+}
+
+// The concatenation's VEC channels c0.. of voxel v of sample n (rounded as stored).
+template <typename T, int VEC>
+__device__ __forceinline__ void cat_load(const T* a, const T* b, const float* abias, int ca, int cb, int n, i64 S,
+                                         i64 v, int c0, float* x) {
+    // one load whose address is selected, not two branches: lanes of one warp read both parts
+    bool fa = c0 < ca;
+    const T* p = fa ? a : b;
+    i64 idx = fa ? ((i64)n * S + v) * ca + c0 : ((i64)n * S + v) * cb + (c0 - ca);
+    ldv<VEC>(p, idx, x);
+#pragma unroll
+    for (int j = 0; j < VEC; j++) x[j] = as_stored<T>(x[j] + (fa && abias ? abias[c0 + j] : 0.0f));
+}
+
 // NDHWC: grid (nchunks, N), block 256. Each thread owns VEC consecutive channels (VEC = 4 f32 or
 // 8 bf16: 16-byte loads; needs C % VEC == 0) of one voxel row; the block's rows = 256 / (C / VEC)
 // stride over the chunk's voxels, so every thread issues useful, coalesced loads. Host ensures
@@ -117,9 +143,13 @@ __device__ __forceinline__ void rows_sum(float (*red)[256 * VEC], int rows, int 
 // X3 (OP_GNBWD only): a third partial, sum (x - mu) over the chunk, so part has three floats per
 // (n, chunk, c): the GroupNorm input's channel sums, from which gn_bwd_finalize forms the channel
 // sums of dx without a pass over dx (the ResBlock's time-embedding bias gradient).
-template <typename T, int OP, int VEC, bool X3 = false>
+// CAT (OP_GNBWD only): x is the concatenation cat([b + xbias, x2]) along channels, read from its
+// parts (b: channels [0, ca), x2: [ca, C); each a multiple of VEC) as cat_load rounds it, so the
+// concatenation itself is never built (chan_gnbwd_cat_ndhwc*, the decoder ResBlock's backward).
+template <typename T, int OP, int VEC, bool X3 = false, bool CAT = false>
 __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp, float* part, int C, i64 S,
-                                     int chunk_len, int nchunks) {
+                                     int chunk_len, int nchunks, const void* x2v = nullptr,
+                                     const float* xbias = nullptr, int ca = 0) {
     const T *a = (const T*)av, *b = (const T*)bv;
     __shared__ float red[X3 ? 3 : 2][256 * VEC];
     int n = blockIdx.y, chunk = blockIdx.x, t = threadIdx.x;
@@ -142,7 +172,10 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
             i64 base = ((i64)n * S + v) * C + c0;
             float va[VEC], vb[VEC];
             ldv<VEC>(a, base, va);
-            if (OP == OP_GNBWD) ldv<VEC>(b, base, vb);
+            if (OP == OP_GNBWD && CAT)
+                cat_load<T, VEC>(b, (const T*)x2v, xbias, ca, C - ca, n, S, v, c0, vb);
+            else if (OP == OP_GNBWD)
+                ldv<VEC>(b, base, vb);
 #pragma unroll
             for (int j = 0; j < VEC; j++) {
                 chan_acc1<T, OP>(va[j], OP == OP_GNBWD ? vb[j] : 0.0f, silu, mu[j], sc[j], shf[j], shift[j], s[j], q[j]);
@@ -242,6 +275,25 @@ extern "C" __global__ void chan_sum_ncdhw(const void* x, float* part, int C, i64
 NDHWC_WRAPPERS(1, 0)
 NDHWC_WRAPPERS(4, 0)
 NDHWC_WRAPPERS(8, 1)
+// The GroupNorm backward sums over a concatenation given by its parts (CAT above): x = cat([xh +
+// xbias, xs]) at channel ca. 4 (f32) or 8 (bf16) channels per thread; the host checks that both
+// parts' channel counts are multiples of that. The part pointers need registers: 3 blocks per SM
+// (the three-sum variant's cap), not 4.
+#define CAT_WRAPPER(V, BF16_ONLY)                                                                                \
+    extern "C" __global__ void LB_GNBWD3_##V chan_gnbwd_cat_ndhwc##V(                                           \
+        const void* dout, const void* xh, const void* xs, const float* xbias, const float* mean,               \
+        const float* rstd, const float* gamma, const float* beta, const float* off, float* part, int C, i64 S, \
+        int G, int chunk_len, int nchunks, int bf, int ca) {                                                    \
+        GnBwdIn gp{mean, rstd, gamma, beta, off, G};                                                            \
+        if (BF16_ONLY || bf)                                                                                    \
+            chan_partial_ndhwc_t<bf16, OP_GNBWD, V, false, true>(dout, xh, gp, part, C, S, chunk_len, nchunks, \
+                                                                 xs, xbias, ca);                                \
+        else                                                                                                    \
+            chan_partial_ndhwc_t<float, OP_GNBWD, V, false, true>(dout, xh, gp, part, C, S, chunk_len, nchunks,\
+                                                                  xs, xbias, ca);                               \
+    }
+CAT_WRAPPER(4, 0)
+CAT_WRAPPER(8, 1)
 // out[n*C + c] (or out[c] summed over n when over_n) = sum of the chunks' first values, in double.
 // grid = number of outputs, block 256: one block per output, its threads stride over the chunks
 // (a whole-head 128^3 NDHWC activation has 8192 chunks per channel; one thread per output, as
@@ -265,30 +317,6 @@ extern "C" __global__ void chan_sum_finalize(const float* part, float* out, int 
 // layout of chan_partial_ndhwc_t): a decoder ResBlock normalises the concatenation it builds, so
 // no separate statistics pass reads it back. Values are rounded to T before they are summed, as
 // that pass would read them.
-template <typename T>
-__device__ __forceinline__ float as_stored(float v);
-template <>
-__device__ __forceinline__ float as_stored<float>(float v) {
-    return v;
-}
-template <>
-__device__ __forceinline__ float as_stored<bf16>(float v) {
-    return bf2f(f2bf(v));
-}
-
-// The concatenation's VEC channels c0.. of voxel v of sample n (rounded as stored).
-template <typename T, int VEC>
-__device__ __forceinline__ void cat_load(const T* a, const T* b, const float* abias, int ca, int cb, int n, i64 S,
-                                         i64 v, int c0, float* x) {
-    bool fa = c0 < ca;
-    if (fa)
-        ldv<VEC>(a, ((i64)n * S + v) * ca + c0, x);
-    else
-        ldv<VEC>(b, ((i64)n * S + v) * cb + (c0 - ca), x);
-#pragma unroll
-    for (int j = 0; j < VEC; j++) x[j] = as_stored<T>(x[j] + (fa && abias ? abias[c0 + j] : 0.0f));
-}
-
 template <typename T, int VEC>
 __device__ void concat_stats_ndhwc_t(void* outv, const void* av, const void* bv, const float* abias, float* part,
                                      int ca, int cb, i64 S, int chunk_len, int nchunks) {

@@ -1489,7 +1489,7 @@ fn small_cout_gemm(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, w: &GpuBuf, b: 
             let (h0, h1) = (d0.saturating_sub(1), (d1 + 1).min(x.d));
             let m = (h1 - h0) * hw;
             let a = xp + ((n * x.s() + h0 * hw) * x.c * dt.bytes()) as u64;
-            crate::linear::gemm_ex(dev, (m, 27 * co, x.c), (a, true, x.c), (wp, false, x.c), dt, pp, m);
+            crate::linear::gemm_ex(dev, (m, 27 * co, x.c), (a, true, x.c), (wp, false, x.c), dt, pp, m, 0.0);
             let vox = (d1 - d0) * hw;
             dev.launch(
                 "conv3d_small_cout_taps",
@@ -1948,6 +1948,63 @@ pub(crate) fn backward_data_1x1_into_parts(
             let c = Mat::row_major(part, s, (cp * s) as i64);
             gemm_typed(dev, (cp, s, co), 1.0, a, b, 1.0, c, x.n, dt);
         }
+    }
+}
+
+/// The weight gradient of a 1×1×1 stride-1 conv (a decoder ResBlock's skip conv) whose input is
+/// the concatenation cat([h + h_bias, s]) given by its parts (NDHWC), added into `dw` (f32,
+/// (Cout, Cin)): two cuBLAS GEMMs, dout (N·S × Cout)ᵀ times each part, accumulated in f32 straight
+/// onto the weight's column blocks (cublasGemmEx, β = 1; bf16 operands with f32 accumulation,
+/// f32 ones as the precision says), and the bias's share (Σ dout) ⊗ h_bias from dout's
+/// per-sample channel sums `dsum` (N × Cout, f32) by `rank1_add`. No concatenation is built.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_filter_1x1_from_parts(
+    dev: &Device,
+    dw: &mut GpuBuf,
+    dout: &GpuBuf,
+    (h, h_bias, s): (&GpuBuf, Option<&GpuBuf>, &GpuBuf),
+    dsum: &GpuBuf,
+    cs: ConvShape,
+    ca: usize,
+) {
+    let (x, co) = (cs.x, cs.cout);
+    let (ci, vox) = (x.c, x.n * x.s());
+    let dt = dout.dtype();
+    require_f32("1×1 weight gradient from parts: dw, dout's channel sums", &[dw, dsum]);
+    assert!(
+        cs.k == 1 && cs.stride == 1 && ca > 0 && ca < ci && h.dtype() == dt && s.dtype() == dt,
+        "1×1 weight gradient from parts: {x} → {co} k{} s{} at channel {ca}, types dout {dt:?} parts {:?} {:?}",
+        cs.k,
+        cs.stride,
+        h.dtype(),
+        s.dtype()
+    );
+    assert!(
+        dout.len() == vox * co
+            && h.len() == vox * ca
+            && s.len() == vox * (ci - ca)
+            && dw.len() == co * ci
+            && dsum.len() == x.n * co,
+        "1×1 weight gradient from parts of {x} at channel {ca}: lengths"
+    );
+    let dp = dev.ptr(dout);
+    let wp = dev.ptr_mut(dw);
+    for (part, c0, cp) in [(dev.ptr(h), 0, ca), (dev.ptr(s), ca, ci - ca)] {
+        // dwᵀ[c0.., :] (cp × co, column-major, ld ci) += part (cp × N·S) · dout (N·S × co)
+        let c = wp + 4 * c0 as u64;
+        crate::linear::gemm_ex(dev, (cp, co, vox), (part, false, cp), (dp, true, co), dt, c, ci, 1.0);
+    }
+    if let Some(b) = h_bias {
+        assert!(
+            b.dtype() == DType::F32 && b.len() == ca,
+            "1×1 weight gradient from parts: bias of {} {:?}",
+            b.len(),
+            b.dtype()
+        );
+        let n = (co * ca) as u32;
+        use Arg::{I, P};
+        let args = [P(wp), P(dev.ptr(dsum)), P(dev.ptr(b)), I(x.n as i32), I(co as i32), I(ca as i32), I(ci as i32)];
+        dev.launch("rank1_add", (n.div_ceil(256), 1, 1), (256, 1, 1), &args);
     }
 }
 

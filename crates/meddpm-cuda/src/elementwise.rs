@@ -87,6 +87,10 @@ pub(crate) enum Partial {
     GnBwd,
     /// (Σ g, Σ g·(x − μ), Σ (x − μ)), NDHWC only; leading args as `GnBwd`.
     GnBwd3,
+    /// `GnBwd` with x the concatenation cat([xh + xbias, xs]) at channel `ca`, read from its
+    /// parts (NDHWC, 4 or 8 channels a thread, both parts a multiple of that); leading args
+    /// [dout, xh, xs, xbias or 0, mean, rstd, gamma, beta or 0, off or 0].
+    GnBwdCat(usize),
     /// (Σ x, 0); leading args [x].
     Sum,
 }
@@ -106,7 +110,7 @@ pub(crate) fn launch_partial(
     bf: i32,
 ) {
     let (len, nchunks) = chunking(x, cl);
-    let mut a = [P(0); 16];
+    let mut a = [P(0); 20];
     let mut k = 0;
     for &p in lead {
         a[k] = P(p);
@@ -119,12 +123,15 @@ pub(crate) fn launch_partial(
     push(P(part));
     push(I(x.c as i32));
     push(L(x.s() as i64));
-    if kind == Partial::GnBwd || kind == Partial::GnBwd3 {
+    if matches!(kind, Partial::GnBwd | Partial::GnBwd3 | Partial::GnBwdCat(_)) {
         push(I(groups as i32)); // only the GroupNorm backward needs the groups
     }
     push(I(len as i32));
     push(I(nchunks as i32));
     push(I(bf));
+    if let Partial::GnBwdCat(ca) = kind {
+        push(I(ca as i32));
+    }
     let v = if cl { ndhwc_vec(x.c, bf) } else { 0 };
     let name = match (kind, v) {
         (Partial::Stats, 0) => "chan_stats_ncdhw",
@@ -139,6 +146,9 @@ pub(crate) fn launch_partial(
         (Partial::GnBwd3, 1) => "chan_gnbwd3_ndhwc1",
         (Partial::GnBwd3, 4) => "chan_gnbwd3_ndhwc4",
         (Partial::GnBwd3, _) => "chan_gnbwd3_ndhwc8",
+        (Partial::GnBwdCat(_), 4) => "chan_gnbwd_cat_ndhwc4",
+        (Partial::GnBwdCat(_), 8) => "chan_gnbwd_cat_ndhwc8",
+        (Partial::GnBwdCat(_), _) => panic!("chan_gnbwd_cat takes 4 or 8 channels a thread (groupnorm::parts_ok)"),
         (Partial::Sum, 0) => "chan_sum_ncdhw",
         (Partial::Sum, 1) => "chan_sum_ndhwc1",
         (Partial::Sum, 4) => "chan_sum_ndhwc4",

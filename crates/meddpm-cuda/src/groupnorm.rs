@@ -15,7 +15,7 @@
 
 use meddpm::{Accum, Dims};
 
-use crate::buf::GpuBuf;
+use crate::buf::{require_f32, GpuBuf};
 use crate::device::{Arg::*, Device};
 use crate::elementwise::{check_concat, chunking, launch_partial, ndhwc_vec, row_launch, row_vec, same_bf, Partial};
 
@@ -472,7 +472,7 @@ pub(crate) fn backward_inplace_act_split(
     let ap = dev.ptr_mut(x);
     let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
     let ip = (&*x, 0);
-    let split = Some((sp, ms_, ca));
+    let split = Some((sp, ms_, ca, [0; 3]));
     backward_ptrs(
         dev,
         (hp, mh),
@@ -493,6 +493,59 @@ pub(crate) fn backward_inplace_act_split(
     );
 }
 
+/// [`backward_inplace_act_split`] with x, the concatenation cat([h + h_bias, s]), read from its
+/// parts rather than from a built concatenation: the sums (`chan_gnbwd_cat_ndhwc*`) and the
+/// elementwise pass read each value from its part and round it as the concatenation would store
+/// it, so dγ, dβ, `act` (= silu(GN(x)), a separate buffer here) and the parts' gradients are bit
+/// for bit those of the built concatenation. Only where [`parts_ok`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_act_split_from_parts(
+    dev: &Device,
+    d: &GpuBuf,
+    act: &mut GpuBuf,
+    (h, h_bias, s): (&GpuBuf, Option<&GpuBuf>, &GpuBuf),
+    ((ph, mh), (ps, ms_)): ((&mut GpuBuf, Accum), (&mut GpuBuf, Accum)),
+    ca: usize,
+    (dgamma, dbeta): (&mut GpuBuf, &mut GpuBuf),
+    beta: &GpuBuf,
+    (mean, rstd): (&GpuBuf, &GpuBuf),
+    gamma: &GpuBuf,
+    xd: Dims,
+    groups: usize,
+) {
+    check(xd, groups, act.len(), gamma.len(), mean.len());
+    let (sa, sb) = (xd.n * ca * xd.s(), xd.n * (xd.c - ca) * xd.s());
+    assert!(
+        d.len() == xd.numel() && [ph.len(), h.len()] == [sa; 2] && [ps.len(), s.len()] == [sb; 2],
+        "groupnorm backward from and into the parts of {xd} at channel {ca}: lengths d {} parts {} {} grads {} {}",
+        d.len(),
+        h.len(),
+        s.len(),
+        ph.len(),
+        ps.len()
+    );
+    if let Some(b) = h_bias {
+        require_f32("groupnorm backward from parts: the first part's bias", &[b]);
+        assert!(b.len() == ca, "groupnorm backward from parts of {xd}: bias length {} (expected {ca})", b.len());
+    }
+    let bf = same_bf("groupnorm backward from parts", &[d, &*act, h, s, &*ph, &*ps]);
+    assert!(parts_ok(xd, ca, bf), "groupnorm backward from parts of {xd} at channel {ca}: a vector straddles them");
+    let ap = dev.ptr_mut(act);
+    let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
+    let xs = [dev.ptr(h), dev.ptr(s), h_bias.map_or(0, |b| dev.ptr(b))];
+    let split = Some((sp, ms_, ca, xs));
+    let (b, ip) = (Some(beta), (&*act, 0));
+    backward_ptrs(dev, (hp, mh), dgamma, dbeta, dp, b, ip, mean, rstd, gamma, xd, groups, true, bf, (0, ap), split);
+}
+
+/// Whether [`backward_act_split_from_parts`] takes a concatenation of `x` at channel `ca` with
+/// activations of type `bf`: NDHWC, the sums' 4 or 8 channels a thread and the elementwise pass's
+/// vectors each within one part.
+pub(crate) fn parts_ok(x: Dims, ca: usize, bf: i32) -> bool {
+    let v = ndhwc_vec(x.c, bf);
+    v >= 4 && ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v) && split_ok(x, ca, true, bf)
+}
+
 /// Whether the elementwise pass can write the parts of a concatenation of `x` at channel `ca`:
 /// in NDHWC no vector of the pass may straddle them.
 pub(crate) fn split_ok(x: Dims, ca: usize, cl: bool, bf: i32) -> bool {
@@ -505,8 +558,9 @@ pub(crate) fn split_ok(x: Dims, ca: usize, cl: bool, bf: i32) -> bool {
 
 /// The three backward stages on raw gradient pointers (`dx.0` may be `dp`); `inp` with its input
 /// offset's pointer (0: none); `dsum` ≠ 0: dx's channel sums too; `act` ≠ 0: silu(GN(inp)) too
-/// (may be `inp`'s own pointer); `split` = Some((dx2, its Accum, ca)): dx holds channels [0, ca)
-/// only and dx2 the rest (`gn_bwd_apply_split`).
+/// (may be `inp`'s own pointer); `split` = Some((dx2, its Accum, ca, [xh, xs, xbias])): dx holds
+/// channels [0, ca) only and dx2 the rest (`gn_bwd_apply_split`); with xh ≠ 0 x is read from the
+/// parts xh (+ xbias where ≠ 0) and xs, not from `inp` (NDHWC).
 #[allow(clippy::too_many_arguments)]
 fn backward_ptrs(
     dev: &Device,
@@ -524,7 +578,7 @@ fn backward_ptrs(
     cl: bool,
     bf: i32,
     (dsum, act): (u64, u64),
-    split: Option<(u64, Accum, usize)>,
+    split: Option<(u64, Accum, usize, [u64; 3])>,
 ) {
     let (_, nchunks) = chunking(x, cl);
     let stride = if dsum != 0 { 3 } else { 2 };
@@ -534,8 +588,16 @@ fn backward_ptrs(
     let coef = pp + (npart * 4) as u64;
     let (xp, mp, rp, gp) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr(gamma));
     let bp = silu_beta.map(|b| dev.ptr(b)).unwrap_or(0);
-    let kind = if dsum != 0 { Partial::GnBwd3 } else { Partial::GnBwd };
-    launch_partial(dev, kind, x, groups, cl, &[dp, xp, mp, rp, gp, bp, offp], pp, bf);
+    let from_parts = split.map_or([0; 3], |s| s.3);
+    if from_parts[0] != 0 {
+        assert!(dsum == 0 && cl, "groupnorm backward from parts: NDHWC, no dx channel sums");
+        let ca = split.map_or(0, |s| s.2);
+        let [xh, xs, xb] = from_parts;
+        launch_partial(dev, Partial::GnBwdCat(ca), x, groups, cl, &[dp, xh, xs, xb, mp, rp, gp, bp, offp], pp, bf);
+    } else {
+        let kind = if dsum != 0 { Partial::GnBwd3 } else { Partial::GnBwd };
+        launch_partial(dev, kind, x, groups, cl, &[dp, xp, mp, rp, gp, bp, offp], pp, bf);
+    }
     dev.launch(
         "gn_bwd_finalize",
         (groups as u32, 1, 1),
@@ -579,9 +641,9 @@ fn backward_ptrs(
     ];
     match split {
         None => dev.launch("gn_bwd_apply", grid, block, &args),
-        Some((dx2, _, ca)) => {
+        Some((dx2, _, ca, [xh, xs, xb])) => {
             let mut a = args.to_vec();
-            a.extend([P(dx2), I(ca as i32)]);
+            a.extend([P(dx2), I(ca as i32), P(xh), P(xs), P(xb)]);
             dev.launch("gn_bwd_apply_split", grid, block, &a)
         }
     }

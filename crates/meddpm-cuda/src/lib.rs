@@ -150,6 +150,17 @@ impl CudaBackend {
         on && w == act && groupnorm::split_ok(x, ca, self.cl(), (act == DType::Bf16) as i32)
     }
 
+    /// Whether `groupnorm_silu_backward_cat_in` over a concatenation `x` split at channel `ca`
+    /// reads it from its parts (never building it): [`CudaBackend::cat_in_fused`]'s conditions in
+    /// NDHWC with both parts a multiple of the sums' channels per thread.
+    /// `MEDDPM_CAT_PARTS=0`: never (A/B benchmarks; the concatenation is then rebuilt).
+    pub fn cat_in_parts(&self, x: Dims, ca: usize, w: DType) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("MEDDPM_CAT_PARTS").map_or(true, |v| v != "0"));
+        let bf = (self.precision.act_dtype() == DType::Bf16) as i32;
+        on && self.cl() && self.cat_in_fused(x, ca, w) && groupnorm::parts_ok(x, ca, bf)
+    }
+
     /// Upload through a page-locked buffer ([`Pinned`]); `false` when the copy is small, the
     /// buffers are exhausted or page-locked memory cannot be had (the caller copies directly).
     fn upload_pinned(&self, host: &[f32], dst: &mut GpuBuf) -> bool {
@@ -856,32 +867,54 @@ impl Backend for CudaBackend {
     ) {
         groupnorm::backward_inplace_act(&self.dev, d, x, dgb, beta, ms, gamma, xd, groups, self.cl());
     }
-    /// The GroupNorm+SiLU backward's elementwise pass writes the two parts' gradients directly
-    /// (`gn_bwd_apply_split`), and the skip conv's data gradient is two GEMMs added onto them, so
-    /// the concatenation-sized gradient is never written, read back and split. Where a vector of
-    /// the pass would straddle the parts, or the operands' types differ, the trait's three steps.
+    /// Three routes, fastest first:
+    /// - from the parts (NDHWC, [`CudaBackend::cat_in_parts`]): the skip conv's weight gradient
+    ///   is two GEMMs over the parts plus the bias's rank-one share; the GroupNorm+SiLU backward's
+    ///   sums and elementwise pass read x from the parts (`chan_gnbwd_cat_ndhwc*`,
+    ///   `gn_bwd_apply_split`) and write the parts' gradients and act = silu(GN(x)) into `x`; the
+    ///   skip conv's data gradient is two GEMMs added onto the parts. The concatenation is never
+    ///   built and no concatenation-sized gradient is written, read back and split.
+    /// - into the parts ([`CudaBackend::cat_in_fused`]): the concatenation built into `x` and the
+    ///   skip conv's weight gradient from it, then the same elementwise pass reading `x`.
+    /// - else the trait's separate steps (operand types differ, or a vector would straddle the
+    ///   parts).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn groupnorm_silu_backward_cat_in(
         &self,
         d: &mut Self::Buf,
         x: &mut Self::Buf,
+        cat: (&Self::Buf, Option<&Self::Buf>, &Self::Buf),
         parts: ((&mut Self::Buf, Accum), (&mut Self::Buf, Accum)),
         dgb: (&mut Self::Buf, &mut Self::Buf),
         ms: (&Self::Buf, &Self::Buf),
         (gamma, beta): (&Self::Buf, &Self::Buf),
-        (dout, w, cs): (&Self::Buf, &Self::Buf, ConvShape),
+        skip: (&Self::Buf, &Self::Buf, &Self::Buf, &mut Self::Buf, ConvShape),
         (ca, cb): (usize, usize),
         groups: usize,
     ) {
-        let xd = cs.x;
-        let dt = x.dtype();
-        let typed =
-            [d.dtype(), dout.dtype(), w.dtype(), parts.0 .0.dtype(), parts.1 .0.dtype()].iter().all(|&t| t == dt);
-        let cl = self.cl();
-        if !(typed && ca + cb == xd.c && cs.k == 1 && cs.stride == 1 && self.cat_in_fused(xd, ca, w.dtype())) {
-            let gb = (gamma, beta);
-            return meddpm::backend::cat_in_steps(self, d, x, parts, dgb, ms, gb, (dout, w, cs), (ca, cb), groups);
+        let (dout, dsum, w, dw, cs) = skip;
+        let (xd, dt, cl) = (cs.x, x.dtype(), self.cl());
+        let (h, hb, s) = cat;
+        let typed = [d.dtype(), dout.dtype(), w.dtype(), parts.0 .0.dtype(), parts.1 .0.dtype(), h.dtype(), s.dtype()]
+            .iter()
+            .all(|&t| t == dt);
+        let shaped = typed && ca + cb == xd.c && cs.k == 1 && cs.stride == 1;
+        let f32s = [dw.dtype(), dsum.dtype()].iter().all(|&t| t == DType::F32);
+        if shaped && f32s && self.cat_in_parts(xd, ca, w.dtype()) {
+            conv3d::backward_filter_1x1_from_parts(&self.dev, dw, dout, cat, dsum, cs, ca);
+            let ((ph, mh), (ps, msk)) = parts;
+            let pm = ((&mut *ph, mh), (&mut *ps, msk));
+            groupnorm::backward_act_split_from_parts(&self.dev, d, x, cat, pm, ca, dgb, beta, ms, gamma, xd, groups);
+            conv3d::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
+            return;
         }
+        if !(shaped && self.cat_in_fused(xd, ca, w.dtype())) {
+            let skip = (dout, dsum, w, dw, cs);
+            let gb = (gamma, beta);
+            return meddpm::backend::cat_in_steps(self, d, x, cat, parts, dgb, ms, gb, skip, (ca, cb), groups);
+        }
+        self.concat_channels_bias(x, h, hb, s, xd, ca, cb);
+        self.conv3d_backward(None, dw, None, dout, x, w, cs);
         let ((ph, mh), (ps, msk)) = parts;
         let pm = ((&mut *ph, mh), (&mut *ps, msk));
         groupnorm::backward_inplace_act_split(&self.dev, d, x, pm, ca, dgb, beta, ms, gamma, xd, groups, cl);

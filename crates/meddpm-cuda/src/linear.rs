@@ -132,9 +132,10 @@ pub(crate) fn gemm_typed(
     cublas_ck(st, &format!("gemm m {m} n {n} k {k} batch {batch} {dt:?}")).unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// C (m × n, f32, column-major with leading dimension `ldc`) = A·B for A, B of type `dt` (bf16
-/// or f32) given as (address, transposed, leading dimension): cublasGemmEx with f32 accumulation
-/// (TF32 where the handle's math mode allows it, i.e. under Tf32 and Bf16 precision).
+/// C (m × n, f32, column-major with leading dimension `ldc`) = A·B + β·C for A, B of type `dt`
+/// (bf16 or f32) given as (address, transposed, leading dimension): cublasGemmEx with f32
+/// accumulation (TF32 where the handle's math mode allows it, i.e. under Tf32 and Bf16 precision).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_ex(
     dev: &Device,
     (m, n, k): (usize, usize, usize),
@@ -143,10 +144,11 @@ pub(crate) fn gemm_ex(
     dt: meddpm::DType,
     c: u64,
     ldc: usize,
+    beta: f32,
 ) {
     use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
     let t = if dt == meddpm::DType::Bf16 { cudaDataType::CUDA_R_16BF } else { cudaDataType::CUDA_R_32F };
-    let (alpha, beta) = (1.0f32, 0.0f32);
+    let alpha = 1.0f32;
     dev.bind();
     let st = unsafe {
         bsys::cublasGemmEx(

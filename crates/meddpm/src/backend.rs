@@ -514,30 +514,34 @@ pub trait Backend {
         self.groupnorm_silu_recompute_inplace(x, mean, rstd, gamma, beta, xd, groups);
     }
 
-    /// A decoder ResBlock's input gradient over its skip concatenation x = [h, s] (`cat_in`), in
-    /// one call. On entry `d` holds ∂loss/∂silu(GN(x)) and x the concatenation; x becomes
-    /// silu(GN(x)) (the conv's input for its weight gradient, as
-    /// [`Backend::groupnorm_silu_backward_inplace_act`]), the skip conv's data gradient
-    /// (`skip` = its dout, weights and 1×1 shape) is added, and the sum goes straight to the two
+    /// A decoder ResBlock's input gradient over its skip concatenation x = cat([h + h_bias, s])
+    /// (`cat_in`; `h_bias` f32, `ca` long, where given: the upsampling conv's bias, see
+    /// [`Backend::concat_channels_bias`]), in one call. On entry `d` holds ∂loss/∂silu(GN(x));
+    /// `x` is an output: it becomes silu(GN(x)) (the 3×3 conv's input for its weight gradient).
+    /// The skip conv (`skip` = its dout, dout's per-sample channel sums `dsum` (N × cout, f32),
+    /// weights, weight gradient and 1×1 shape) gets its weight gradient added into `dw`; its data
+    /// gradient is added to the GroupNorm+SiLU backward's, and the sum goes straight to the two
     /// parts' gradients, `parts` = (dh: channels 0..ca, ds: ca..ca+cb), each per its `Accum` (as
-    /// [`Backend::split_channels`]). `d` is scratch afterwards. This default is exactly those three
-    /// steps on `d`; a backend may write the parts from the GroupNorm backward's elementwise pass
-    /// and add the skip gradient onto them, so no concatenation-sized gradient is written, read
-    /// back and split.
+    /// [`Backend::split_channels`]). `d` is scratch afterwards. This default
+    /// ([`cat_in_steps`]) builds the concatenation into `x` and runs the separate calls; a backend
+    /// may read x from its parts instead, write the parts from the GroupNorm backward's elementwise
+    /// pass and add the skip gradient onto them, so no concatenation-sized tensor is rebuilt,
+    /// written, read back or split.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn groupnorm_silu_backward_cat_in(
         &self,
         d: &mut Self::Buf,
         x: &mut Self::Buf,
+        cat: (&Self::Buf, Option<&Self::Buf>, &Self::Buf),
         parts: ((&mut Self::Buf, Accum), (&mut Self::Buf, Accum)),
         dgb: (&mut Self::Buf, &mut Self::Buf),
         ms: (&Self::Buf, &Self::Buf),
         gb: (&Self::Buf, &Self::Buf),
-        (dout, w, cs): (&Self::Buf, &Self::Buf, ConvShape),
+        skip: (&Self::Buf, &Self::Buf, &Self::Buf, &mut Self::Buf, ConvShape),
         (ca, cb): (usize, usize),
         groups: usize,
     ) {
-        cat_in_steps(self, d, x, parts, dgb, ms, gb, (dout, w, cs), (ca, cb), groups);
+        cat_in_steps(self, d, x, cat, parts, dgb, ms, gb, skip, (ca, cb), groups);
     }
 
     // ---- linear (time-embedding MLP and each ResBlock's emb_layers) ----------------------------
@@ -739,23 +743,27 @@ pub trait Backend {
     }
 }
 
-/// [`Backend::groupnorm_silu_backward_cat_in`] as its three steps on `d` (the trait's default; an
-/// override falls back to it where its fused path does not apply): the in-place GroupNorm+SiLU
-/// backward with act, the skip conv's data gradient added, the split into the parts.
+/// [`Backend::groupnorm_silu_backward_cat_in`] as its separate steps (the trait's default; an
+/// override falls back to it where its fused path does not apply): the concatenation built into
+/// `x`, the skip conv's weight gradient from it, the in-place GroupNorm+SiLU backward with act,
+/// the skip conv's data gradient added, the split into the parts.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn cat_in_steps<B: Backend + ?Sized>(
     be: &B,
     d: &mut B::Buf,
     x: &mut B::Buf,
+    (h, h_bias, s): (&B::Buf, Option<&B::Buf>, &B::Buf),
     parts: ((&mut B::Buf, Accum), (&mut B::Buf, Accum)),
     dgb: (&mut B::Buf, &mut B::Buf),
     ms: (&B::Buf, &B::Buf),
     gb: (&B::Buf, &B::Buf),
-    (dout, w, cs): (&B::Buf, &B::Buf, ConvShape),
+    (dout, _dsum, w, dw, cs): (&B::Buf, &B::Buf, &B::Buf, &mut B::Buf, ConvShape),
     (ca, cb): (usize, usize),
     groups: usize,
 ) {
     let xd = cs.x;
+    be.concat_channels_bias(x, h, h_bias, s, xd, ca, cb);
+    be.conv3d_backward(None, dw, None, dout, x, w, cs);
     be.groupnorm_silu_backward_inplace_act(d, x, dgb, ms, gb, xd, groups);
     be.conv3d_backward_data((&mut *d, Accum::Add), dout, w, cs);
     be.split_channels(parts.0, parts.1, d, xd, ca, cb);

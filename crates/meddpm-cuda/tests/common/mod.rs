@@ -296,15 +296,18 @@ pub fn check_concat_stats(
     }
 }
 
-/// `groupnorm_silu_backward_cat_in` on `g` (a decoder ResBlock's input gradient delivered straight
-/// to its concatenation's two parts) against the trait's three steps run as separate calls on `g`
-/// (in-place GroupNorm+SiLU backward with act, the 1×1 skip conv's data gradient added, the split):
-/// x := silu(GN(x)) and dγ, dβ bit for bit (the same kernels), the parts within `tol` (another
-/// summation order for the skip gradient: cuBLAS against cuDNN, and with `Accum::Add` parts one
-/// more rounding step in bf16). Cases with both parts a multiple of the vector width (the fused
-/// path) and not (the three steps), every pair of part modes. `rnd` gives values as the GPU stores
-/// them, `up`/`down` move an activation, `upr`/`downr` an f32 vector, `upw` a conv weight as the
-/// convolutions read it (bf16 copies under bf16).
+/// `groupnorm_silu_backward_cat_in` on `g` (a decoder ResBlock's input gradient over its skip
+/// concatenation cat([h + bias, s]), with the skip conv's weight gradient) against the trait's
+/// separate steps run as separate calls on `g` (the concatenation built, the skip conv's weight
+/// gradient from it, the in-place GroupNorm+SiLU backward with act, the skip conv's data gradient
+/// added, the split): x := silu(GN(x)) and dγ, dβ bit for bit (the same arithmetic on the same
+/// stored values, whether x is read from the built concatenation or from its parts), the parts
+/// and the weight gradient within `tol` (other summation orders: cuBLAS against cuDNN, in f32
+/// rather than through a bf16 temporary, and with `Accum::Add` parts one more rounding step in
+/// bf16). Cases with and without the bias, with both parts a multiple of the vector width (the
+/// fused paths; `cat_in_parts` in NDHWC) and not (the separate steps), every pair of part modes.
+/// `rnd` gives values as the GPU stores them, `up`/`down` move an activation, `upr`/`downr` an
+/// f32 vector, `upw` a conv weight as the convolutions read it (bf16 copies under bf16).
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn check_gn_cat_in(
     g: &CudaBackend,
@@ -318,63 +321,62 @@ pub fn check_gn_cat_in(
 ) {
     use Accum::{Add, Overwrite};
     let cases = [
-        (Dims::new(2, 0, 5, 6, 7), 3, 4, 7, 5, (Overwrite, Add)),
-        (Dims::new(2, 0, 5, 6, 7), 8, 16, 4, 5, (Add, Overwrite)),
-        (Dims::new(2, 0, 5, 6, 7), 4, 20, 4, 6, (Add, Add)),
-        (Dims::new(1, 0, 16, 17, 18), 64, 64, 8, 64, (Overwrite, Add)),
-        (Dims::new(1, 0, 9, 10, 11), 96, 32, 32, 48, (Add, Overwrite)),
+        (Dims::new(2, 0, 5, 6, 7), 3, 4, 7, 5, (Overwrite, Add), true),
+        (Dims::new(2, 0, 5, 6, 7), 8, 16, 4, 5, (Add, Overwrite), true),
+        (Dims::new(2, 0, 5, 6, 7), 4, 20, 4, 6, (Add, Add), false),
+        (Dims::new(1, 0, 16, 17, 18), 64, 64, 8, 64, (Overwrite, Add), true),
+        (Dims::new(1, 0, 9, 10, 11), 96, 32, 32, 48, (Add, Overwrite), false),
+        (Dims::new(2, 0, 3, 5, 4), 16, 8, 8, 12, (Overwrite, Overwrite), true),
     ];
-    let mut fused = 0;
-    for (i, (x, ca, cb, groups, cout, (mh, msk))) in cases.into_iter().enumerate() {
+    let (mut fused, mut from_parts) = (0, 0);
+    for (i, (x, ca, cb, groups, cout, (mh, msk), with_bias)) in cases.into_iter().enumerate() {
         let (xo, xa, xb, xy) = (x.with_c(ca + cb), x.with_c(ca), x.with_c(cb), x.with_c(cout));
         let c = ca + cb;
         let s = 700 + 10 * i as u64;
-        let t = format!("cat_in backward {xo} ({ca} + {cb}) G{groups} → {cout} {mh:?}/{msk:?} [{tag}]");
-        let (xin, dy, dout) = (rnd(xo.numel(), s, 1.0), rnd(xo.numel(), s + 1, 1.0), rnd(xy.numel(), s + 2, 1.0));
+        let t =
+            format!("cat_in backward {xo} ({ca} + {cb}) G{groups} → {cout} {mh:?}/{msk:?} bias {with_bias} [{tag}]");
+        let (h0, s0) = (rnd(xa.numel(), s, 1.0), rnd(xb.numel(), s + 10, 1.0));
+        let bias = rnd(ca, s + 11, 0.5);
+        let (hg, sg, bg_) = (up(&h0, xa), up(&s0, xb), upr(&bias));
+        let hb = with_bias.then_some(&bg_);
+        let (dy, dout) = (rnd(xo.numel(), s + 1, 1.0), rnd(xy.numel(), s + 2, 1.0));
         let (gam, bet) = (rnd(c, s + 3, 0.5).iter().map(|v| v + 1.0).collect::<Vec<_>>(), rnd(c, s + 4, 0.5));
         let (dg0, db0) = (rnd(c, s + 5, 1.0), rnd(c, s + 6, 1.0));
         let (ph0, ps0) = (rnd(xa.numel(), s + 7, 1.0), rnd(xb.numel(), s + 8, 1.0));
+        let dw0 = rnd(cout * c, s + 12, 1.0);
         let wg = upw(&rnd(cout * c, s + 9, 0.3), &[cout, c, 1, 1, 1]);
         let (gg, bg, doutg) = (upr(&gam), upr(&bet), up(&dout, xy));
+        let mut dsum = upr(&vec![0.0; x.n * cout]);
+        g.channel_sum(&mut dsum, &doutg, xy);
         let ng = x.n * groups;
-        let (mut a, mut mg, mut rg) = (up(&xin, xo), upr(&vec![0.0; ng]), upr(&vec![0.0; ng]));
-        g.groupnorm_silu_forward(&mut a, &mut mg, &mut rg, &up(&xin, xo), None, &gg, &bg, xo, groups);
+        // the concatenation as stored, and the forward's statistics and activation of it
+        let mut xin = up(&vec![0.0; xo.numel()], xo);
+        g.concat_channels_bias(&mut xin, &hg, hb, &sg, xo, ca, cb);
+        let (mut a, mut mg, mut rg) = (up(&vec![0.0; xo.numel()], xo), upr(&vec![0.0; ng]), upr(&vec![0.0; ng]));
+        g.groupnorm_silu_forward(&mut a, &mut mg, &mut rg, &xin, None, &gg, &bg, xo, groups);
         let cs = ConvShape::new(xo, cout, 1, 1);
-        // the three steps
-        let (mut d1, mut x1, mut dga, mut dba) = (up(&dy, xo), up(&xin, xo), upr(&dg0), upr(&db0));
-        let (mut ph1, mut ps1) = (up(&ph0, xa), up(&ps0, xb));
-        g.groupnorm_silu_backward_inplace_act(
-            &mut d1,
-            &mut x1,
-            (&mut dga, &mut dba),
-            (&mg, &rg),
-            (&gg, &bg),
-            xo,
-            groups,
-        );
-        g.conv3d_backward_data((&mut d1, Accum::Add), &doutg, &wg, cs);
-        g.split_channels((&mut ph1, mh), (&mut ps1, msk), &d1, xo, ca, cb);
-        // in one call
-        let (mut d2, mut x2, mut dgb, mut dbb) = (up(&dy, xo), up(&xin, xo), upr(&dg0), upr(&db0));
-        let (mut ph2, mut ps2) = (up(&ph0, xa), up(&ps0, xb));
-        let parts = ((&mut ph2, mh), (&mut ps2, msk));
-        let skip = (&doutg, &wg, cs);
-        g.groupnorm_silu_backward_cat_in(
-            &mut d2,
-            &mut x2,
-            parts,
-            (&mut dgb, &mut dbb),
-            (&mg, &rg),
-            (&gg, &bg),
-            skip,
-            (ca, cb),
-            groups,
-        );
+        // the separate steps
+        let (mut d1, mut x1, mut dga, mut dba) = (up(&dy, xo), up(&dy, xo), upr(&dg0), upr(&db0));
+        let (mut ph1, mut ps1, mut dw1) = (up(&ph0, xa), up(&ps0, xb), upr(&dw0));
+        let (parts, gs) = (((&mut ph1, mh), (&mut ps1, msk)), (&mut dga, &mut dba));
+        let skip = (&doutg, &dsum, &wg, &mut dw1, cs);
+        let (ms, gb) = ((&mg, &rg), (&gg, &bg));
+        meddpm::backend::cat_in_steps(g, &mut d1, &mut x1, (&hg, hb, &sg), parts, gs, ms, gb, skip, (ca, cb), groups);
+        // in one call (x's contents on entry are not read: garbage)
+        let (mut d2, mut x2, mut dgb, mut dbb) = (up(&dy, xo), up(&dy, xo), upr(&dg0), upr(&db0));
+        let (mut ph2, mut ps2, mut dw2) = (up(&ph0, xa), up(&ps0, xb), upr(&dw0));
+        let (parts, gs) = (((&mut ph2, mh), (&mut ps2, msk)), (&mut dgb, &mut dbb));
+        let skip = (&doutg, &dsum, &wg, &mut dw2, cs);
+        g.groupnorm_silu_backward_cat_in(&mut d2, &mut x2, (&hg, hb, &sg), parts, gs, ms, gb, skip, (ca, cb), groups);
         fused += g.cat_in_fused(xo, ca, wg.dtype()) as usize;
+        from_parts += g.cat_in_parts(xo, ca, wg.dtype()) as usize;
         assert!(down(&x2, xo) == down(&x1, xo) && down(&x2, xo) == down(&a, xo), "{t}: x is not silu(GN(x))");
         assert!(downr(&dgb) == downr(&dga) && downr(&dbb) == downr(&dba), "{t}: dgamma/dbeta");
         check(&format!("{t} dh"), &down(&ph2, xa), &down(&ph1, xa), tol);
         check(&format!("{t} ds"), &down(&ps2, xb), &down(&ps1, xb), tol);
+        check(&format!("{t} skip dw"), &downr(&dw2), &downr(&dw1), tol);
     }
-    assert!(fused >= 3, "{tag}: only {fused} of the cases took the fused path");
+    assert!(fused >= 4, "{tag}: only {fused} of the cases took a fused path");
+    let want = if Backend::layout(g) == meddpm::Layout::Ndhwc { 3 } else { 0 };
+    assert!(from_parts >= want, "{tag}: only {from_parts} of the cases read the concatenation from its parts");
 }

@@ -460,20 +460,37 @@ impl<B: Backend> Backend for Timed<B> {
         &self,
         d: &mut Self::Buf,
         x: &mut Self::Buf,
+        (h, hb, s): (&Self::Buf, Option<&Self::Buf>, &Self::Buf),
         ((ph, mh), (ps, msk)): ((&mut Self::Buf, Accum), (&mut Self::Buf, Accum)),
         (dgamma, dbeta): (&mut Self::Buf, &mut Self::Buf),
         (mean, rstd): (&Self::Buf, &Self::Buf),
         (gamma, beta): (&Self::Buf, &Self::Buf),
-        (dout, w, cs): (&Self::Buf, &Self::Buf, ConvShape),
+        (dout, dsum, w, dw, cs): (&Self::Buf, &Self::Buf, &Self::Buf, &mut Self::Buf, ConvShape),
         cacb: (usize, usize),
         groups: usize,
     ) {
-        // the GroupNorm+SiLU backward into the parts and the skip conv's data gradient (its FLOPs)
+        // the GroupNorm+SiLU backward from the parts into the parts, the skip conv's weight and
+        // data gradients (their FLOPs): x read from the parts (twice: sums and elementwise pass)
+        // and written once as the activation, dout read by both GEMMs
         let p = self.gn_params((dgamma, dbeta), (mean, rstd), (gamma, beta));
-        let e = self.l(d) + 2.0 * self.l(x) + self.acc(ph, mh) + self.acc(ps, msk) + self.l(dout) + self.l(w) + p;
-        self.rec("groupnorm_silu_backward_cat_in", Category::Normalization, Some(cs.flops()), e, || {
-            let (parts, gg, ms, gb) = (((ph, mh), (ps, msk)), (dgamma, dbeta), (mean, rstd), (gamma, beta));
-            self.inner.groupnorm_silu_backward_cat_in(d, x, parts, gg, ms, gb, (dout, w, cs), cacb, groups)
+        let (xr, hbl) = (2.0 * (self.l(h) + self.l(s)), hb.map_or(0.0, |v| self.l(v)));
+        let e = self.l(d) + xr + hbl + self.l(x) + self.acc(ph, mh) + self.acc(ps, msk) + p;
+        let e = e + 2.0 * self.l(dout) + self.l(dsum) + self.l(w) + 2.0 * self.l(dw);
+        self.rec("groupnorm_silu_backward_cat_in", Category::Normalization, Some(2.0 * cs.flops()), e, || {
+            let (cat, parts, gg, ms, gb) =
+                ((h, hb, s), ((ph, mh), (ps, msk)), (dgamma, dbeta), (mean, rstd), (gamma, beta));
+            self.inner.groupnorm_silu_backward_cat_in(
+                d,
+                x,
+                cat,
+                parts,
+                gg,
+                ms,
+                gb,
+                (dout, dsum, w, dw, cs),
+                cacb,
+                groups,
+            )
         })
     }
     fn linear_forward(

@@ -13,9 +13,9 @@
 //! Down      conv k3 stride 2;   Up  trilinear ×2 then conv k3
 //! Decoder   each output block starts with cat([h, skip]) on channels.
 //!
-//! Memory plan: every layer output that backward needs is kept, except concatenations (recomputed
-//! from their two inputs just before the block that reads them runs backward; one buffer per size
-//! serves them all) and upsampled tensors (recomputed in scratch). Layer output gradients share
+//! Memory plan: every layer output that backward needs is kept, except concatenations (read again
+//! from their two inputs by the block that reads them, in its backward; one buffer per size
+//! serves them all, as that block's scratch) and upsampled tensors (recomputed in scratch). Layer output gradients share
 //! buffers by lifetime: a gradient lives from its last consumer's backward to its own layer's
 //! backward, and buffers of the same size whose lifetimes do not overlap are one buffer.
 //!
@@ -77,16 +77,16 @@ pub struct ResBlock<B: Backend> {
     b_out: Option<B::Buf>,
     mean2: B::Buf,
     rstd2: B::Buf,
-    /// The input is a skip concatenation (the decoder's ResBlocks). Its buffer is recomputed
-    /// before this block's backward anyway, so the block works on it in place and needs no
-    /// scratch of the concatenation's size (the largest tensors at 128³): forward builds the
-    /// concatenation itself with its GroupNorm statistics (`concat_channels_stats`; the Concat
-    /// layer's forward does nothing), runs the skip conv, then GroupNorm+SiLU over it in place
-    /// from those statistics; backward (x the concatenation again) takes the skip conv's weight
-    /// gradient first, writes the conv's data gradient straight into the concatenation's gradient,
-    /// runs GroupNorm+SiLU's backward in place there while the same pass turns x into
-    /// SiLU(GroupNorm(x)) for the conv's weight gradient, and adds the skip conv's data gradient
-    /// last.
+    /// The input is a skip concatenation (the decoder's ResBlocks). Its buffer is not kept for
+    /// the backward, so the block uses it as its own scratch and needs none of the
+    /// concatenation's size (the largest tensors at 128³): forward builds the concatenation
+    /// there with its GroupNorm statistics (`concat_channels_stats`; the Concat layer's forward
+    /// does nothing), runs the skip conv, then GroupNorm+SiLU over it in place from those
+    /// statistics; backward writes the conv's data gradient into the concatenation's gradient
+    /// buffer, then `groupnorm_silu_backward_cat_in` takes the skip conv's weight gradient, the
+    /// GroupNorm+SiLU backward (writing SiLU(GroupNorm(x)) into the concatenation's buffer for
+    /// the conv's weight gradient) and the skip conv's data gradient, and delivers the sum to the
+    /// two parts; a backend may read x from the parts there rather than rebuild it.
     cat_in: bool,
 }
 
@@ -163,7 +163,7 @@ pub struct Layer<B: Backend> {
     pub input: usize,
     pub mode: Accum,
     pub y: Dims,
-    /// Output buffer (shared by all concatenations of one size: they are recomputed).
+    /// Output buffer (shared by all concatenations of one size: none is kept for the backward).
     pub out: usize,
     /// Output-gradient buffer (shared by lifetime with other layers' gradients).
     pub dout: usize,
@@ -184,8 +184,8 @@ struct TimeEmbed<B: Backend> {
 /// Bytes of the planned buffers, by class (what `meddpm info` prints).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemPlan {
-    /// Layer outputs kept from forward to backward, and one buffer per size for the recomputed
-    /// concatenations (activation type).
+    /// Layer outputs kept from forward to backward, and one buffer per size for the
+    /// concatenations, which are not kept (activation type).
     pub outputs: usize,
     /// Gradients of the layer outputs, buffers shared by lifetime (activation type).
     pub grads: usize,
@@ -230,7 +230,7 @@ impl MemPlan {
 
 /// Assign the layers' output and output-gradient buffers (see the module docs): the network input,
 /// ε̂ and ∂loss/∂ε̂ are f32; every other output its own activation buffer except concatenations
-/// (one shared buffer per size, recomputed); gradients by lifetime in backward, greedily.
+/// (one shared buffer per size, not kept); gradients by lifetime in backward, greedily.
 fn plan_acts<B: Backend>(
     layers: &mut [Layer<B>],
     mem: &mut MemPlan,
@@ -846,16 +846,12 @@ impl<B: Backend> UNet<B> {
             let inp = layers[i].input;
             let (di, xi, dxi) = (layers[i].dout, layers[inp].out, layers[inp].dout);
             be.push_range(&layers[i].name);
-            // an input that is a concatenation was not kept: recompute it from its two inputs
+            // an input that is a concatenation was not kept: its only reader, the `cat_in`
+            // ResBlock, reads it from its two parts (`groupnorm_silu_backward_cat_in`)
             let ab = match layers[inp].op {
                 Op::Concat { .. } => cat_bias(layers, layers[inp].input),
                 _ => None,
             };
-            if let Op::Concat { skip, x: xd, ca, cb, .. } = &layers[inp].op {
-                let (hi, si) = (layers[layers[inp].input].out, layers[*skip].out);
-                let [c, h, s] = acts.get_disjoint_mut([xi, hi, si]).expect("distinct buffers");
-                be.concat_channels_bias(c, h, ab.map(|k| &w[k]), s, *xd, *ca, *cb);
-            }
             let mode = layers[i].mode;
             if let Op::Concat { .. } = &layers[i].op {
                 // its consumer, the `cat_in` ResBlock after it, delivered both parts' gradients
@@ -863,19 +859,22 @@ impl<B: Backend> UNet<B> {
                 done(i, dw);
                 continue;
             }
-            // the output gradient, the input (a concatenation rebuilt above), the input's gradient,
-            // and where the input is a concatenation its two parts' gradients with their modes
+            // the output gradient, the input (where it is a concatenation: its buffer, which the
+            // block fills), the input's gradient, and where the input is a concatenation its two
+            // parts, their gradients with their modes
             let cat_parts = match &layers[inp].op {
                 Op::Concat { skip, skip_mode, ca, cb, .. } => {
                     let (hp, sp) = (layers[layers[inp].input].dout, layers[*skip].dout);
-                    Some((hp, sp, layers[inp].mode, *skip_mode, (*ca, *cb)))
+                    let (hi, si) = (layers[layers[inp].input].out, layers[*skip].out);
+                    Some((hp, sp, hi, si, layers[inp].mode, *skip_mode, (*ca, *cb)))
                 }
                 _ => None,
             };
             let (dout, x, dx, parts) = match cat_parts {
-                Some((hp, sp, mh, msk, cacb)) => {
-                    let [dout, x, dx, gh, gs] = acts.get_disjoint_mut([di, xi, dxi, hp, sp]).expect("distinct buffers");
-                    (dout, x, dx, Some(((gh, mh), (gs, msk), cacb)))
+                Some((hp, sp, hi, si, mh, msk, cacb)) => {
+                    let ids = [di, xi, dxi, hp, sp, hi, si];
+                    let [dout, x, dx, gh, gs, h, s] = acts.get_disjoint_mut(ids).expect("distinct buffers");
+                    (dout, x, dx, Some(((gh, mh), (gs, msk), (&*h, &*s), cacb)))
                 }
                 None => {
                     let [dout, x, dx] = acts.get_disjoint_mut([di, xi, dxi]).expect("distinct buffers");
@@ -931,23 +930,22 @@ impl<B: Backend> UNet<B> {
                     be.linear_backward(de_silu, gw, gb, &r.de, &te.emb_silu, &w[p + 4], n, emb, r.cout);
                     be.bias_grad_rows(&mut dw[p + 3], &r.de, n, r.cout);
                     if r.cat_in {
-                        // in_layers over the concatenation x in place: the skip conv's weight
-                        // gradient while x is the concatenation; the conv's data gradient
-                        // straight into dx; then in one call the GroupNorm+SiLU backward (x turns
-                        // into SiLU(GroupNorm(x))), the skip conv's data gradient, and the sum
+                        // in_layers over the concatenation cat([h, skip]): the conv's data
+                        // gradient into dx; then in one call the skip conv's weight gradient, the
+                        // GroupNorm+SiLU backward (x, the concatenation's buffer, receives
+                        // SiLU(GroupNorm(x))), the skip conv's data gradient, and the sum
                         // delivered to the concatenation's two parts (the Concat layer's backward
-                        // is empty); the conv's weight gradient last. (x is rebuilt wherever a
-                        // concatenation is read again.)
+                        // is empty); the conv's weight gradient last.
                         let [dh] = scr.get([(yn, 2)]);
                         let cs1 = ConvShape::new(xd, r.cout, 1, 1);
-                        be.conv3d_backward(None, &mut dw[p + 10], None, dout, x, cw(p + 10), cs1);
                         let cs = ConvShape::new(xd, r.cout, 3, 1);
                         be.conv3d_backward_data((&mut *dx, Accum::Overwrite), dh, cw(p + 2), cs);
-                        let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
+                        let [gg, gb, gw1] = dw.get_disjoint_mut([p, p + 1, p + 10]).expect("distinct");
                         let (ms, gmb) = ((&r.mean1, &r.rstd1), (&w[p], &w[p + 1]));
-                        let (ph, ps, cacb) = parts.expect("a cat_in block reads a concatenation");
-                        let skip = (dout, cw(p + 10), cs1);
-                        be.groupnorm_silu_backward_cat_in(dx, x, (ph, ps), (gg, gb), ms, gmb, skip, cacb, g);
+                        let (ph, ps, (h, s), cacb) = parts.expect("a cat_in block reads a concatenation");
+                        let cat = (h, ab.map(|k| &w[k]), s);
+                        let skip = (dout, &r.ds, cw(p + 10), gw1, cs1);
+                        be.groupnorm_silu_backward_cat_in(dx, x, cat, (ph, ps), (gg, gb), ms, gmb, skip, cacb, g);
                         be.conv3d_backward(None, &mut dw[p + 2], None, dh, x, cw(p + 2), cs);
                         be.pop_range();
                         done(i, dw);
