@@ -15,9 +15,10 @@
 //!
 //! Memory plan: every layer output that backward needs is kept, except concatenations (read again
 //! from their two inputs by the block that reads them, in its backward; one buffer per size
-//! serves them all, as that block's scratch) and upsampled tensors (recomputed in scratch). Layer output gradients share
-//! buffers by lifetime: a gradient lives from its last consumer's backward to its own layer's
-//! backward, and buffers of the same size whose lifetimes do not overlap are one buffer.
+//! serves them all, as that block's scratch) and upsampled tensors (recomputed in scratch). Layer
+//! output gradients share buffers by lifetime: a gradient lives from its last consumer's backward
+//! to its own layer's backward, and buffers of the same size whose lifetimes do not overlap are
+//! one buffer.
 //!
 //! Precision: activations, their gradients and the scratch are [`Backend::alloc_act`] buffers
 //! (bf16 under `Precision::Bf16`); the network input and output ε̂ (and ∂loss/∂ε̂), GroupNorm
