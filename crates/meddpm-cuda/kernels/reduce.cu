@@ -35,8 +35,8 @@ struct GnBwdIn {
 __device__ __forceinline__ void gn_chan(const GnBwdIn& p, int n, int c, int C, float& mu, float& sc, float& sh) {
     int ng = n * p.G + c / (C / p.G);
     mu = p.mean[ng] - (p.off ? p.off[n * C + c] : 0.0f);
-    sc = p.beta ? p.rstd[ng] * p.gamma[c] : 0.0f;
-    sh = p.beta ? p.beta[c] - mu * sc : 0.0f;
+    sc = sh = 0.0f;
+    if (p.beta) gn_affine(p.rstd[ng], p.gamma[c], p.beta[c], mu, sc, sh);
 }
 
 template <typename T, int OP>
@@ -47,7 +47,7 @@ __device__ __forceinline__ void chan_acc1(float a, float b, bool silu, float mu,
         s += v;
         q += v * v;
     } else if (OP == OP_GNBWD) {
-        float g = silu ? a * silu_grad_t<T>(b * sc + sh) : a;
+        float g = silu ? a * silu_grad_t<T>(gn_y(b, sc, sh)) : a;
         s += g;
         q += g * (b - mu);
     } else {
@@ -151,37 +151,66 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
                                      int chunk_len, int nchunks, const void* x2v = nullptr,
                                      const float* xbias = nullptr, int ca = 0) {
     const T *a = (const T*)av, *b = (const T*)bv;
-    __shared__ float red[X3 ? 3 : 2][256 * VEC];
+    // OP_GNBWD: (mu, sc, sh) per channel (C <= 256·VEC), read per vector with lds4 (as registers,
+    // 3·VEC floats a thread, the 8-wide variants spilled at 64-80 registers and reached 2.2-3.1
+    // TB/s on the H200, ncu). Entry of channel c: (c % VEC)·lanes + c / VEC, so that the lanes of
+    // a warp read consecutive entries (no bank conflicts). The rows' sums (red) reuse its storage
+    // after the loop.
+    constexpr int RED4 = (X3 ? 3 : 2) * 256 * VEC / 4, TAB4 = OP == OP_GNBWD ? 256 * VEC : 0;
+    __shared__ float4 smem4[RED4 > TAB4 ? RED4 : TAB4];
+    float4* gtab = smem4;
+    float(*red)[256 * VEC] = reinterpret_cast<float(*)[256 * VEC]>(smem4);
     int n = blockIdx.y, chunk = blockIdx.x, t = threadIdx.x;
     int lanes = C / VEC, rows = blockDim.x / lanes;
     int l = t % lanes, r = t / lanes, c0 = l * VEC;
     i64 v0 = (i64)chunk * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
     bool silu = OP == OP_GNBWD && gp.beta;
-    float s[VEC], q[VEC], u[VEC], shift[VEC], mu[VEC], sc[VEC], shf[VEC];
+    float s[VEC], q[VEC], u[VEC], shift[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; j++) {
         s[j] = 0.0f;
         q[j] = 0.0f;
         u[j] = 0.0f;
         shift[j] = (OP == OP_STATS) ? ld(a, ((i64)n * S + v0) * C + c0 + j) : 0.0f;
-        mu[j] = sc[j] = shf[j] = 0.0f;
-        if (OP == OP_GNBWD) gn_chan(gp, n, c0 + j, C, mu[j], sc[j], shf[j]);
     }
+    if (OP == OP_GNBWD) {
+        for (int c = t; c < C; c += blockDim.x) {
+            float mu, sc, shf;
+            gn_chan(gp, n, c, C, mu, sc, shf);
+            gtab[(c % VEC) * lanes + c / VEC] = make_float4(mu, sc, shf, 0.0f);
+        }
+        __syncthreads();
+    }
+    // CAT: this thread's channels lie in one part (xp, with cp channels; xbias where it is the
+    // first); element indices are stepped, not recomputed per voxel (64-bit registers)
+    const bool fa = !CAT || c0 < ca;
+    const T* xp = CAT ? (fa ? b : (const T*)x2v) : b;
+    const int cp = CAT ? (fa ? ca : C - ca) : C;
+    const float* xbp = CAT && fa ? xbias : nullptr;
+    i64 base = ((i64)n * S + v0 + r) * C + c0, xi = ((i64)n * S + v0 + r) * cp + (fa ? c0 : c0 - ca);
+    const i64 bstep = (i64)rows * C, xstep = (i64)rows * cp;
     if (r < rows) {
-        for (i64 v = v0 + r; v < v1; v += rows) {
-            i64 base = ((i64)n * S + v) * C + c0;
+        for (i64 v = v0 + r; v < v1; v += rows, base += bstep, xi += xstep) {
             float va[VEC], vb[VEC];
             ldv<VEC>(a, base, va);
-            if (OP == OP_GNBWD && CAT)
-                cat_load<T, VEC>(b, (const T*)x2v, xbias, ca, C - ca, n, S, v, c0, vb);
-            else if (OP == OP_GNBWD)
+            if (OP == OP_GNBWD && CAT) {
+                // the concatenation's values as cat_load gives them: the first part plus its bias
+                ldv<VEC>(xp, xi, vb);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) vb[j] = as_stored<T>(vb[j] + (xbp ? xbp[c0 + j] : 0.0f));
+            } else if (OP == OP_GNBWD) {
                 ldv<VEC>(b, base, vb);
+            }
 #pragma unroll
             for (int j = 0; j < VEC; j++) {
-                chan_acc1<T, OP>(va[j], OP == OP_GNBWD ? vb[j] : 0.0f, silu, mu[j], sc[j], shf[j], shift[j], s[j], q[j]);
-                if (X3) u[j] += vb[j] - mu[j];
+                float4 f = OP == OP_GNBWD ? lds4(&gtab[j * lanes + l]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                chan_acc1<T, OP>(va[j], OP == OP_GNBWD ? vb[j] : 0.0f, silu, f.x, f.y, f.z, shift[j], s[j], q[j]);
+                if (X3) u[j] += vb[j] - f.x;
             }
         }
+    }
+    if (OP == OP_GNBWD) __syncthreads();  // every row is done with the table: its storage becomes red
+    if (r < rows) {
         rows_store<VEC>(red, r, C, c0, s, q);
         if (X3) {
 #pragma unroll
@@ -227,16 +256,16 @@ extern "C" __global__ void chan_sum_ncdhw(const void* x, float* part, int C, i64
                                           int bf) {
     PARTIAL(chan_partial_ncdhw_t, (x, nullptr, NO_GN, part, C, S, chunk_len, nchunks), OP_SUM);
 }
-// The 8-wide GroupNorm backward sums held 76 registers (3 blocks of 256 per SM, 2.9 TB/s on the
-// H200's 128³ × 128-channel call); 4 blocks per SM caps them at 64.
+// The 8-wide GroupNorm backward sums: 4 blocks of 256 per SM cap them at 64 registers; they spill
+// 16-40 bytes there (NVRTC 13.0), which costs less than the lower occupancy of 80 registers, their
+// cap until 2026-12-01: 47.2 vs 47.5 ms per whole-head bf16 training step, 172.9 vs 176.8 BraTS
+// (H200, same call, docs/perf/h200-2026-12-01p).
 #define LB_GNBWD_1
 #define LB_GNBWD_4
 #define LB_GNBWD_8 __launch_bounds__(256, 4)
-// The three-sum variant (chan_gnbwd3_*, X3; once per ResBlock) held 96 registers at 8 wide (2 blocks
-// per SM); 3 blocks per SM cap it at 80.
 #define LB_GNBWD3_1
 #define LB_GNBWD3_4
-#define LB_GNBWD3_8 __launch_bounds__(256, 3)
+#define LB_GNBWD3_8 __launch_bounds__(256, 4)
 #define NDHWC_WRAPPERS(V, BF16_ONLY)                                                                            \
     extern "C" __global__ void chan_stats_ndhwc##V(const void* x, float* part, int C, i64 S, int chunk_len,      \
                                                    int nchunks, int bf) {                                       \
@@ -277,10 +306,9 @@ NDHWC_WRAPPERS(4, 0)
 NDHWC_WRAPPERS(8, 1)
 // The GroupNorm backward sums over a concatenation given by its parts (CAT above): x = cat([xh +
 // xbias, xs]) at channel ca. 4 (f32) or 8 (bf16) channels per thread; the host checks that both
-// parts' channel counts are multiples of that. The part pointers need registers: 3 blocks per SM
-// (the three-sum variant's cap), not 4.
+// parts' channel counts are multiples of that. 4 blocks per SM, as the plain sums.
 #define CAT_WRAPPER(V, BF16_ONLY)                                                                                \
-    extern "C" __global__ void LB_GNBWD3_##V chan_gnbwd_cat_ndhwc##V(                                           \
+    extern "C" __global__ void LB_GNBWD_##V chan_gnbwd_cat_ndhwc##V(                                           \
         const void* dout, const void* xh, const void* xs, const float* xbias, const float* mean,               \
         const float* rstd, const float* gamma, const float* beta, const float* off, float* part, int C, i64 S, \
         int G, int chunk_len, int nchunks, int bf, int ca) {                                                    \
@@ -334,11 +362,23 @@ __device__ void concat_stats_ndhwc_t(void* outv, const void* av, const void* bv,
 #pragma unroll
         for (int j = 0; j < VEC; j++) s[j] = q[j] = 0.0f;
         // (four voxels per iteration, loads first, measured slower on the H200: 1.28 vs 0.94 ms
-        // for the ten whole-head calls)
-        for (i64 v = v0 + r; v < v1; v += rows) {
+        // for the ten whole-head calls). The thread's channels lie in one part, whose bias it
+        // holds; element indices are stepped, not recomputed per voxel: cat_load's values, with
+        // fewer registers and instructions.
+        const bool fa = c0 < ca;
+        const T* xp = fa ? a : b;
+        const int cp = fa ? ca : cb;
+        float bias[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; j++) bias[j] = fa && abias ? abias[c0 + j] : 0.0f;
+        i64 xi = ((i64)n * S + v0 + r) * cp + (fa ? c0 : c0 - ca), oi = ((i64)n * S + v0 + r) * C + c0;
+        const i64 xstep = (i64)rows * cp, ostep = (i64)rows * C;
+        for (i64 v = v0 + r; v < v1; v += rows, xi += xstep, oi += ostep) {
             float x[VEC];
-            cat_load<T, VEC>(a, b, abias, ca, cb, n, S, v, c0, x);
-            stv<VEC>(out, ((i64)n * S + v) * C + c0, x);
+            ldv<VEC>(xp, xi, x);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) x[j] = as_stored<T>(x[j] + bias[j]);
+            stv<VEC>(out, oi, x);
 #pragma unroll
             for (int j = 0; j < VEC; j++) {
                 float d = x[j] - shift[j];

@@ -639,12 +639,14 @@ fn backward_ptrs(
         I(bf),
         I(v as i32),
     ];
+    // the per-channel coefficient table (a float4 per channel of the block: all C in NDHWC)
+    let smem = 16 * if cl { x.c as u32 } else { 1 };
     match split {
-        None => dev.launch("gn_bwd_apply", grid, block, &args),
+        None => dev.launch_shared("gn_bwd_apply", grid, block, smem, &args),
         Some((dx2, _, ca, [xh, xs, xb])) => {
             let mut a = args.to_vec();
             a.extend([P(dx2), I(ca as i32), P(xh), P(xs), P(xb)]);
-            dev.launch("gn_bwd_apply_split", grid, block, &a)
+            dev.launch_shared("gn_bwd_apply_split", grid, block, smem, &a)
         }
     }
 }
