@@ -113,6 +113,44 @@ fn tiny_model_overfits_one_pair() {
     assert!(last < 0.75 * first, "loss did not fall: {first} → {last}");
 }
 
+/// The fill-style batch source (`micro_step_ahead_fill`, what bench and profile use) trains bit
+/// for bit as the owned-vector one, with a different batch every step, and hands the source the
+/// same host buffers every time after the first (nothing allocated per step).
+#[test]
+fn fill_batches_train_as_owned_batches_and_reuse_buffers() {
+    let be = CpuBackend::new();
+    let cfg = UNetConfig::tiny();
+    let (img, cond) = phantom_batch(&cfg);
+    // batch k: the phantom scaled by 1 + k/8
+    let batch = |k: usize| (img.iter().map(|v| v * (1.0 + k as f32 / 8.0)).collect::<Vec<f32>>(), cond.clone());
+    let mut a = Trainer::new(&be, &cfg, &tc(7)).unwrap();
+    let mut ka = 0;
+    let mut next = || {
+        ka += 1;
+        Ok(batch(ka - 1))
+    };
+    let la: Vec<f32> = (0..4).map(|_| a.micro_step_ahead(&be, &mut next).unwrap()).collect();
+    let mut b = Trainer::new(&be, &cfg, &tc(7)).unwrap();
+    let (mut kb, mut seen) = (0, Vec::new());
+    let mut fill = |i: &mut Vec<f32>, c: &mut Vec<f32>| {
+        let (bi, bc) = batch(kb);
+        kb += 1;
+        i.resize(bi.len(), 0.0);
+        i.copy_from_slice(&bi);
+        c.clone_from(&bc);
+        seen.push((i.as_ptr() as usize, c.as_ptr() as usize));
+        Ok(())
+    };
+    let lb: Vec<f32> = (0..4).map(|_| b.micro_step_ahead_fill(&be, &mut fill).unwrap()).collect();
+    assert_eq!(la.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), lb.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    assert_eq!((ka, kb), (5, 5), "one batch ahead: four steps fetch five batches");
+    assert!(seen[1..].iter().all(|p| *p == seen[1]), "host buffers reallocated between steps: {seen:?}");
+    let (sa, sb) = (all_state(&be, &a), all_state(&be, &b));
+    for (i, (x, y)) in sa.iter().zip(&sb).enumerate() {
+        assert!(x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()), "tensor {i} differs");
+    }
+}
+
 fn all_state(be: &CpuBackend, tr: &Trainer<CpuBackend>) -> Vec<Vec<f32>> {
     let mut v = tr.net.host_tensors(be, false);
     for bufs in [&tr.ema, &tr.adam_m, &tr.adam_v] {

@@ -99,6 +99,13 @@ pub type LayerDone<'a, B> = dyn FnMut(usize, &mut [<B as Backend>::Buf]) + 'a;
 /// Where the trainer gets its next batch: host NCDHW (image, cond), or the loader's error.
 pub type NextBatch<'a> = dyn FnMut() -> Result<(Vec<f32>, Vec<f32>)> + 'a;
 
+/// A batch source that writes the next batch (host NCDHW image, cond) into the trainer's own
+/// host buffers, kept from batch to batch: one that overwrites them in place (`clone_from`,
+/// `copy_from_slice`) allocates nothing per micro-step. `bench` and `profile` use it: a fresh
+/// 85 MB `Vec` per BraTS volume is paged in on first touch, which took the host longer than
+/// the GPU's bf16 step at times (GPU idle 8–27 ms a step, docs/perf/h200-2026-12-01p).
+pub type FillBatch<'a> = dyn FnMut(&mut Vec<f32>, &mut Vec<f32>) -> Result<()> + 'a;
+
 /// Model + optimiser state + EMA + the buffers of one micro-step, all planned at construction.
 pub struct Trainer<B: Backend> {
     pub net: UNet<B>,
@@ -123,6 +130,8 @@ pub struct Trainer<B: Backend> {
     next_x0: B::Buf,
     next_cond: B::Buf,
     staged: bool,
+    /// The host (image, cond) a [`FillBatch`] writes the next batch into.
+    host: (Vec<f32>, Vec<f32>),
     eps: B::Buf,
     xt: B::Buf,
     loss: B::Buf,
@@ -147,6 +156,7 @@ impl<B: Backend> Trainer<B> {
             next_x0: be.alloc(img.numel())?,
             next_cond: be.alloc(cond.numel())?,
             staged: false,
+            host: (Vec::new(), Vec::new()),
             eps: be.alloc(img.numel())?,
             xt: be.alloc(img.numel())?,
             loss: be.alloc(1)?,
@@ -235,13 +245,30 @@ impl<B: Backend> Trainer<B> {
         self.run_ahead(be, None, next)
     }
 
+    /// [`Trainer::micro_step_ahead`] from a [`FillBatch`] source (no host allocation per step).
+    pub fn micro_step_ahead_fill(&mut self, be: &B, fill: &mut FillBatch<'_>) -> Result<f32> {
+        if !self.staged {
+            self.stage_next(be, fill)?;
+        }
+        self.run_staged(be, None, Some(fill))
+    }
+
     /// [`Trainer::micro_step_ahead`] with the backward hook of [`Trainer::run_staged`].
     fn run_ahead(&mut self, be: &B, done: Option<&mut LayerDone<'_, B>>, next: &mut NextBatch<'_>) -> Result<f32> {
+        // the source's vectors move into the host buffers (no copy)
+        let mut fill = |i: &mut Vec<f32>, c: &mut Vec<f32>| next().map(|(a, b)| (*i, *c) = (a, b));
         if !self.staged {
-            let (img, cond) = next()?;
-            self.stage(be, &img, &cond)?;
+            self.stage_next(be, &mut fill)?;
         }
-        self.run_staged(be, done, Some(next))
+        self.run_staged(be, done, Some(&mut fill))
+    }
+
+    /// The next batch from `fill`, through the host buffers, staged.
+    fn stage_next(&mut self, be: &B, fill: &mut FillBatch<'_>) -> Result<()> {
+        let (mut img, mut cond) = std::mem::take(&mut self.host);
+        let staged = fill(&mut img, &mut cond).and_then(|()| self.stage(be, &img, &cond));
+        self.host = (img, cond);
+        staged
     }
 
     /// The micro-step on the staged batch. While the GPU runs it, `prefetch` (when given) supplies
@@ -252,7 +279,7 @@ impl<B: Backend> Trainer<B> {
         &mut self,
         be: &B,
         done: Option<&mut LayerDone<'_, B>>,
-        prefetch: Option<&mut NextBatch<'_>>,
+        prefetch: Option<&mut FillBatch<'_>>,
     ) -> Result<f32> {
         assert!(self.staged, "run_staged: no batch staged (Trainer::stage)");
         std::mem::swap(&mut self.x0, &mut self.next_x0);
@@ -281,7 +308,7 @@ impl<B: Backend> Trainer<B> {
         self.draws += 1;
         self.samples += (self.world * self.tc.batch) as u64;
         // the next batch goes up while the GPU works through this one
-        let fetched = prefetch.map(|next| next().and_then(|(i, c)| self.stage(be, &i, &c)));
+        let fetched = prefetch.map(|fill| self.stage_next(be, fill));
         let mut l = [0f32];
         be.download(&self.loss, &mut l);
         fetched.transpose()?;
