@@ -341,14 +341,9 @@ impl<B: Backend> Backend for Timed<B> {
         x: Dims,
         groups: usize,
     ) {
-        let e = 2.0 * self.l(d)
-            + self.l(dgamma)
-            + self.l(dbeta)
-            + self.l(inp)
-            + self.l(mean)
-            + self.l(rstd)
-            + self.l(gamma)
-            + self.l(beta);
+        // d read and rewritten, the input read; dγ/dβ accumulated (read and written) as in
+        // every other GroupNorm backward record
+        let e = 2.0 * self.l(d) + self.l(inp) + self.gn_params((dgamma, dbeta), (mean, rstd), (gamma, beta));
         self.rec("groupnorm_silu_backward", Category::Normalization, None, e, || {
             self.inner.groupnorm_silu_backward_inplace(d, dgamma, dbeta, inp, mean, rstd, gamma, beta, x, groups)
         })

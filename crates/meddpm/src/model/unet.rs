@@ -217,7 +217,7 @@ impl MemPlan {
     /// (class, bytes) rows in a fixed order, for reports.
     pub fn rows(&self) -> [(&'static str, usize); 8] {
         [
-            ("layer outputs (kept; concatenations recomputed)", self.outputs),
+            ("layer outputs (kept; concatenations not stored)", self.outputs),
             ("layer output gradients (shared by lifetime)", self.grads),
             ("block internals kept for backward", self.saved),
             ("shared scratch (recomputed GN+SiLU, temporaries)", self.scratch),
