@@ -25,11 +25,12 @@
 //! counters not permitted, an unreadable export) is named in the report's "Not collected" section
 //! and the rest is still written.
 //!
-//! This file keeps the arguments, the CUDA steps under CUPTI, the ncu processes (spawn, timeout,
-//! export) and the wiring. The pure parts live in the library: `--matrix` values, configuration
-//! names and the CUDA matrix inputs in `meddpm::analysis::matrix`; ncu argument lists, kernel
-//! selection (top kernels, regex escaping) and ncu kernels → records in `analysis::ncu`; the
-//! median, the preset line and summed passes in `analysis::profile` / `analysis::report`.
+//! This file keeps the arguments, the ncu processes (spawn, timeout, export) and the wiring. The
+//! CUDA steps under CUPTI are `meddpm_cuda::profile_steps`; the pure parts live in the library:
+//! `--matrix` values, configuration names and the CUDA matrix inputs in
+//! `meddpm::analysis::matrix`; ncu argument lists, kernel selection (top kernels, regex escaping)
+//! and ncu kernels → records in `analysis::ncu`; the median, the preset line and summed passes in
+//! `analysis::profile` / `analysis::report`.
 
 use crate::run::Preset;
 use anyhow::{Context, Result};
@@ -37,16 +38,14 @@ use meddpm::analysis::gpus::{self, Math};
 use meddpm::analysis::kernels::short_name;
 use meddpm::analysis::matrix::{config_name, from_cuda_runs, ConfigInput, MatrixSpec, CUDA_CONFIGS};
 use meddpm::analysis::ncu::{self, NcuData};
-use meddpm::analysis::profile::{host_data, median, preset_config, profile_unet, Options};
+use meddpm::analysis::profile::{preset_config, profile_unet, Options};
 use meddpm::analysis::report::{self, Input, Pass};
 use meddpm::analysis::timed::{NullBackend, Timed};
 use meddpm::cpu::CpuBackend;
-use meddpm::diffusion::{TrainConfig, Trainer};
 use meddpm::model::UNetConfig;
-use meddpm::rng::Philox;
 use meddpm::{Backend, Layout, Precision};
-use meddpm_cuda::cupti::{self, Collection, Collector};
-use meddpm_cuda::CudaBackend;
+use meddpm_cuda::cupti;
+use meddpm_cuda::{profile_steps, CudaBackend};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -174,170 +173,6 @@ fn layout_of(l: LayoutArg) -> Layout {
         LayoutArg::Ncdhw => Layout::Ncdhw,
         LayoutArg::Ndhwc => Layout::Ndhwc,
     }
-}
-
-// ---- CUDA: steps through CUPTI ------------------------------------------------------------------
-
-/// One recorded step: wall time between syncs and the CUPTI collection (or why there is none).
-struct Step {
-    wall_ns: u64,
-    collection: Result<Collection, String>,
-}
-
-/// Run `f` between two syncs, under CUPTI when `collect`.
-fn record(be: &CudaBackend, collect: bool, f: impl FnOnce()) -> Step {
-    be.sync();
-    let c = if collect { Collector::start().map(Some) } else { Ok(None) };
-    let t0 = Instant::now();
-    f();
-    be.sync();
-    let wall_ns = t0.elapsed().as_nanos() as u64;
-    let collection = match c {
-        Ok(Some(c)) => c.finish(),
-        Ok(None) => Err("not collected (run under ncu)".into()),
-        Err(e) => Err(e),
-    };
-    Step { wall_ns, collection }
-}
-
-/// The pass of the median wall time among the recorded steps.
-fn cupti_pass(
-    name: &str,
-    mut steps: Vec<Step>,
-    plain: Vec<u64>,
-    notes: &mut Vec<String>,
-    raw: &mut Vec<(String, u64)>,
-) -> Pass {
-    let repeats: Vec<u64> = steps.iter().map(|s| s.wall_ns).collect();
-    steps.sort_by_key(|s| s.wall_ns);
-    let s = steps.swap_remove(steps.len() / 2);
-    let records = match s.collection {
-        Ok(c) => {
-            if c.dropped > 0 {
-                notes.push(format!("CUPTI dropped {} activity records in the {name} (buffers full)", c.dropped));
-            }
-            if c.unattributed > 0 {
-                notes.push(format!(
-                    "{} of {} GPU activities of the {name} could not be attributed to a backend range",
-                    c.unattributed,
-                    c.activities.len()
-                ));
-            }
-            for w in c.warnings {
-                notes.push(format!("CUPTI ({name}): {w}"));
-            }
-            raw.extend(c.activities.iter().map(|a| (a.name.clone(), a.duration_ns())));
-            c.activities.iter().map(|a| a.to_record()).collect()
-        }
-        Err(e) => {
-            notes.push(format!("CUPTI kernel timeline of the {name}: not collected because {e}"));
-            Vec::new()
-        }
-    };
-    let plain_step_ns = median(plain);
-    Pass { name: name.to_string(), records, step_ns: Some(s.wall_ns), measured: true, repeats, plain_step_ns }
-}
-
-/// `repeats` recorded runs of `step` (under CUPTI when `collect`), each after a plain run (CUPTI
-/// off, as `meddpm bench` runs it): the recorded steps and the plain wall times.
-fn repeat_steps(be: &CudaBackend, repeats: usize, collect: bool, step: &mut dyn FnMut()) -> (Vec<Step>, Vec<u64>) {
-    let (mut steps, mut plain) = (Vec::new(), Vec::new());
-    for _ in 0..repeats.max(1) {
-        if collect {
-            plain.push(record(be, false, &mut *step).wall_ns);
-        }
-        steps.push(record(be, collect, &mut *step));
-    }
-    (steps, plain)
-}
-
-/// One training step (micro-step + Adam/EMA) and one sampling step at t = T/2, each after
-/// `warmup` unrecorded repetitions, exactly as `analysis::profile::profile_unet` runs them but
-/// without per-call syncs, each recorded step under CUPTI (when `collect`). Under ncu (`wrap`)
-/// the recorded steps sit inside one extra range, `profile`, which the parent's
-/// `--nvtx-include profile/` selects.
-#[allow(clippy::too_many_arguments)]
-fn cuda_steps(
-    be: &CudaBackend,
-    cfg: &UNetConfig,
-    o: &Options,
-    which: Steps,
-    collect: bool,
-    wrap: bool,
-    notes: &mut Vec<String>,
-    raw: &mut Vec<(String, u64)>,
-) -> Result<Vec<Pass>> {
-    let tc = TrainConfig { batch: 1, grad_accum: 1, seed: o.seed, ..TrainConfig::default() };
-    let mut tr = Trainer::new(be, cfg, &tc)?;
-    let (img, cond) = host_data(cfg);
-    let mut passes = Vec::new();
-    for _ in 0..o.warmup {
-        tr.micro_step(be, &img, &cond);
-        tr.opt_step(be);
-    }
-    // as in training: each step's batch was staged during the step before (Trainer::micro_step_ahead)
-    tr.stage(be, &img, &cond)?;
-    let mut train = || {
-        if wrap {
-            be.push_range("profile");
-        }
-        be.push_range("train");
-        // the host data is the right size, so staging cannot fail
-        let mut fill = |i: &mut Vec<f32>, c: &mut Vec<f32>| {
-            i.clone_from(&img);
-            c.clone_from(&cond);
-            Ok(())
-        };
-        tr.micro_step_ahead_fill(be, &mut fill).expect("staged step");
-        be.push_range("optimizer");
-        tr.opt_step(be);
-        be.pop_range();
-        be.pop_range();
-        if wrap {
-            be.pop_range();
-        }
-    };
-    let (steps, plain) = repeat_steps(be, o.repeats, collect, &mut train);
-    passes.push(cupti_pass("train step", steps, plain, notes, raw));
-    if which == Steps::Train {
-        return Ok(passes);
-    }
-
-    let net = &mut tr.net;
-    let img_d = net.output_dims();
-    let cd = net.input_dims().with_c(cfg.cond_channels());
-    let mut x = be.alloc(img_d.numel())?;
-    let mut z = be.alloc(img_d.numel())?;
-    let mut c = be.alloc(cd.numel())?;
-    let rng = Philox::new(o.seed, meddpm::diffusion::train::STREAM_SAMPLE);
-    be.upload_act(&cond, cd, &mut c);
-    be.randn(&mut x, rng, 0, img_d);
-    let t = tr.sched.timesteps / 2;
-    let coefs = vec![tr.sched.ddpm_coefs(t); img_d.n];
-    let ts = vec![t as f32; img_d.n];
-    let mut step = |x: &mut <CudaBackend as Backend>::Buf, z: &mut <CudaBackend as Backend>::Buf| {
-        be.concat_channels(net.input_mut(), x, &c, img_d, img_d.c, cd.c);
-        net.forward(be, &ts);
-        be.randn(z, rng, img_d.numel() as u64, img_d);
-        be.ddpm_step(x, net.output(), z, &coefs, img_d);
-    };
-    for _ in 0..o.warmup {
-        step(&mut x, &mut z);
-    }
-    let mut sample = || {
-        if wrap {
-            be.push_range("profile");
-        }
-        be.push_range("sample");
-        step(&mut x, &mut z);
-        be.pop_range();
-        if wrap {
-            be.pop_range();
-        }
-    };
-    let (steps, plain) = repeat_steps(be, o.repeats, collect, &mut sample);
-    passes.push(cupti_pass("sampling step", steps, plain, notes, raw));
-    Ok(passes)
 }
 
 // ---- Nsight Compute -----------------------------------------------------------------------------
@@ -482,7 +317,16 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
             if cupti::nvtx_tool_attached() { "ranges go to the attached tool" } else { "has no tool attached" }
         );
         let mut notes = Vec::new();
-        cuda_steps(&be, &cfg, &opts, a.ncu_child_steps, false, true, &mut notes, &mut Vec::new())?;
+        profile_steps::unet_steps(
+            &be,
+            &cfg,
+            &opts,
+            a.ncu_child_steps == Steps::Both,
+            false,
+            true,
+            &mut notes,
+            &mut Vec::new(),
+        )?;
         return Ok(());
     }
 
@@ -683,7 +527,7 @@ fn cuda_run(
     let mut notes = Vec::new();
     let mut raw = Vec::new();
     // 1) the CUPTI timeline (also leaves the cuDNN algorithms in the on-disk cache for the ncu child)
-    let passes = cuda_steps(&cuda, cfg, opts, Steps::Both, true, false, &mut notes, &mut raw)
+    let passes = profile_steps::unet_steps(&cuda, cfg, opts, true, true, false, &mut notes, &mut raw)
         .context("CUDA steps under CUPTI")?;
     let mut matrix_rows = Vec::new();
     if matrix {
@@ -694,7 +538,7 @@ fn cuda_run(
     // 1b) the same steps replayed as CUDA graphs (issue 12's "GPU idle" is of this step)
     cuda.set_graphs(true);
     let mut replay_notes = Vec::new();
-    match cuda_steps(&cuda, cfg, opts, Steps::Both, true, false, &mut replay_notes, &mut Vec::new()) {
+    match profile_steps::unet_steps(&cuda, cfg, opts, true, true, false, &mut replay_notes, &mut Vec::new()) {
         Ok(ps) => input.passes.extend(ps.into_iter().map(|p| Pass { name: format!("{} (graph replay)", p.name), ..p })),
         Err(e) => input.not_collected.push(format!("steps as CUDA graph replays: {e:#}")),
     }
@@ -750,7 +594,7 @@ fn cuda_run(
                     Ok(be) => {
                         be.set_graphs(false);
                         let mut n = Vec::new();
-                        let ps = cuda_steps(&be, cfg, opts, Steps::Train, true, false, &mut n, &mut Vec::new())
+                        let ps = profile_steps::unet_steps(&be, cfg, opts, false, true, false, &mut n, &mut Vec::new())
                             .with_context(|| format!("matrix configuration {name}"))?;
                         notes.extend(n.into_iter().map(|s| format!("{name}: {s}")));
                         let recs = ps.into_iter().find(|p| p.name.starts_with("train")).map(|p| p.records);

@@ -34,6 +34,7 @@ mod loss;
 pub mod nccl;
 mod nvtx;
 mod optim;
+pub mod profile_steps;
 mod sampler;
 mod silu;
 mod upsample;
