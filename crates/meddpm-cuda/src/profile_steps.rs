@@ -6,11 +6,10 @@
 
 use std::time::Instant;
 
-use meddpm::analysis::profile::{host_data, median, Options};
+use meddpm::analysis::profile::{host_data, median, Options, SampleStep};
 use meddpm::analysis::report::Pass;
 use meddpm::diffusion::{TrainConfig, Trainer};
 use meddpm::model::UNetConfig;
-use meddpm::rng::Philox;
 use meddpm::{Backend, Result};
 
 use crate::cupti::{Collection, Collector};
@@ -141,33 +140,17 @@ pub fn unet_steps(
         return Ok(passes);
     }
 
+    let mut step = SampleStep::new(be, &tr, &cond, o.seed)?;
     let net = &mut tr.net;
-    let img_d = net.output_dims();
-    let cd = net.input_dims().with_c(cfg.cond_channels());
-    let mut x = be.alloc(img_d.numel())?;
-    let mut z = be.alloc(img_d.numel())?;
-    let mut c = be.alloc(cd.numel())?;
-    let rng = Philox::new(o.seed, meddpm::diffusion::train::STREAM_SAMPLE);
-    be.upload_act(&cond, cd, &mut c);
-    be.randn(&mut x, rng, 0, img_d);
-    let t = tr.sched.timesteps / 2;
-    let coefs = vec![tr.sched.ddpm_coefs(t); img_d.n];
-    let ts = vec![t as f32; img_d.n];
-    let mut step = |x: &mut <CudaBackend as Backend>::Buf, z: &mut <CudaBackend as Backend>::Buf| {
-        be.concat_channels(net.input_mut(), x, &c, img_d, img_d.c, cd.c);
-        net.forward(be, &ts);
-        be.randn(z, rng, img_d.numel() as u64, img_d);
-        be.ddpm_step(x, net.output(), z, &coefs, img_d);
-    };
     for _ in 0..o.warmup {
-        step(&mut x, &mut z);
+        step.run(be, net);
     }
     let mut sample = || {
         if wrap {
             be.push_range("profile");
         }
         be.push_range("sample");
-        step(&mut x, &mut z);
+        step.run(be, net);
         be.pop_range();
         if wrap {
             be.pop_range();

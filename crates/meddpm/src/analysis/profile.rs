@@ -9,17 +9,19 @@
 //! The training step is exactly `Trainer::micro_step_ahead` + `Trainer::opt_step` (spec §3.2); the
 //! sampling step is one iteration of `Sampler::sample` (spec §3.3) at t = T/2.
 //!
-//! The CUDA path (`meddpm profile --device cuda`, in the CLI) runs the same steps under CUPTI and
-//! uses [`host_data`], [`median`] and [`preset_config`] from here.
+//! The CUDA path (`meddpm profile --device cuda`, `meddpm_cuda::profile_steps`) runs the same
+//! steps under CUPTI and uses [`host_data`], [`median`], [`SampleStep`] and [`preset_config`] from
+//! here.
 
 use super::kernels::KernelRecord;
 use super::report::Pass;
 use super::timed::Timed;
-use crate::backend::Backend;
+use crate::backend::{Backend, DdpmCoefs};
 use crate::diffusion::{TrainConfig, Trainer};
 use crate::error::Result;
-use crate::model::UNetConfig;
+use crate::model::{UNet, UNetConfig};
 use crate::rng::Philox;
+use crate::shape::Dims;
 use std::time::Instant;
 
 /// What to profile.
@@ -59,6 +61,42 @@ pub fn preset_config(name: &str, cfg: &UNetConfig) -> String {
         "preset {} ({}×{}×{}, {} base channels, channel_mult {:?}), batch 1",
         name, cfg.depth, cfg.size, cfg.size, cfg.model_channels, cfg.channel_mult
     )
+}
+
+/// The profiled sampling step: one ancestral DDPM step at t = T/2 (spec §3.3) on the network of
+/// a trainer, from noise drawn with `seed`'s sampling stream and the given condition; its buffers
+/// allocated here, once, so that repeated [`SampleStep::run`]s allocate nothing.
+pub struct SampleStep<B: Backend> {
+    x: B::Buf,
+    z: B::Buf,
+    cond: B::Buf,
+    img: Dims,
+    cd: Dims,
+    ts: Vec<f32>,
+    coefs: Vec<DdpmCoefs>,
+    rng: Philox,
+}
+
+impl<B: Backend> SampleStep<B> {
+    pub fn new(be: &B, tr: &Trainer<B>, cond: &[f32], seed: u64) -> Result<Self> {
+        let (img, cd) = (tr.net.output_dims(), tr.net.input_dims().with_c(tr.net.cfg.cond_channels()));
+        let (mut x, z, mut c) = (be.alloc(img.numel())?, be.alloc(img.numel())?, be.alloc(cd.numel())?);
+        let rng = Philox::new(seed, crate::diffusion::train::STREAM_SAMPLE);
+        be.upload_act(cond, cd, &mut c);
+        be.randn(&mut x, rng, 0, img);
+        let t = tr.sched.timesteps / 2;
+        let (ts, coefs) = (vec![t as f32; img.n], vec![tr.sched.ddpm_coefs(t); img.n]);
+        Ok(SampleStep { x, z, cond: c, img, cd, ts, coefs, rng })
+    }
+
+    /// x ← one ancestral step of x through `net` (forward, draw z, update).
+    pub fn run(&mut self, be: &B, net: &mut UNet<B>) {
+        let (img, cd) = (self.img, self.cd);
+        be.concat_channels(net.input_mut(), &self.x, &self.cond, img, img.c, cd.c);
+        net.forward(be, &self.ts);
+        be.randn(&mut self.z, self.rng, img.numel() as u64, img);
+        be.ddpm_step(&mut self.x, net.output(), &self.z, &self.coefs, img);
+    }
 }
 
 /// The median of wall times, the upper one of an even count (`None` when empty).
@@ -117,25 +155,10 @@ pub fn profile_unet<B: Backend>(be: &Timed<B>, cfg: &UNetConfig, o: &Options) ->
         passes.push(median_pass(format!("train step{}", o.label), runs, o.measured));
     }
     if o.sample {
+        let mut step = SampleStep::new(be, &tr, &cond, o.seed)?;
         let net = &mut tr.net;
-        let img_d = net.output_dims();
-        let cd = net.input_dims().with_c(cfg.cond_channels());
-        let mut x = be.alloc(img_d.numel())?;
-        let mut z = be.alloc(img_d.numel())?;
-        let mut c = be.alloc(cd.numel())?;
-        let rng = Philox::new(o.seed, crate::diffusion::train::STREAM_SAMPLE);
-        be.upload_act(&cond, cd, &mut c);
-        be.randn(&mut x, rng, 0, img_d);
-        let t = tr.sched.timesteps / 2;
-        let coefs = vec![tr.sched.ddpm_coefs(t); img_d.n];
-        let step = |be: &Timed<B>, x: &mut B::Buf, z: &mut B::Buf, net: &mut crate::model::UNet<Timed<B>>| {
-            be.concat_channels(net.input_mut(), x, &c, img_d, img_d.c, cd.c);
-            net.forward(be, &vec![t as f32; img_d.n]);
-            be.randn(z, rng, img_d.numel() as u64, img_d);
-            be.ddpm_step(x, net.output(), z, &coefs, img_d);
-        };
         for _ in 0..o.warmup {
-            step(be, &mut x, &mut z, net);
+            step.run(be, net);
         }
         let mut runs = Vec::new();
         for _ in 0..o.repeats.max(1) {
@@ -143,7 +166,7 @@ pub fn profile_unet<B: Backend>(be: &Timed<B>, cfg: &UNetConfig, o: &Options) ->
             be.take_records();
             be.push_range("sample");
             let t0 = Instant::now();
-            step(be, &mut x, &mut z, net);
+            step.run(be, net);
             be.sync();
             let ns = t0.elapsed().as_nanos() as u64;
             be.pop_range();
