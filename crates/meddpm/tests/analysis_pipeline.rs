@@ -399,6 +399,69 @@ fn report_of_a_pass_with_gpu_timestamps() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// CUPTI records with registers, shared memory and block sizes on a GPU of the table get the
+/// occupancy table: each top kernel's longest call, its resident blocks and what limits them
+/// (numbers from the H200 launches of docs/perf/h200-2026-12-01p); without a device of the
+/// table, or without the launch details, the section is left out.
+#[test]
+fn report_lists_the_theoretical_occupancy_of_the_top_kernels() {
+    use meddpm::analysis::gpus::find;
+    use meddpm::analysis::kernels::KernelRecord;
+    use meddpm::analysis::occupancy::Limiter;
+    let launch = |name: &str, ns: u64, regs: u32, smem: u32, threads: u32| {
+        let mut r = KernelRecord::new(name, ns);
+        (r.registers, r.shared_mem, r.block) = (Some(regs), Some(smem), Some([threads, 1, 1]));
+        r.range = Some("train/backward/output_blocks.9.0".into());
+        r
+    };
+    let records = vec![
+        // the split pass before the change (121 registers) and its short call (ignored: shorter)
+        launch("gn_bwd_apply_split", 900_000, 121, 0, 256),
+        launch("gn_bwd_apply_split", 10_000, 64, 0, 256),
+        launch("chan_gnbwd3_ndhwc8", 200_000, 64, 32_768, 256),
+        launch("gn_apply", 140_000, 56, 0, 256),
+        KernelRecord::new("gn_stats_finalize", 5_000), // no launch details: no row
+    ];
+    let pass = Pass {
+        name: "train step".into(),
+        records,
+        step_ns: Some(1_300_000),
+        measured: true,
+        repeats: vec![1_300_000],
+        plain_step_ns: None,
+    };
+    let input = Input {
+        title: "t".into(),
+        device: "d".into(),
+        device_gpu: find("h200"),
+        passes: vec![pass],
+        top_n: 10,
+        ..Input::default()
+    };
+    let r = report::build(&input);
+    let occ: Vec<_> = r.passes[0]
+        .occupancy
+        .iter()
+        .map(|o| (o.kernel.as_str(), o.registers, o.occupancy.blocks_per_sm, o.occupancy.pct, o.occupancy.limiter))
+        .collect();
+    assert_eq!(
+        occ,
+        [
+            ("gn_bwd_apply_split", 121, 2, 25.0, Limiter::Registers),
+            ("chan_gnbwd3_ndhwc8", 64, 4, 50.0, Limiter::Registers),
+            ("gn_apply", 56, 4, 50.0, Limiter::Registers),
+        ]
+    );
+    let md = report::markdown(&r);
+    assert!(md.contains("### Occupancy of the top kernels (theoretical)"), "{md}");
+    assert!(md.contains("| gn_bwd_apply_split | 121 | 0 | 256 | 2 | 25.0 % | registers |"), "{md}");
+    assert!(md.contains("| chan_gnbwd3_ndhwc8 | 64 | 32.0 KiB | 256 | 4 | 50.0 % | registers |"), "{md}");
+    // not a GPU of the table: no limits, no section
+    let r = report::build(&Input { device_gpu: None, ..input });
+    assert!(r.passes[0].occupancy.is_empty());
+    assert!(!report::markdown(&r).contains("### Occupancy"));
+}
+
 #[test]
 fn profile_input_pieces() {
     use meddpm::analysis::gpus::Math;

@@ -15,6 +15,7 @@ use super::gpus::{self, check, CategoryPrediction, Check, Gpu, Math, Verdict};
 use super::kernels::{short_name, Category, KernelRecord};
 use super::matrix::{matrix, ConfigInput, MatrixRow};
 use super::ncu::{priority_list, Counters, NcuData, RankedRule};
+use super::occupancy::{sm_limits, theoretical, Occupancy, SmLimits};
 use crate::error::{Error, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -85,6 +86,37 @@ pub struct PassReport {
     pub checks: Vec<(String, Check)>,
     /// See [`Pass::plain_step_ns`].
     pub plain_step_ns: Option<u64>,
+    /// Theoretical occupancy of the top kernels (measured GPU passes on a GPU of the table).
+    pub occupancy: Vec<OccupancyRow>,
+}
+
+/// The theoretical occupancy of a top kernel's longest call, from the registers, shared memory
+/// and block size CUPTI recorded for it and the device's SM limits ([`super::occupancy`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct OccupancyRow {
+    pub kernel: String,
+    pub registers: u32,
+    /// Static + dynamic shared memory per block, bytes.
+    pub shared_mem: u32,
+    pub threads: u32,
+    pub occupancy: Occupancy,
+}
+
+/// [`OccupancyRow`]s of the top kernels whose records carry registers and a block size.
+fn occupancy_rows(top: &[Row], records: &[KernelRecord], l: SmLimits) -> Vec<OccupancyRow> {
+    top.iter()
+        .filter_map(|row| {
+            let longest = records
+                .iter()
+                .filter(|r| r.registers.is_some() && r.block.is_some())
+                .filter(|r| Some(r.category) == row.category && short_name(&r.name, 100) == row.key)
+                .max_by_key(|r| r.duration_ns)?;
+            let (regs, smem) = (longest.registers?, longest.shared_mem.unwrap_or(0));
+            let threads = longest.block?.iter().product();
+            let occupancy = theoretical(l, regs, smem, threads)?;
+            Some(OccupancyRow { kernel: row.key.clone(), registers: regs, shared_mem: smem, threads, occupancy })
+        })
+        .collect()
 }
 
 /// One ncu kernel in the report.
@@ -138,6 +170,10 @@ pub fn build(input: &Input) -> Report {
                 }
                 checks.push(("all counted categories".into(), check(tp, tm, 0.05)));
             }
+            let occupancy = match input.device_gpu.as_ref().and_then(|g| sm_limits(g.arch)) {
+                Some(l) if p.measured => occupancy_rows(&b.top, &p.records, l),
+                _ => Vec::new(),
+            };
             PassReport {
                 name: p.name.clone(),
                 measured: p.measured,
@@ -145,6 +181,7 @@ pub fn build(input: &Input) -> Report {
                 predictions,
                 checks,
                 plain_step_ns: p.plain_step_ns,
+                occupancy,
             }
         })
         .collect::<Vec<_>>();
@@ -316,6 +353,36 @@ fn waits_md(o: &mut String, i: &super::breakdown::Idle) {
     let n = i.by_range.len().min(WAITS_TOP);
     let _ = writeln!(o, "Top {n} of {} ranges by idle time before their kernels:\n", i.by_range.len());
     md_table(o, &["range", "gaps", "idle", "largest gap", "% of step"], &gap_rows_md(&i.by_range[..n]));
+}
+
+fn occupancy_md(o: &mut String, rows: &[OccupancyRow]) {
+    let _ = writeln!(o, "### Occupancy of the top kernels (theoretical)\n");
+    let _ = writeln!(
+        o,
+        "Resident blocks per SM from each kernel's registers, shared memory and block size (its longest call, \
+         as CUPTI recorded them) and the device's SM limits, as CUDA's occupancy calculator computes them. A \
+         memory-bound kernel far below 100 % may have too few loads in flight; Nsight Compute's achieved \
+         occupancy (`--counters`) is what actually ran.\n"
+    );
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                md_escape(&r.kernel),
+                r.registers.to_string(),
+                if r.shared_mem == 0 { "0".into() } else { format!("{:.1} KiB", r.shared_mem as f64 / 1024.0) },
+                r.threads.to_string(),
+                r.occupancy.blocks_per_sm.to_string(),
+                format!("{:.1} %", r.occupancy.pct),
+                r.occupancy.limiter.label().to_string(),
+            ]
+        })
+        .collect();
+    md_table(
+        o,
+        &["kernel", "registers", "shared memory", "threads a block", "blocks per SM", "occupancy", "limited by"],
+        &cells,
+    );
 }
 
 /// The Markdown report.
@@ -518,6 +585,9 @@ pub fn markdown(r: &Report) -> String {
             &["kernel", "category", "calls", "time", "% of calls", "% of step", "FLOPs", "bytes", "TFLOP/s", "GB/s"],
             &rows,
         );
+        if !p.occupancy.is_empty() {
+            occupancy_md(&mut o, &p.occupancy);
+        }
     }
     // ---- roofline ----
     if !r.passes.is_empty() {
