@@ -224,15 +224,11 @@ fn measure<B: Backend>(
             be.sync();
             let t0 = Instant::now();
             // as in training: this batch was staged during the previous step, and the next one
-            // goes up while this one runs (Trainer::micro_step_ahead_fill: into kept host buffers)
+            // goes up while this one runs (Trainer::micro_step_ahead_copy: into kept host buffers)
             let loss = if a.no_overlap {
                 tr.micro_step(be, &image, &cond)
             } else {
-                tr.micro_step_ahead_fill(be, &mut |i, c| {
-                    i.clone_from(&image);
-                    c.clone_from(&cond);
-                    Ok(())
-                })?
+                tr.micro_step_ahead_copy(be, &image, &cond)?
             };
             let t1 = Instant::now();
             tr.opt_step(be);

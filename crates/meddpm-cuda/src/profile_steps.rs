@@ -120,12 +120,7 @@ pub fn unet_steps(
         }
         be.push_range("train");
         // the host data is the right size, so staging cannot fail
-        let mut fill = |i: &mut Vec<f32>, c: &mut Vec<f32>| {
-            i.clone_from(&img);
-            c.clone_from(&cond);
-            Ok(())
-        };
-        tr.micro_step_ahead_fill(be, &mut fill).expect("staged step");
+        tr.micro_step_ahead_copy(be, &img, &cond).expect("staged step");
         be.push_range("optimizer");
         tr.opt_step(be);
         be.pop_range();

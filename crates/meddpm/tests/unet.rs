@@ -113,7 +113,7 @@ fn tiny_model_overfits_one_pair() {
     assert!(last < 0.75 * first, "loss did not fall: {first} → {last}");
 }
 
-/// The fill-style batch source (`micro_step_ahead_fill`, what bench and profile use) trains bit
+/// The fill-style batch source (`micro_step_ahead_fill`; bench and profile copy into it) trains bit
 /// for bit as the owned-vector one, with a different batch every step, and hands the source the
 /// same host buffers every time after the first (nothing allocated per step).
 #[test]

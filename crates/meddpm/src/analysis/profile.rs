@@ -139,11 +139,7 @@ pub fn profile_unet<B: Backend>(be: &Timed<B>, cfg: &UNetConfig, o: &Options) ->
             be.push_range("train");
             let t0 = Instant::now();
             // as in training: the batch was staged before, the next one goes up meanwhile
-            tr.micro_step_ahead_fill(be, &mut |i, c| {
-                i.clone_from(&img);
-                c.clone_from(&cond);
-                Ok(())
-            })?;
+            tr.micro_step_ahead_copy(be, &img, &cond)?;
             be.push_range("optimizer");
             tr.opt_step(be);
             be.pop_range();

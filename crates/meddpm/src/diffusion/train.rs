@@ -247,20 +247,33 @@ impl<B: Backend> Trainer<B> {
 
     /// [`Trainer::micro_step_ahead`] from a [`FillBatch`] source (no host allocation per step).
     pub fn micro_step_ahead_fill(&mut self, be: &B, fill: &mut FillBatch<'_>) -> Result<f32> {
-        if !self.staged {
-            self.stage_next(be, fill)?;
-        }
-        self.run_staged(be, None, Some(fill))
+        self.run_ahead_fill(be, None, fill)
+    }
+
+    /// [`Trainer::micro_step_ahead_fill`] on the same host batch every step, copied into the kept
+    /// buffers as a loader would write a fresh one (`bench`, `profile`).
+    pub fn micro_step_ahead_copy(&mut self, be: &B, image: &[f32], cond: &[f32]) -> Result<f32> {
+        self.micro_step_ahead_fill(be, &mut |i, c| {
+            i.clear();
+            i.extend_from_slice(image);
+            c.clear();
+            c.extend_from_slice(cond);
+            Ok(())
+        })
     }
 
     /// [`Trainer::micro_step_ahead`] with the backward hook of [`Trainer::run_staged`].
     fn run_ahead(&mut self, be: &B, done: Option<&mut LayerDone<'_, B>>, next: &mut NextBatch<'_>) -> Result<f32> {
         // the source's vectors move into the host buffers (no copy)
-        let mut fill = |i: &mut Vec<f32>, c: &mut Vec<f32>| next().map(|(a, b)| (*i, *c) = (a, b));
+        self.run_ahead_fill(be, done, &mut |i, c| next().map(|(a, b)| (*i, *c) = (a, b)))
+    }
+
+    /// Stage a first batch if none is, then the micro-step with the next one fetched meanwhile.
+    fn run_ahead_fill(&mut self, be: &B, done: Option<&mut LayerDone<'_, B>>, fill: &mut FillBatch<'_>) -> Result<f32> {
         if !self.staged {
-            self.stage_next(be, &mut fill)?;
+            self.stage_next(be, fill)?;
         }
-        self.run_staged(be, done, Some(&mut fill))
+        self.run_staged(be, done, Some(fill))
     }
 
     /// The next batch from `fill`, through the host buffers, staged.
