@@ -142,7 +142,13 @@ WGRAD_SMALL(4, 1, )
 // Cout = 4: 10.8 ms of a 194 ms BraTS training step, docs/perf/h200-2026-12-01l).
 // bf16 helpers of the tensor-core kernels: two values packed into one 32-bit register (lower index
 // in the low half, as mma fragments hold them), and D = A*B + D on mma.m16n8k16 (row.col, f32 sums).
-__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return (u32)f2bf(lo).b | ((u32)f2bf(hi).b << 16); }
+// The packing is one cvt.rn.bf16x2.f32: round to nearest even as f2bf, bit for bit except for a
+// NaN's payload (the hardware gives the canonical NaN), in one instruction instead of ~10 a value.
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 __device__ __forceinline__ void mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -702,32 +708,65 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 }
 
 // -- conv3d_fwd_small_cin_mma / conv3d_dgrad_small_cout_mma: small_cin_body's job on the tensor
-// cores, for NDHWC with CI <= 4 and CO a multiple of 8 up to 64 (the whole-head first conv 3 -> 64
+// cores, for NDHWC with CI <= 4 and CO a multiple of 8 up to 64 (the whole-head first conv 2 -> 64
 // and the output conv's data gradient 1 -> 64). ncu showed the FMA kernel issue-bound
 // (docs/perf/h200-2026-12-01c); here the 27 taps x 4 channels (CI padded with zeros) are the
 // K = 108 of an implicit GEMM, padded to 112 = 7 steps of mma.m16n8k16 (bf16 operands, f32 sums).
 // Inputs are rounded to bf16 when staged (as cuDNN's bf16 convs and PyTorch's autocast round
 // them); bias, accumulation and the output (f32 or bf16) as small_cin_body.
-//   Block 256 = 8 warps over a tile of 1 (d) x 8 (h) x 16*MMA_MT (w) output voxels: warp i takes
-// row h0 + i, MMA_MT m16 tiles along w; each warp holds all CO outputs (CO / 8 n8 tiles) in
-// 32*MMA_MT f32 sums a thread. MMA_MT = 1 and three blocks per SM: with two m16 tiles a warp (64
-// sums, 120 registers, two blocks per SM) ncu showed 25 % occupancy, 42 % issue, 13 % DRAM.
-// Shared memory: the weights in B-fragment order (wf[(ks*8 + nt)*32 + lane] = the two 32-bit
-// registers lane needs), arranged once per block, and the tile's 3 x 10 x (16*MMA_MT + 2) input
-// halo, 4 bf16 channels a voxel (zeros outside the volume). A fragment register = the 2 channels
-// (ci, ci + 1) of one tap at one voxel: a single 32-bit shared-memory load. Blocks are persistent
-// (grid-stride over tiles).
+//   The job is writing the CO-channel output: a memory-bound pass (268 MB at 128^3 x 64 bf16). A
+// block walks a column of 8 (h) x 16 (w) voxels through DC planes of d (one work item; the host
+// picks DC, see small_mma_run): warp i takes row h0 + i, one m16 tile along w, all CO outputs
+// (CO / 8 n8 tiles, 32 f32 sums a thread). The input halo sits in a ring of four 10 x 18 planes
+// (4 bf16 channels a voxel, zeros outside the volume): the three the current plane's taps read and
+// the next one, loaded into registers during the previous plane's MMAs and stored after them, so a
+// plane costs one halo plane of loads and one barrier. Each warp stages its 16 x CO results in f32
+// through shared memory (32 channels at a time) and writes them as 16-byte vectors, whole
+// 32-byte sectors. The first version (a 3-plane halo reloaded per 8 x 16 tile, 4-byte stores of
+// the fragments) wrote at 0.8 TB/s (324 us at 128^3, docs/perf/h200-2026-12-01p); this one takes
+// 199 us (docs/perf/h200-2026-12-02a; ncu on a draft: issue-bound, which the straight-line mma
+// loop below and one cvt a bf16 pair answered).
+//   Shared memory: the weights in B-fragment order (wf[(ks*8 + nt)*32 + lane] = the two 32-bit
+// registers lane needs), arranged once per block; the halo ring; the staging. A fragment register
+// = the 2 channels (ci, ci + 1) of one tap at one voxel: a single 32-bit shared-memory load.
 //   tw as small_cin_body: 0 forward (w = (CO, CI) weights), 1 data gradient of the conv with CI
 // outputs and CO inputs (w'[co, ci, t] = w[ci, co, 26 - t]).
 #define MMA_TH 8
-#define MMA_MT 1                 // m16 tiles (along w) a warp
-#define MMA_TW (16 * MMA_MT)
-#define MMA_HALO (3 * (MMA_TH + 2) * (MMA_TW + 2))
+#define MMA_TW 16
+#define MMA_PL ((MMA_TH + 2) * (MMA_TW + 2))  // one halo plane: 180 voxels
+#define MMA_RING 4                             // halo planes held: three read, one being filled
+#define MMA_SROW 36                            // staging row: 32 f32 channels + 4 (bank offset)
+// raw bits of element i (read now, converted after the MMAs that hide the load)
+__device__ __forceinline__ u32 raw_ld(const bf16* p, i64 i) { return (u32)p[i].b; }
+__device__ __forceinline__ u32 raw_ld(const float* p, i64 i) { return __float_as_uint(p[i]); }
+__device__ __forceinline__ float raw_f(u32 r, const bf16*) { return __uint_as_float(r << 16); }
+__device__ __forceinline__ float raw_f(u32 r, const float*) { return __uint_as_float(r); }
+// this thread's voxel of halo plane dd (threads < MMA_PL), zeros outside the volume and past CI
 template <typename TX>
-__device__ void small_cin_mma_body(uint2* wf, uint2* xs, const void* xv, const void* w, int wbf, const float* bias,
-                                   void* y, int ybf, int N, int CI, int CO, int D, int H, int W, int accum, int tw) {
+__device__ __forceinline__ void mma_plane_load(u32 (&r)[4], const TX* x, int CI, int n, int dd, int h0, int w0,
+                                               int D, int H, int W) {
+    r[0] = r[1] = r[2] = r[3] = 0u;
+    const int i = threadIdx.x;
+    const int c = i % (MMA_TW + 2), rr = i / (MMA_TW + 2);
+    const int hh = h0 + rr - 1, ww = w0 + c - 1;
+    if (i >= MMA_PL || dd < 0 || dd >= D || hh < 0 || hh >= H || ww < 0 || ww >= W) return;
+    const i64 o = ((((i64)n * D + dd) * H + hh) * W + ww) * CI;
+#pragma unroll
+    for (int ci = 0; ci < 4; ci++)
+        if (ci < CI) r[ci] = raw_ld(x, o + ci);
+}
+template <typename TX>
+__device__ __forceinline__ void mma_plane_store(uint2* xs, int plane, const u32 (&r)[4]) {
+    const TX* t = nullptr;
+    if (threadIdx.x < MMA_PL)
+        xs[((plane + 1) & (MMA_RING - 1)) * MMA_PL + threadIdx.x] =
+            make_uint2(pack_bf2(raw_f(r[0], t), raw_f(r[1], t)), pack_bf2(raw_f(r[2], t), raw_f(r[3], t)));
+}
+template <typename TX>
+__device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, const void* xv, const void* w, int wbf,
+                                   const float* bias, void* y, int ybf, int N, int CI, int CO, int D, int H, int W,
+                                   int DC, int accum, int tw) {
     const TX* x = (const TX*)xv;
-    const int NT = CO / 8;
     // W'(n, k) for k = tap*4 + ci: 0 past the 27 taps, CI or CO
     auto wk = [&](int n, int k) -> float {
         const int t = k >> 2, ci = k & 3;
@@ -739,119 +778,156 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, const void* xv, const v
         const int n = nt * 8 + (l >> 2), k = ks * 16 + (l & 3) * 2;
         wf[i] = make_uint2(pack_bf2(wk(n, k), wk(n, k + 1)), pack_bf2(wk(n, k + 8), wk(n, k + 9)));
     }
+    for (int i = threadIdx.x; i < 64; i += blockDim.x) sb[i] = bias != nullptr && i < CO ? bias[i] : 0.0f;
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    const int hb = (H + MMA_TH - 1) / MMA_TH, wb = (W + MMA_TW - 1) / MMA_TW;
-    const i64 ntiles = (i64)N * D * hb * wb;
-    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-        const int w0 = (int)(tile % wb) * MMA_TW;
-        const int h0 = (int)((tile / wb) % hb) * MMA_TH;
-        const int d = (int)((tile / ((i64)wb * hb)) % D);
-        const int n = (int)(tile / ((i64)wb * hb * D));
-        __syncthreads();  // the weights are arranged / the previous tile's reads are done
-        for (int i = threadIdx.x; i < MMA_HALO; i += blockDim.x) {
-            const int c = i % (MMA_TW + 2), r = (i / (MMA_TW + 2)) % (MMA_TH + 2);
-            const int kd = i / ((MMA_TW + 2) * (MMA_TH + 2));
-            const int dd = d + kd - 1, hh = h0 + r - 1, ww = w0 + c - 1;
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (dd >= 0 && dd < D && hh >= 0 && hh < H && ww >= 0 && ww < W) {
-                const i64 o = ((((i64)n * D + dd) * H + hh) * W + ww) * CI;
-#pragma unroll
-                for (int ci = 0; ci < 4; ci++)
-                    if (ci < CI) v[ci] = ld(x, o + ci);
-            }
-            xs[i] = make_uint2(pack_bf2(v[0], v[1]), pack_bf2(v[2], v[3]));
+    const int hb = (H + MMA_TH - 1) / MMA_TH, wb = (W + MMA_TW - 1) / MMA_TW, db = (D + DC - 1) / DC;
+    const i64 items = (i64)N * db * hb * wb;
+    float* sw = st + wi * 16 * MMA_SROW;  // this warp's staging rows
+    // this thread's A fragments: k = ks*16 + tig*2 (+ 8) -> taps ks*4 + tig/2 (+ 2), channels
+    // (tig & 1) * 2 + {0, 1}; the u32 index of tap (0, 0, 0)'s a0 voxel within a ring slot is tb
+    const bool hi = (tig >> 1) != 0;
+    const int tb = (wi * (MMA_TW + 2) + g) * 2 + (tig & 1);
+    const u32* xw = reinterpret_cast<const u32*>(xs);
+    for (i64 it = blockIdx.x; it < items; it += gridDim.x) {
+        const int w0 = (int)(it % wb) * MMA_TW;
+        const int h0 = (int)((it / wb) % hb) * MMA_TH;
+        const int d0 = (int)((it / ((i64)wb * hb)) % db) * DC;
+        const int n = (int)(it / ((i64)wb * hb * db));
+        const int d1 = min(d0 + DC, D);
+        __syncthreads();  // the weights are arranged / the previous item's reads of the ring are done
+        u32 r[4];
+#pragma unroll 1
+        for (int p = d0 - 1; p <= d0 + 1; p++) {
+            mma_plane_load(r, x, CI, n, p, h0, w0, D, H, W);
+            mma_plane_store<TX>(xs, p, r);
         }
+        mma_plane_load(r, x, CI, n, d0 + 2, h0, w0, D, H, W);
         __syncthreads();
-        float acc[MMA_MT][8][4];
-#pragma unroll
-        for (int mt = 0; mt < MMA_MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
-        const u32* xw = reinterpret_cast<const u32*>(xs);
-#pragma unroll
-        for (int ks = 0; ks < 7; ks++) {
-            // this thread's taps: k = ks*16 + tig*2 (+ 8) -> taps ks*4 + tig/2 (+ 2), channels (tig & 1) * 2 + {0, 1};
-            // fragment order a0 (row g, k lo), a1 (row g + 8, k lo), a2 (row g, k hi), a3 (row g + 8, k hi)
-            u32 a[MMA_MT][4];
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int t = ks * 4 + (tig >> 1) + 2 * half;
-                const int kd = t / 9, kh = (t / 3) % 3, kw = t % 3;
-                const int base = ((kd * (MMA_TH + 2) + wi + kh) * (MMA_TW + 2) + kw + g) * 2 + (tig & 1);
-#pragma unroll
-                for (int mt = 0; mt < MMA_MT; mt++) {
-                    const bool live = t < 27;
-                    a[mt][2 * half] = live ? xw[base + mt * 16 * 2] : 0u;
-                    a[mt][2 * half + 1] = live ? xw[base + (mt * 16 + 8) * 2] : 0u;
-                }
-            }
+        const int h = h0 + wi, nv = min(MMA_TW, W - w0);
+#pragma unroll 1
+        for (int z = d0; z < d1; z++) {
+            float acc[8][4];  // from the bias: b + Σ taps
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
-                if (nt >= NT) break;
-                const uint2 b = wf[(ks * 8 + nt) * 32 + lane];
-#pragma unroll
-                for (int mt = 0; mt < MMA_MT; mt++) mma_bf16_16816(acc[mt][nt], a[mt], b.x, b.y);
+                const float2 b = *reinterpret_cast<const float2*>(sb + nt * 8 + tig * 2);
+                acc[nt][0] = acc[nt][2] = b.x;
+                acc[nt][1] = acc[nt][3] = b.y;
             }
-        }
-        // c0, c1: row g, columns tig*2 + {0, 1}; c2, c3: row g + 8
-        const int h = h0 + wi;
-        if (h >= H) continue;
-        const i64 row = (((i64)n * D + d) * H + h) * W;
+            // tap (kd, kh, kw) of output plane z reads plane z - 1 + kd, in ring slot (z + kd) & 3
+            int sl[3];
 #pragma unroll
-        for (int mt = 0; mt < MMA_MT; mt++) {
+            for (int kd = 0; kd < 3; kd++) sl[kd] = ((z + kd) & (MMA_RING - 1)) * (MMA_PL * 2);
 #pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                const int ww = w0 + mt * 16 + g + 8 * hr;
-                if (ww >= W) continue;
-                const i64 o = (row + ww) * CO;
+            for (int ks = 0; ks < 7; ks++) {
+                // fragment order a0 (row g, k lo), a1 (row g + 8, k lo), a2 (row g, k hi), a3 (row g + 8, k hi)
+                u32 a[4];
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    // the thread's tap is t0 or t0 + 1 (tig >> 1): both known at compile time
+                    const int t0 = ks * 4 + 2 * half, t1 = t0 + 1;
+                    const int o0 = t0 < 27 ? sl[t0 / 9] + ((t0 / 3) % 3) * (MMA_TW + 2) * 2 + (t0 % 3) * 2 : 0;
+                    const int o1 = t1 < 27 ? sl[t1 / 9] + ((t1 / 3) % 3) * (MMA_TW + 2) * 2 + (t1 % 3) * 2 : 0;
+                    const bool live = hi ? t1 < 27 : t0 < 27;
+                    const int base = (hi ? o1 : o0) + tb;
+                    a[2 * half] = live ? xw[base] : 0u;
+                    a[2 * half + 1] = live ? xw[base + 16] : 0u;
+                }
+                // all 8 n tiles whatever CO (the weights past CO are zeros): a runtime exit here
+                // made ptxas shuffle the sums between registers around every mma (~15 moves each)
 #pragma unroll
                 for (int nt = 0; nt < 8; nt++) {
-                    if (nt >= NT) break;
-                    const int co = nt * 8 + tig * 2;
-                    float v0 = acc[mt][nt][2 * hr], v1 = acc[mt][nt][2 * hr + 1];
-                    if (bias != nullptr) {
-                        v0 += bias[co];
-                        v1 += bias[co + 1];
-                    }
-                    if (ybf) {
-                        u32* p = reinterpret_cast<u32*>((bf16*)y + o + co);
-                        if (accum) {
-                            const u32 old = *p;
-                            v0 += __uint_as_float(old << 16);
-                            v1 += __uint_as_float(old & 0xffff0000u);
-                        }
-                        *p = pack_bf2(v0, v1);
-                    } else {
-                        float2* p = reinterpret_cast<float2*>((float*)y + o + co);
-                        if (accum) {
-                            const float2 old = *p;
-                            v0 += old.x;
-                            v1 += old.y;
-                        }
-                        *p = make_float2(v0, v1);
-                    }
+                    const uint2 b = wf[(ks * 8 + nt) * 32 + lane];
+                    mma_bf16_16816(acc[nt], a, b.x, b.y);
                 }
             }
+            // the next plane into the free slot, the one after into registers
+            if (z + 1 < d1) {
+                mma_plane_store<TX>(xs, z + 2, r);
+                if (z + 2 < d1) mma_plane_load(r, x, CI, n, z + 3, h0, w0, D, H, W);
+            }
+            // c0, c1: row g, columns tig*2 + {0, 1}; c2, c3: row g + 8 (the bias already in them).
+            // Staged 32 channels at a time (rows of MMA_SROW f32), then written by the warp in
+            // 16-byte vectors: bf16, lane = voxel (lane >> 2) + 8·pass, chunk of 8 channels lane & 3;
+            // f32, voxel (lane >> 3) + 4·pass, chunk of 4 channels lane & 7.
+            const i64 row = ((((i64)n * D + z) * H + h) * W + w0) * CO;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                if (hf * 32 >= CO) break;
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int nt = hf * 4 + q;
+                    *reinterpret_cast<float2*>(sw + g * MMA_SROW + q * 8 + tig * 2) = make_float2(acc[nt][0], acc[nt][1]);
+                    *reinterpret_cast<float2*>(sw + (g + 8) * MMA_SROW + q * 8 + tig * 2) =
+                        make_float2(acc[nt][2], acc[nt][3]);
+                }
+                __syncwarp();
+                const int ch = min(32, CO - hf * 32);  // channels staged (a multiple of 8)
+                if (h < H && ybf) {
+                    const int q = lane & 3;
+                    bf16* yr = (bf16*)y + row + hf * 32 + q * 8;
+#pragma unroll
+                    for (int pass = 0; pass < 2; pass++) {
+                        const int v = (lane >> 2) + 8 * pass;
+                        if (q * 8 >= ch || v >= nv) continue;
+                        const float4 s0 = *reinterpret_cast<const float4*>(sw + v * MMA_SROW + q * 8);
+                        const float4 s1 = *reinterpret_cast<const float4*>(sw + v * MMA_SROW + q * 8 + 4);
+                        float f[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+                        uint4* p = reinterpret_cast<uint4*>(yr + v * CO);
+                        if (accum) {
+                            const uint4 o = *p;
+                            const u32 ow[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                f[2 * e] += __uint_as_float(ow[e] << 16);
+                                f[2 * e + 1] += __uint_as_float(ow[e] & 0xffff0000u);
+                            }
+                        }
+                        *p = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]), pack_bf2(f[4], f[5]),
+                                        pack_bf2(f[6], f[7]));
+                    }
+                } else if (h < H) {
+                    const int q = lane & 7;
+                    float* yr = (float*)y + row + hf * 32 + q * 4;
+#pragma unroll
+                    for (int pass = 0; pass < 4; pass++) {
+                        const int v = (lane >> 3) + 4 * pass;
+                        if (q * 4 >= ch || v >= nv) continue;
+                        float4 s = *reinterpret_cast<const float4*>(sw + v * MMA_SROW + q * 4);
+                        float4* p = reinterpret_cast<float4*>(yr + v * CO);
+                        if (accum) {
+                            const float4 o = *p;
+                            s.x += o.x;
+                            s.y += o.y;
+                            s.z += o.z;
+                            s.w += o.w;
+                        }
+                        *p = s;
+                    }
+                }
+                __syncwarp();
+            }
+            __syncthreads();  // the next plane is stored; this plane's reads of the ring are done
         }
     }
 }
 
 // The two entry points (one profiler category each): the forward of a Cin <= 4 conv (bias b, f32
 // CO) and the data gradient of a Cout <= 4 conv (CI = that conv's Cout, CO = its Cin; no bias).
-// dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. NDHWC only; CO % 8 == 0, CO <= 64, CI <= 4.
+// dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. NDHWC only; CO % 8 == 0, CO <= 64, CI <= 4. DC:
+// planes of d a work item.
 #define SMALL_MMA_ENTRY(NAME, TW)                                                                          \
     extern "C" __global__ void __launch_bounds__(256, 3)                                                   \
         NAME(const void* x, const void* w, const float* b, void* y, int N, int CI, int CO, int D, int H, int W, \
-             int dt, int accum) {                                                                          \
+             int DC, int dt, int accum) {                                                                  \
         __shared__ uint2 wf[7 * 8 * 32];                                                                   \
-        __shared__ uint2 xs[MMA_HALO];                                                                     \
+        __shared__ uint2 xs[MMA_RING * MMA_PL];                                                            \
+        __shared__ __align__(16) float st[8 * 16 * MMA_SROW];                                              \
+        __shared__ __align__(16) float sb[64];                                                             \
         const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;                                                \
         if (dt & 1)                                                                                        \
-            small_cin_mma_body<bf16>(wf, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, TW);         \
+            small_cin_mma_body<bf16>(wf, xs, st, sb, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, TW); \
         else                                                                                               \
-            small_cin_mma_body<float>(wf, xs, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, accum, TW);        \
+            small_cin_mma_body<float>(wf, xs, st, sb, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, TW); \
     }
 SMALL_MMA_ENTRY(conv3d_fwd_small_cin_mma, 0)
 SMALL_MMA_ENTRY(conv3d_dgrad_small_cout_mma, 1)

@@ -1424,8 +1424,9 @@ fn mma_fits(cl: bool, mma: bool, ci: usize, co: usize) -> bool {
 
 /// `conv3d_fwd_small_cin_mma` (`tw` false) / `conv3d_dgrad_small_cout_mma` (`tw` true): y (= or +=
 /// per `acc`) = conv of `ci`-channel x to `co` channels (+ b where `bp` ≠ 0) over volume `x`; the
-/// data gradient's w are the weights of the conv with `ci` outputs. Persistent blocks, three per
-/// SM, over 1 × 8 × 16-voxel tiles.
+/// data gradient's w are the weights of the conv with `ci` outputs. Persistent blocks,
+/// [`SMALL_MMA_BLOCKS`] per SM, over work items of 8 (h) × 16 (w) voxels × `dc` planes
+/// ([`small_mma_items`]).
 #[allow(clippy::too_many_arguments)]
 fn small_mma_run(
     dev: &Device,
@@ -1438,8 +1439,7 @@ fn small_mma_run(
     tw: bool,
 ) {
     use Arg::{I, P};
-    let tiles = x.n * x.d * x.h.div_ceil(8) * x.w.div_ceil(16);
-    let grid = tiles.min(dev.info.sms as usize * 3).max(1) as u32;
+    let (dc, grid) = small_mma_items(x, dev.info.sms as usize * SMALL_MMA_BLOCKS);
     let args = [
         P(xp),
         P(wp),
@@ -1451,11 +1451,28 @@ fn small_mma_run(
         I(x.d as i32),
         I(x.h as i32),
         I(x.w as i32),
+        I(dc as i32),
         I(dt),
         I((acc == Accum::Add) as i32),
     ];
     let name = if tw { "conv3d_dgrad_small_cout_mma" } else { "conv3d_fwd_small_cin_mma" };
-    dev.launch(name, (grid, 1, 1), (256, 1, 1), &args);
+    dev.launch(name, (grid as u32, 1, 1), (256, 1, 1), &args);
+}
+
+/// Resident blocks per SM of the two kernels of [`small_mma_run`]: their `__launch_bounds__`.
+const SMALL_MMA_BLOCKS: usize = 3;
+
+/// Planes of d a work item of [`small_mma_run`] walks, and its grid (at most `slots` persistent
+/// blocks): the item is a column of 8 × 16 voxels cut into chunks of `dc` planes, each chunk
+/// loading two halo planes beyond its own. `dc` minimises the planes the busiest block walks,
+/// rounds of items × (`dc` + 1), with at least 4 planes (fewer only where D is smaller), so the
+/// ring of halo planes is exercised even on the tests' small volumes.
+fn small_mma_items(x: Dims, slots: usize) -> (usize, usize) {
+    let cols = x.n * x.h.div_ceil(8) * x.w.div_ceil(16);
+    let items = |dc: usize| cols * x.d.div_ceil(dc);
+    let cost = |dc: usize| items(dc).div_ceil(slots.min(items(dc)).max(1)) * (dc + 1);
+    let dc = (x.d.min(4)..=x.d).min_by_key(|&dc| (cost(dc), dc)).unwrap_or(1).max(1);
+    (dc, items(dc).min(slots).max(1))
 }
 
 /// Planes per slab of [`small_cout_gemm`]: its tap products (27·Cout f32 per voxel, two halo
@@ -2041,6 +2058,21 @@ mod tests {
         assert!(!small_dgrad(cs(1, 64, 8, 8, 8, 5, 3, 1)));
         assert!(!small_dgrad(cs(1, 64, 8, 8, 8, 1, 3, 2)));
         assert!(!small_dgrad(cs(1, 1025, 8, 8, 8, 1, 3, 1)));
+    }
+
+    #[test]
+    fn small_mma_items_cover_the_volume_in_chunks_of_four_planes_or_more() {
+        // 128³ on 132 SMs × 3: one item of 43 planes a block (384 blocks); BraTS: three rounds of
+        // 36 planes; every chunking covers D, and small volumes get ragged chunks of 4 (the tests')
+        assert_eq!(small_mma_items(Dims::new(1, 2, 128, 128, 128), 396), (43, 384));
+        assert_eq!(small_mma_items(Dims::new(1, 4, 144, 192, 192), 396), (36, 396));
+        assert_eq!(small_mma_items(Dims::new(2, 3, 5, 9, 35), 396), (4, 24));
+        assert_eq!(small_mma_items(Dims::new(1, 1, 3, 9, 35), 396), (3, 6));
+        for (d, slots) in [(1, 1), (7, 2), (9, 396), (128, 396), (200, 17)] {
+            let x = Dims::new(2, 1, d, 17, 33);
+            let (dc, grid) = small_mma_items(x, slots);
+            assert!(dc >= d.min(4) && dc <= d && grid >= 1 && grid <= slots, "D {d}: {dc} planes, {grid} blocks");
+        }
     }
 
     #[test]
