@@ -932,6 +932,238 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, c
 SMALL_MMA_ENTRY(conv3d_fwd_small_cin_mma, 0)
 SMALL_MMA_ENTRY(conv3d_dgrad_small_cout_mma, 1)
 
+// -- conv3d_fwd_gn_small_cout: the output head GroupNorm -> SiLU -> Conv3 (C = 64 bf16 inputs in
+// NDHWC, CO <= 4 outputs, 3x3x3, stride 1) in one pass over x: silu(GN(x)) is never stored. Per
+// input plane, a block stages silu(GN(x)) of a 10 x 18 halo of voxels in shared memory (bf16,
+// computed as gn_apply computes it: gn_y, sigmoid_t<bf16>, rounded to nearest even), then per
+// group of taps forms the tap products P[v][t*CO + co] = sum_c act[v][c] w[co][c][t] of every
+// halo voxel on the tensor cores (mma.m16n8k16, K = 64 channels, N = taps x CO padded to n8
+// tiles) and adds those that land on each of its 8 x 16 output voxels, tap (kd, kh, kw) into
+// plane u + 1 - kd's sums, held in registers (three planes in flight). The GEMM + tap-sum route
+// this replaces stored silu(GN(x)) and 27*CO f32 products per voxel and read both back
+// (docs/perf/h200-2026-12-02a). The halo plane's loads are issued a plane ahead (gh_load). Work items as conv3d_fwd_small_cin_mma's (small_mma_items).
+// mean/rstd: the statistics (N*G); gamma/beta: C; w: (CO, 64, 27) in the NDHWC weight layout
+// (wat, cl = 1); b: CO f32 (may be null); y: (N, D, H, W, CO), f32 or bf16 (ybf).
+//   Shared memory (dynamic, conv3d.rs gn_head_smem bytes): act 192 x GH_AS bf16 (rows past the
+// 180 halo voxels stay zero), P 180 x PS f32, the weights in B-fragment order, the per-channel
+// (sc, sh). CO <= 2 forms all 27 taps' products in one pass (two barriers a plane), CO 3 and 4
+// one kd at a time (seven): a first version with a pass per kd for every CO took 424-462 us for
+// the whole-head head (CO = 1), no faster than the two calls it replaces.
+#define GH_TH 8
+#define GH_TW 16
+#define GH_PW (GH_TW + 2)            // 18 halo voxels a row
+#define GH_PL ((GH_TH + 2) * GH_PW)  // 180 halo voxels a plane
+#define GH_MT 12                     // m16 tiles over them (192 rows)
+#define GH_AS 72                     // act row: 64 bf16 channels + 8 (ldmatrix rows on distinct banks)
+__device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+#define GH_SJ ((GH_PL * 8 + 255) / 256)  // 16-byte chunks of a halo plane a thread (6)
+// this thread's chunks of halo plane u (chunk i = tid + 256 j: voxel i / 8, channels 8 (i % 8) ..
+// + 7), bit j of m set where the voxel is inside the volume (zeros loaded elsewhere)
+__device__ __forceinline__ void gh_load(uint4 (&xq)[GH_SJ], u32& m, const bf16* x, int n, int u, int h0, int w0, int D,
+                                        int H, int W) {
+    m = 0u;
+#pragma unroll
+    for (int j = 0; j < GH_SJ; j++) {
+        const int i = threadIdx.x + 256 * j, v = i >> 3, q = i & 7;
+        const int hh = h0 + v / GH_PW - 1, ww = w0 + v % GH_PW - 1;
+        xq[j] = make_uint4(0u, 0u, 0u, 0u);
+        if (i < GH_PL * 8 && u >= 0 && u < D && hh >= 0 && hh < H && ww >= 0 && ww < W) {
+            xq[j] = *reinterpret_cast<const uint4*>(x + ((((i64)n * D + u) * H + hh) * W + ww) * 64 + q * 8);
+            m |= 1u << j;
+        }
+    }
+}
+template <int CO>
+__device__ void gn_small_cout_body(unsigned char* smem, const bf16* x, const float* mean, const float* rstd,
+                                   const float* gamma, const float* beta, int G, const void* w, int wbf,
+                                   const float* bias, void* y, int ybf, int N, int D, int H, int W, int DC) {
+    // the 27 taps in KG groups of TG (one group where 27·CO columns fit 7 n8 tiles: one pass of
+    // MMAs and sums a plane, two barriers; else a group per kd)
+    constexpr int KG = CO <= 2 ? 1 : 3, TG = 27 / KG;
+    constexpr int NK = (TG * CO + 7) / 8;  // n8 tiles a group
+    constexpr int PS = NK * 8 + 4;         // P row (f32): the group's columns + 4 (bank offset)
+    constexpr int PAIRS = 128 * CO;        // (output voxel, co) sums of a plane
+    constexpr int PT = (PAIRS + 255) / 256;
+    u16* act = reinterpret_cast<u16*>(smem);
+    float* P = reinterpret_cast<float*>(smem + 192 * GH_AS * 2);
+    uint2* wf = reinterpret_cast<uint2*>(smem + 192 * GH_AS * 2 + GH_PL * PS * 4);
+    float2* tab = reinterpret_cast<float2*>(smem + 192 * GH_AS * 2 + GH_PL * PS * 4 + KG * 4 * NK * 32 * 8);
+    const int tid = threadIdx.x, lane = tid & 31, wi = tid >> 5, g = lane >> 2, tig = lane & 3;
+    // B fragments: wf[((kg*4 + ks)*NK + nt)*32 + lane], column n = nt*8 + g = (t - kg*TG)*CO + co
+    for (int i = tid; i < KG * 4 * NK * 32; i += blockDim.x) {
+        const int l = i & 31, nt = (i >> 5) % NK, ks = (i / (32 * NK)) & 3, kg = i / (128 * NK);
+        const int n = nt * 8 + (l >> 2), k = ks * 16 + (l & 3) * 2;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (n < TG * CO) {
+            const int co = n % CO, t = kg * TG + n / CO;
+            v[0] = wat(w, wbf, co, k, t, CO, 64, 1);
+            v[1] = wat(w, wbf, co, k + 1, t, CO, 64, 1);
+            v[2] = wat(w, wbf, co, k + 8, t, CO, 64, 1);
+            v[3] = wat(w, wbf, co, k + 9, t, CO, 64, 1);
+        }
+        wf[i] = make_uint2(pack_bf2(v[0], v[1]), pack_bf2(v[2], v[3]));
+    }
+    for (int i = tid; i < (192 - GH_PL) * GH_AS / 2; i += blockDim.x)
+        reinterpret_cast<u32*>(act + GH_PL * GH_AS)[i] = 0u;
+    // this thread's (output voxel, co) sums: pair p = tid + 256*j, voxel p / CO (row oh, column ow)
+    int pr[PT], pco[PT];
+    bool pon[PT];
+#pragma unroll
+    for (int j = 0; j < PT; j++) {
+        const int p = tid + 256 * j, v = p / CO;
+        pon[j] = p < PAIRS;
+        pco[j] = p % CO;
+        pr[j] = (v / GH_TW) * GH_PW + (v % GH_TW);  // halo index of tap (0, 0)
+    }
+    float bj[PT];
+#pragma unroll
+    for (int j = 0; j < PT; j++) bj[j] = bias != nullptr ? bias[pco[j]] : 0.0f;
+    const int hb = (H + GH_TH - 1) / GH_TH, wb = (W + GH_TW - 1) / GH_TW, db = (D + DC - 1) / DC;
+    const i64 items = (i64)N * db * hb * wb;
+    const int cpg = 64 / G;
+    int tab_n = -1;
+    for (i64 it = blockIdx.x; it < items; it += gridDim.x) {
+        const int w0 = (int)(it % wb) * GH_TW;
+        const int h0 = (int)((it / wb) % hb) * GH_TH;
+        const int d0 = (int)((it / ((i64)wb * hb)) % db) * DC;
+        const int n = (int)(it / ((i64)wb * hb * db));
+        const int d1 = min(d0 + DC, D);
+        if (n != tab_n) {  // uniform over the block
+            __syncthreads();
+            for (int c = tid; c < 64; c += blockDim.x) {
+                const int ng = n * G + c / cpg;
+                float sc, sh;
+                gn_affine(rstd[ng], gamma[c], beta[c], mean[ng], sc, sh);
+                tab[c] = make_float2(sc, sh);
+            }
+            tab_n = n;
+        }
+        // sums of output planes u - 1, u, u + 1 (from the bias)
+        float om[PT], o0[PT], op[PT];
+#pragma unroll
+        for (int j = 0; j < PT; j++) om[j] = o0[j] = op[j] = bj[j];
+        uint4 xq[GH_SJ];
+        u32 xm;
+        gh_load(xq, xm, x, n, max(d0 - 1, 0), h0, w0, D, H, W);
+        for (int u = d0 - 1; u <= d1; u++) {
+            if (u >= 0 && u < D) {
+                __syncthreads();  // the table is written / the previous plane's reads of act are done
+                // silu(GN(x)) of the halo plane from the loads issued a plane ago, 8 channels a
+                // thread-step; then the next plane's loads, in flight during this plane's MMAs
+                // (a loop of load, wait, convert took ~6 us a plane)
+#pragma unroll
+                for (int j = 0; j < GH_SJ; j++) {
+                    const int i = tid + 256 * j, v = i >> 3, q = i & 7;
+                    if (i >= GH_PL * 8) break;
+                    const u32 xw[4] = {xq[j].x, xq[j].y, xq[j].z, xq[j].w};
+                    u32 r[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float2 t0 = tab[q * 8 + 2 * e], t1 = tab[q * 8 + 2 * e + 1];
+                        const float y0 = gn_y(__uint_as_float(xw[e] << 16), t0.x, t0.y);
+                        const float y1 = gn_y(__uint_as_float(xw[e] & 0xffff0000u), t1.x, t1.y);
+                        r[e] = pack_bf2(y0 * sigmoid_t<bf16>(y0), y1 * sigmoid_t<bf16>(y1));
+                    }
+                    // outside the volume silu(GN) is not applied: the conv's zero padding
+                    const uint4 o = (xm >> j) & 1 ? make_uint4(r[0], r[1], r[2], r[3]) : make_uint4(0u, 0u, 0u, 0u);
+                    *reinterpret_cast<uint4*>(act + v * GH_AS + q * 8) = o;
+                }
+                gh_load(xq, xm, x, n, u + 1, h0, w0, D, H, W);
+#pragma unroll
+                for (int kg = 0; kg < KG; kg++) {
+                    __syncthreads();  // act is staged / the previous group's reads of P are done
+                    // warp wi: m tiles wi and wi + 8 (the latter for wi < 4), one after the other
+                    const int nm = wi < GH_MT - 8 ? 2 : 1;
+#pragma unroll 1
+                    for (int m = 0; m < nm; m++) {
+                        float acc[NK][4];
+#pragma unroll
+                        for (int nt = 0; nt < NK; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+                        const int m0 = (wi + 8 * m) * 16;
+#pragma unroll
+                        for (int ks = 0; ks < 4; ks++) {
+                            u32 a[4];
+                            ldsm_x4(a, act + (m0 + (lane & 15)) * GH_AS + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+                            for (int nt = 0; nt < NK; nt++) {
+                                const uint2 b = wf[((kg * 4 + ks) * NK + nt) * 32 + lane];
+                                mma_bf16_16816(acc[nt], a, b.x, b.y);
+                            }
+                        }
+                        const int r0 = m0 + g;
+#pragma unroll
+                        for (int nt = 0; nt < NK; nt++) {
+                            const int c = nt * 8 + tig * 2;
+                            if (r0 < GH_PL) *reinterpret_cast<float2*>(P + r0 * PS + c) = make_float2(acc[nt][0], acc[nt][1]);
+                            if (r0 + 8 < GH_PL)
+                                *reinterpret_cast<float2*>(P + (r0 + 8) * PS + c) = make_float2(acc[nt][2], acc[nt][3]);
+                        }
+                    }
+                    __syncthreads();
+                    // the group's taps that land on each output voxel: tap (kd, kh, kw) on plane
+                    // u + 1 - kd
+#pragma unroll
+                    for (int j = 0; j < PT; j++) {
+                        if (!pon[j]) continue;
+                        float s[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (int tt = 0; tt < TG; tt++) {
+                            const int t = kg * TG + tt, kd = t / 9, kh = (t / 3) % 3, kw = t % 3;
+                            s[kd] += P[(pr[j] + kh * GH_PW + kw) * PS + tt * CO + pco[j]];
+                        }
+                        op[j] += s[0];
+                        o0[j] += s[1];
+                        om[j] += s[2];
+                    }
+                }
+            }
+            // plane u - 1 is complete
+            const int z = u - 1;
+            if (z >= d0 && z < d1) {
+#pragma unroll
+                for (int j = 0; j < PT; j++) {
+                    const int p = tid + 256 * j, v = p / CO;
+                    const int hh = h0 + v / GH_TW, ww = w0 + v % GH_TW;
+                    if (!pon[j] || hh >= H || ww >= W) continue;
+                    const i64 o = ((((i64)n * D + z) * H + hh) * W + ww) * CO + pco[j];
+                    if (ybf)
+                        ((bf16*)y)[o] = f2bf(om[j]);
+                    else
+                        ((float*)y)[o] = om[j];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < PT; j++) {
+                om[j] = o0[j];
+                o0[j] = op[j];
+                op[j] = bj[j];
+            }
+        }
+    }
+}
+// dt: bit 1 w bf16, bit 2 y bf16 (x is bf16). CO 1..4; C = 64; dynamic shared memory gh_smem(CO).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    conv3d_fwd_gn_small_cout(const void* x, const float* mean, const float* rstd, const float* gamma, const float* beta,
+                             int G, const void* w, const float* b, void* y, int N, int CO, int D, int H, int W, int DC,
+                             int dt) {
+    extern __shared__ __align__(16) unsigned char gh_smem[];
+    const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;
+    const bf16* xb = (const bf16*)x;
+    switch (CO) {
+        case 1: gn_small_cout_body<1>(gh_smem, xb, mean, rstd, gamma, beta, G, w, wbf, b, y, ybf, N, D, H, W, DC); break;
+        case 2: gn_small_cout_body<2>(gh_smem, xb, mean, rstd, gamma, beta, G, w, wbf, b, y, ybf, N, D, H, W, DC); break;
+        case 3: gn_small_cout_body<3>(gh_smem, xb, mean, rstd, gamma, beta, G, w, wbf, b, y, ybf, N, D, H, W, DC); break;
+        default: gn_small_cout_body<4>(gh_smem, xb, mean, rstd, gamma, beta, G, w, wbf, b, y, ybf, N, D, H, W, DC); break;
+    }
+}
+
 // -- conv3d_fwd_small_cout_mma: the forward of a conv with few outputs (CO <= 8: the output conv,
 // 64 -> 4 BraTS, 64 -> 1 whole-head) on the tensor cores, bf16 x in NDHWC with C a multiple of 16:
 //   y[v, co] = b[co] + sum over t, ci of x[v + off(t), ci] * w[co, ci, t]
@@ -956,12 +1188,6 @@ extern "C" __global__ void conv3d_small_cout_wfrag(const void* w, int wbf, int C
     const int n = lane >> 2, k = cc * 16 + (lane & 3) * 2;  // b0: k, k + 1; b1: k + 8, k + 9 (column n)
     auto wv = [&](int ci) -> float { return n < CO ? wat(w, wbf, n, ci, t, CO, C, 1) : 0.0f; };
     wfrag[i] = make_uint2(pack_bf2(wv(k), wv(k + 1)), pack_bf2(wv(k + 8), wv(k + 9)));
-}
-__device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
-    const u32 a = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
 }
 extern "C" __global__ void __launch_bounds__(256, 4)
     conv3d_fwd_small_cout_mma(const bf16* x, const uint2* wfrag, const float* b, void* y, int N, int C, int CO,

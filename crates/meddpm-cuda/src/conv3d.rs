@@ -308,6 +308,10 @@ pub(crate) struct ConvCache {
     /// (`conv3d_wgrad_small{1,4}_mma`) where Cin is a multiple of 16; false: the FMA kernels
     /// (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
     pub(crate) small_mma: bool,
+    /// The output head GN → SiLU → Conv3 (Cout ≤ 4, 64 bf16 channels, NDHWC, with `small_mma` in
+    /// bf16) as one pass, `conv3d_fwd_gn_small_cout` (true, the default), or GroupNorm+SiLU then
+    /// the conv (`MEDDPM_FUSED_HEAD=0`, A/B benchmarks).
+    pub(crate) fused_head: bool,
     /// The forward of Cout = 1 convs in NDHWC as a GEMM plus tap sum (`small_cout_gemm`, the
     /// default) rather than the direct FMA kernel (`MEDDPM_SMALL_GEMM=0`, A/B benchmarks). On the
     /// H200 the whole-head output conv takes 0.35 instead of 0.76 ms; BraTS' 64 → 4 conv gained
@@ -399,6 +403,7 @@ impl ConvCache {
                 _ => None,
             },
             small_mma: std::env::var("MEDDPM_SMALL_MMA").map_or(true, |v| v != "0"),
+            fused_head: std::env::var("MEDDPM_FUSED_HEAD").map_or(true, |v| v != "0"),
             small_gemm: std::env::var("MEDDPM_SMALL_GEMM").map_or(true, |v| v != "0"),
             small_gemm_budget: 64 << 20,
             small: HashMap::new(),
@@ -412,6 +417,22 @@ impl ConvCache {
     /// Whether the tensor-core few-channel kernels run (`small_mma`, bf16 precision only).
     fn mma_on(&self) -> bool {
         self.small_mma && self.precision == Precision::Bf16
+    }
+
+    /// Whether [`gn_head_forward`] takes the output head of `cs` (`groups` GroupNorm groups) with
+    /// a bf16 input: `fused_head` on, the tensor-core few-channel kernels on, NDHWC, 64 input
+    /// channels, Cout ≤ 4, 3×3×3 stride 1.
+    pub(crate) fn gn_head_fits(&self, cs: ConvShape, groups: usize, x_bf16: bool) -> bool {
+        self.fused_head
+            && self.mma_on()
+            && self.layout == Layout::Ndhwc
+            && x_bf16
+            && cs.x.c == 64
+            && (1..=4).contains(&cs.cout)
+            && cs.k == 3
+            && cs.stride == 1
+            && groups > 0
+            && 64 % groups == 0
     }
 
     fn plan(&mut self, cs: ConvShape) -> &mut Plan {
@@ -1457,6 +1478,59 @@ fn small_mma_run(
     ];
     let name = if tw { "conv3d_dgrad_small_cout_mma" } else { "conv3d_fwd_small_cin_mma" };
     dev.launch(name, (grid as u32, 1, 1), (256, 1, 1), &args);
+}
+
+/// Dynamic shared memory of `conv3d_fwd_gn_small_cout` for `co` outputs (kernels/conv3d.cu):
+/// silu(GN(x)) of a 192-row halo plane (bf16, rows of 72), the tap products of 180 rows (f32,
+/// rows of nk·8 + 4), the weights' B fragments (kg groups × 4 k steps × nk n tiles × 32 lanes × 8
+/// bytes), the per-channel (scale, shift); the 27 taps in kg = 1 group for co ≤ 2, else 3, and
+/// nk = ⌈taps a group · co / 8⌉.
+fn gn_head_smem(co: usize) -> u32 {
+    let kg = if co <= 2 { 1 } else { 3 };
+    let nk = (27 / kg * co).div_ceil(8);
+    (192 * 72 * 2 + 180 * (nk * 8 + 4) * 4 + kg * 4 * nk * 32 * 8 + 64 * 8) as u32
+}
+
+/// The output head's GN → SiLU → Conv3 after its statistics (mean/rstd, N·G): `out` =
+/// conv3d(silu(GN(inp)), w) + b in one pass over `inp` (`conv3d_fwd_gn_small_cout`; shapes per
+/// [`ConvCache::gn_head_fits`]). Work items as [`small_mma_run`]'s, two blocks per SM.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gn_head_forward(
+    dev: &Device,
+    out: &mut GpuBuf,
+    inp: &GpuBuf,
+    (mean, rstd): (&GpuBuf, &GpuBuf),
+    (gamma, beta): (&GpuBuf, &GpuBuf),
+    (w, b): (&GpuBuf, &GpuBuf),
+    cs: ConvShape,
+    groups: usize,
+) {
+    use Arg::{I, P};
+    check_lens(cs, inp.len(), w.len(), out.len(), b.len());
+    require_f32("conv3d bias", &[b]);
+    assert!(inp.dtype() == DType::Bf16 && cs.x.c == 64 && (1..=4).contains(&cs.cout), "gn_head_forward {cs:?}");
+    let x = cs.x;
+    let (dc, grid) = small_mma_items(x, dev.info.sms as usize * 2);
+    let dt = ((w.dtype() == DType::Bf16) as i32) << 1 | ((out.dtype() == DType::Bf16) as i32) << 2;
+    let args = [
+        P(dev.ptr(inp)),
+        P(dev.ptr(mean)),
+        P(dev.ptr(rstd)),
+        P(dev.ptr(gamma)),
+        P(dev.ptr(beta)),
+        I(groups as i32),
+        P(dev.ptr(w)),
+        P(dev.ptr(b)),
+        P(dev.ptr_mut(out)),
+        I(x.n as i32),
+        I(cs.cout as i32),
+        I(x.d as i32),
+        I(x.h as i32),
+        I(x.w as i32),
+        I(dc as i32),
+        I(dt),
+    ];
+    dev.launch_shared("conv3d_fwd_gn_small_cout", (grid as u32, 1, 1), (256, 1, 1), gn_head_smem(cs.cout), &args);
 }
 
 /// Resident blocks per SM of the two kernels of [`small_mma_run`]: their `__launch_bounds__`.

@@ -99,6 +99,21 @@ fn forward_ptrs(
     apply(dev, xp, offp, dev.ptr(mean), dev.ptr(rstd), gamma, beta, op_, ap, x, groups, cl, bf);
 }
 
+/// The statistics alone (mean/rstd [N·G]) of `inp`: for a consumer that applies GroupNorm+SiLU
+/// itself (the fused output head, `conv3d::gn_head_forward`).
+pub(crate) fn stats(
+    dev: &Device,
+    inp: &GpuBuf,
+    mean: &mut GpuBuf,
+    rstd: &mut GpuBuf,
+    x: Dims,
+    groups: usize,
+    cl: bool,
+) {
+    check(x, groups, inp.len(), x.c, mean.len());
+    stats_ptrs(dev, dev.ptr(inp), 0, mean, rstd, x, groups, cl, inp.bf());
+}
+
 /// Stages 1 and 2 of the statistics of x at `xp` (+ the offset at `offp`, 0: none) into mean/rstd.
 #[allow(clippy::too_many_arguments)]
 fn stats_ptrs(

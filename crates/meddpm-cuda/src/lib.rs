@@ -316,6 +316,13 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_mma = on;
     }
 
+    /// bf16 NDHWC: the output head's GroupNorm → SiLU → Conv3 (64 channels → Cout ≤ 4) as one
+    /// pass (true, the default; `conv3d_fwd_gn_small_cout`) or as GroupNorm+SiLU then the conv
+    /// (false). For tests and benchmarks; `MEDDPM_FUSED_HEAD=0` sets false at start-up.
+    pub fn set_fused_head(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).fused_head = on;
+    }
+
     /// The forward of Cout = 1 convs in NDHWC as a cuBLAS GEMM plus our tap sum (true, the
     /// default) or through the direct FMA kernel (false). For tests and benchmarks;
     /// `MEDDPM_SMALL_GEMM=0` sets false at start-up.
@@ -736,6 +743,26 @@ impl Backend for CudaBackend {
         groups: usize,
     ) {
         groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, off, gamma, beta, x, groups, self.cl());
+    }
+    fn groupnorm_silu_conv3d_forward(
+        &self,
+        out: &mut Self::Buf,
+        act: &mut Self::Buf,
+        (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
+        inp: &Self::Buf,
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        (w, b): (&Self::Buf, &Self::Buf),
+        cs: ConvShape,
+        groups: usize,
+    ) {
+        let fits = self.conv.lock().unwrap_or_else(|e| e.into_inner()).gn_head_fits(cs, groups, inp.bf() == 1);
+        if !fits {
+            self.groupnorm_silu_forward(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
+            self.conv3d_forward(out, act, w, b, cs);
+            return;
+        }
+        groupnorm::stats(&self.dev, inp, mean, rstd, cs.x, groups, self.cl());
+        conv3d::gn_head_forward(&self.dev, out, inp, (mean, rstd), (gamma, beta), (w, b), cs, groups);
     }
     fn groupnorm_silu_forward_inplace(
         &self,

@@ -452,6 +452,91 @@ fn groupnorm_bf16_parity() {
     }
 }
 
+#[test]
+fn gn_head_bf16_parity() {
+    // The output head GN → SiLU → Conv3 (64 channels → Cout ≤ 4) as one call: in NDHWC one pass,
+    // `conv3d_fwd_gn_small_cout` (8 × 16 tiles cut by H = 9 / 10 / 7 and W = 35 / 17 / 5, planes
+    // in chunks of at least 4 with a ragged last one, batch 2, Cout 1 to 4, f32 and bf16 weights
+    // and outputs), in NCDHW and with the switch off the two calls; against the CPU's bf16
+    // emulation of the two calls. The statistics must be the unfused path's, bit for bit.
+    let Some(gs) = gpus() else { return };
+    let cpu = CpuBackend::bf16();
+    let cases = [
+        (Dims::new(1, 64, 5, 9, 35), 1, 32, false),
+        (Dims::new(2, 64, 9, 10, 17), 4, 8, true),
+        (Dims::new(1, 64, 3, 8, 16), 3, 32, false),
+        (Dims::new(1, 64, 6, 7, 5), 2, 16, true),
+    ];
+    for (i, (x, cout, groups, lowp)) in cases.into_iter().enumerate() {
+        let seed = 900 + 10 * i as u64;
+        let cs = ConvShape::new(x, cout, 3, 1);
+        let o = cs.out();
+        let mut xin = rnd(x.numel(), seed, 1.5);
+        for (j, v) in xin.iter_mut().enumerate() {
+            *v += ((j / x.s()) % x.c) as f32 * 0.05 - 1.5;
+        }
+        let xin = rb(&xin);
+        let (gamma, beta) = (rnd(64, seed + 1, 1.0), rnd(64, seed + 2, 1.0));
+        let (w, b) = (rnd(cs.w_len(), seed + 3, 0.05), rnd(cout, seed + 4, 0.5));
+        let wshape = [cout, 64, 3, 3, 3];
+        let ng = x.n * groups;
+        let (mut y_c, mut a_c, mut m_c, mut r_c) =
+            (vec![0f32; o.numel()], vec![0f32; x.numel()], vec![0f32; ng], vec![0f32; ng]);
+        cpu.groupnorm_silu_conv3d_forward(
+            &mut y_c,
+            &mut a_c,
+            (&mut m_c, &mut r_c),
+            &xin,
+            (&gamma, &beta),
+            (&w, &b),
+            cs,
+            groups,
+        );
+        for g in &gs {
+            let (xg, gg, bg, bb) = (act(g, &xin, x), raw(g, &gamma), raw(g, &beta), raw(g, &b));
+            let mut wg = param(g, &w, &wshape);
+            if lowp {
+                // the U-Net's bf16 copy of a conv weight
+                let mut wl = g.alloc_act(w.len()).unwrap();
+                g.cast(&mut wl, &wg);
+                wg = wl;
+            }
+            let mut stats = Vec::new();
+            for fused in [true, false] {
+                g.set_fused_head(fused);
+                let tag = format!("bf16 head {x} -> {cout} G{groups} bf16 w {lowp} fused {fused} [{}]", name(g));
+                // the head's output: f32 (the network's ε̂) or bf16
+                let mut yg = if i % 2 == 0 { g.alloc(o.numel()).unwrap() } else { g.alloc_act(o.numel()).unwrap() };
+                // act holds a sentinel: the one-pass kernel leaves it alone (so it ran), the two
+                // calls write silu(GN(x)) there
+                let sentinel = vec![7.0f32; x.numel()];
+                let (mut ag, mut mg, mut rg) = (act(g, &sentinel, x), g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
+                g.groupnorm_silu_conv3d_forward(
+                    &mut yg,
+                    &mut ag,
+                    (&mut mg, &mut rg),
+                    &xg,
+                    (&gg, &bg),
+                    (&wg, &bb),
+                    cs,
+                    groups,
+                );
+                check(&format!("{tag} y"), &get_act(g, &yg, o), &y_c, BF);
+                if fused && g.layout() == Layout::Ndhwc {
+                    assert_eq!(get_act(g, &ag, x), sentinel, "{tag}: the fused head wrote its scratch");
+                } else {
+                    check(&format!("{tag} act"), &get_act(g, &ag, x), &a_c, BF);
+                }
+                check(&format!("{tag} mean"), &get_raw(g, &mg), &m_c, 1e-5);
+                check(&format!("{tag} rstd"), &get_raw(g, &rg), &r_c, 1e-5);
+                stats.push((get_raw(g, &mg), get_raw(g, &rg)));
+            }
+            assert_eq!(stats[0], stats[1], "head {x} [{}]: the fused path's statistics differ", name(g));
+            g.set_fused_head(true);
+        }
+    }
+}
+
 // ---- attention, resampling, plumbing --------------------------------------------------------------
 
 #[test]

@@ -361,6 +361,26 @@ pub trait Backend {
         x: Dims,
         groups: usize,
     );
+    /// The output head GroupNorm → SiLU → Conv3 forward: `out` = conv3d(silu(GN(inp)), w) + b with
+    /// the statistics saved in mean/rstd for the backward (which recomputes silu(GN(inp))). `act`
+    /// is scratch of `inp`'s size for silu(GN(inp)); a backend that fuses the convolution's
+    /// prologue need not write it (CUDA: `conv3d_fwd_gn_small_cout`, one pass over `inp` for Cout
+    /// ≤ 4). This default is the two calls.
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_conv3d_forward(
+        &self,
+        out: &mut Self::Buf,
+        act: &mut Self::Buf,
+        (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
+        inp: &Self::Buf,
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        (w, b): (&Self::Buf, &Self::Buf),
+        cs: ConvShape,
+        groups: usize,
+    ) {
+        self.groupnorm_silu_forward(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
+        self.conv3d_forward(out, act, w, b, cs);
+    }
     /// `out` = silu(GN(inp)) with the statistics a [`Backend::groupnorm_silu_forward`] of the same
     /// `inp` saved: the same values that forward wrote (the backward's recomputation of a
     /// convolution's input; on the GPU one elementwise pass, no statistics pass).

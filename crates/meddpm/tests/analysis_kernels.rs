@@ -192,6 +192,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_wgrad_small_cin_mma", ConvWgrad),
     ("conv3d_small_cout_wfrag", ConvForward),
     ("conv3d_fwd_small_cout_mma", ConvForward),
+    ("conv3d_fwd_gn_small_cout", ConvForward),
 ];
 
 #[test]

@@ -245,6 +245,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_wgrad_small_cin_mma", Category::ConvWgrad),
     ("conv3d_small_cout_wfrag", Category::ConvForward),
     ("conv3d_fwd_small_cout_mma", Category::ConvForward),
+    ("conv3d_fwd_gn_small_cout", Category::ConvForward),
 ];
 
 /// The category of one of our own NVRTC kernels, by exact name ([`OUR_KERNELS`]); `None` for any

@@ -281,6 +281,31 @@ impl<B: Backend> Backend for Timed<B> {
             self.inner.groupnorm_silu_forward(out, mean, rstd, inp, off, gamma, beta, x, groups)
         })
     }
+    fn groupnorm_silu_conv3d_forward(
+        &self,
+        out: &mut Self::Buf,
+        act: &mut Self::Buf,
+        (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
+        inp: &Self::Buf,
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        (w, b): (&Self::Buf, &Self::Buf),
+        cs: ConvShape,
+        groups: usize,
+    ) {
+        // one record for the head as the inner backend runs it (fused on CUDA: inp read once,
+        // out written; act untouched)
+        let e = self.l(out)
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(inp)
+            + self.l(gamma)
+            + self.l(beta)
+            + self.l(w)
+            + self.l(b);
+        self.rec("groupnorm_silu_conv3d_forward", Category::ConvForward, Some(cs.flops()), e, || {
+            self.inner.groupnorm_silu_conv3d_forward(out, act, (mean, rstd), inp, (gamma, beta), (w, b), cs, groups)
+        })
+    }
     fn groupnorm_silu_forward_inplace(
         &self,
         x: &mut Self::Buf,

@@ -807,10 +807,11 @@ impl<B: Backend> UNet<B> {
                     be.conv3d_forward_acc((out, Accum::Overwrite), u, cw(*p), None, cs);
                 }
                 Op::Out(o) => {
+                    // GN → SiLU → Conv3 in one call: a backend may fuse it (`a` then unwritten)
                     let (p, xd) = (o.p, o.x);
                     let [a] = scr.get([(xd.numel(), 0)]);
-                    be.groupnorm_silu_forward(a, &mut o.mean, &mut o.rstd, x, None, &w[p], &w[p + 1], xd, g);
-                    be.conv3d_forward(out, a, cw(p + 2), &w[p + 3], ConvShape::new(xd, o.cout, 3, 1));
+                    let (stats, gb, wb) = ((&mut o.mean, &mut o.rstd), (&w[p], &w[p + 1]), (cw(p + 2), &w[p + 3]));
+                    be.groupnorm_silu_conv3d_forward(out, a, stats, x, gb, wb, ConvShape::new(xd, o.cout, 3, 1), g);
                 }
             }
             be.pop_range();
