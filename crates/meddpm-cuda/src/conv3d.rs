@@ -1509,6 +1509,15 @@ pub(crate) fn gn_head_forward(
     check_lens(cs, inp.len(), w.len(), out.len(), b.len());
     require_f32("conv3d bias", &[b]);
     assert!(inp.dtype() == DType::Bf16 && cs.x.c == 64 && (1..=4).contains(&cs.cout), "gn_head_forward {cs:?}");
+    let ng = cs.x.n * groups;
+    assert!(
+        gamma.len() == 64 && beta.len() == 64 && mean.len() == ng && rstd.len() == ng,
+        "gn_head_forward {cs:?} groups {groups}: lengths gamma {} beta {} mean {} rstd {}",
+        gamma.len(),
+        beta.len(),
+        mean.len(),
+        rstd.len()
+    );
     let x = cs.x;
     let (dc, grid) = small_mma_items(x, dev.info.sms as usize * 2);
     let dt = ((w.dtype() == DType::Bf16) as i32) << 1 | ((out.dtype() == DType::Bf16) as i32) << 2;
