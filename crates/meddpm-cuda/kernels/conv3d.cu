@@ -736,6 +736,33 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 #define MMA_PL ((MMA_TH + 2) * (MMA_TW + 2))  // one halo plane: 180 voxels
 #define MMA_RING 4                             // halo planes held: three read, one being filled
 #define MMA_SROW 36                            // staging row: 32 f32 channels + 4 (bank offset)
+// The work items of the few-channel kernels walking along d (conv3d_fwd_small_cin_mma, its data
+// gradient twin, conv3d_fwd_gn_small_cout): a column of MMA_TH x MMA_TW voxels of sample n cut
+// into chunks of DC planes [d0, d1); the host's small_mma_items counts them the same way.
+struct ColGrid {
+    int hb, wb, db;
+    i64 items;
+};
+struct ColItem {
+    int n, d0, d1, h0, w0;
+};
+__device__ __forceinline__ ColGrid col_grid(int N, int D, int H, int W, int DC) {
+    ColGrid c;
+    c.hb = (H + MMA_TH - 1) / MMA_TH;
+    c.wb = (W + MMA_TW - 1) / MMA_TW;
+    c.db = (D + DC - 1) / DC;
+    c.items = (i64)N * c.db * c.hb * c.wb;
+    return c;
+}
+__device__ __forceinline__ ColItem col_item(const ColGrid& c, i64 it, int D, int DC) {
+    ColItem r;
+    r.w0 = (int)(it % c.wb) * MMA_TW;
+    r.h0 = (int)((it / c.wb) % c.hb) * MMA_TH;
+    r.d0 = (int)((it / ((i64)c.wb * c.hb)) % c.db) * DC;
+    r.n = (int)(it / ((i64)c.wb * c.hb * c.db));
+    r.d1 = min(r.d0 + DC, D);
+    return r;
+}
 // raw bits of element i (read now, converted after the MMAs that hide the load)
 __device__ __forceinline__ u32 raw_ld(const bf16* p, i64 i) { return (u32)p[i].b; }
 __device__ __forceinline__ u32 raw_ld(const float* p, i64 i) { return __float_as_uint(p[i]); }
@@ -780,20 +807,16 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, c
     }
     for (int i = threadIdx.x; i < 64; i += blockDim.x) sb[i] = bias != nullptr && i < CO ? bias[i] : 0.0f;
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    const int hb = (H + MMA_TH - 1) / MMA_TH, wb = (W + MMA_TW - 1) / MMA_TW, db = (D + DC - 1) / DC;
-    const i64 items = (i64)N * db * hb * wb;
+    const ColGrid cg = col_grid(N, D, H, W, DC);
     float* sw = st + wi * 16 * MMA_SROW;  // this warp's staging rows
     // this thread's A fragments: k = ks*16 + tig*2 (+ 8) -> taps ks*4 + tig/2 (+ 2), channels
     // (tig & 1) * 2 + {0, 1}; the u32 index of tap (0, 0, 0)'s a0 voxel within a ring slot is tb
     const bool hi = (tig >> 1) != 0;
     const int tb = (wi * (MMA_TW + 2) + g) * 2 + (tig & 1);
     const u32* xw = reinterpret_cast<const u32*>(xs);
-    for (i64 it = blockIdx.x; it < items; it += gridDim.x) {
-        const int w0 = (int)(it % wb) * MMA_TW;
-        const int h0 = (int)((it / wb) % hb) * MMA_TH;
-        const int d0 = (int)((it / ((i64)wb * hb)) % db) * DC;
-        const int n = (int)(it / ((i64)wb * hb * db));
-        const int d1 = min(d0 + DC, D);
+    for (i64 it = blockIdx.x; it < cg.items; it += gridDim.x) {
+        const ColItem ci = col_item(cg, it, D, DC);
+        const int n = ci.n, d0 = ci.d0, d1 = ci.d1, h0 = ci.h0, w0 = ci.w0;
         __syncthreads();  // the weights are arranged / the previous item's reads of the ring are done
         u32 r[4];
 #pragma unroll 1
@@ -949,8 +972,8 @@ SMALL_MMA_ENTRY(conv3d_dgrad_small_cout_mma, 1)
 // (sc, sh). CO <= 2 forms all 27 taps' products in one pass (two barriers a plane), CO 3 and 4
 // one kd at a time (seven): a first version with a pass per kd for every CO took 424-462 us for
 // the whole-head head (CO = 1), no faster than the two calls it replaces.
-#define GH_TH 8
-#define GH_TW 16
+#define GH_TH MMA_TH  // the work items are col_item's
+#define GH_TW MMA_TW
 #define GH_PW (GH_TW + 2)            // 18 halo voxels a row
 #define GH_PL ((GH_TH + 2) * GH_PW)  // 180 halo voxels a plane
 #define GH_MT 12                     // m16 tiles over them (192 rows)
@@ -1023,16 +1046,12 @@ __device__ void gn_small_cout_body(unsigned char* smem, const bf16* x, const flo
     float bj[PT];
 #pragma unroll
     for (int j = 0; j < PT; j++) bj[j] = bias != nullptr ? bias[pco[j]] : 0.0f;
-    const int hb = (H + GH_TH - 1) / GH_TH, wb = (W + GH_TW - 1) / GH_TW, db = (D + DC - 1) / DC;
-    const i64 items = (i64)N * db * hb * wb;
+    const ColGrid cg = col_grid(N, D, H, W, DC);
     const int cpg = 64 / G;
     int tab_n = -1;
-    for (i64 it = blockIdx.x; it < items; it += gridDim.x) {
-        const int w0 = (int)(it % wb) * GH_TW;
-        const int h0 = (int)((it / wb) % hb) * GH_TH;
-        const int d0 = (int)((it / ((i64)wb * hb)) % db) * DC;
-        const int n = (int)(it / ((i64)wb * hb * db));
-        const int d1 = min(d0 + DC, D);
+    for (i64 it = blockIdx.x; it < cg.items; it += gridDim.x) {
+        const ColItem ci = col_item(cg, it, D, DC);
+        const int n = ci.n, d0 = ci.d0, d1 = ci.d1, h0 = ci.h0, w0 = ci.w0;
         if (n != tab_n) {  // uniform over the block
             __syncthreads();
             for (int c = tid; c < 64; c += blockDim.x) {
