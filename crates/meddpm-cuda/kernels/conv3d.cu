@@ -736,28 +736,31 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 #define MMA_PL ((MMA_TH + 2) * (MMA_TW + 2))  // one halo plane: 180 voxels
 #define MMA_RING 4                             // halo planes held: three read, one being filled
 #define MMA_SROW 36                            // staging row: 32 f32 channels + 4 (bank offset)
-// The work items of the few-channel kernels walking along d (conv3d_fwd_small_cin_mma, its data
-// gradient twin, conv3d_fwd_gn_small_cout): a column of MMA_TH x MMA_TW voxels of sample n cut
-// into chunks of DC planes [d0, d1); the host's small_mma_items counts them the same way.
+// The work items of the kernels walking along d (conv3d_fwd_small_cin_mma, its data gradient
+// twin, conv3d_fwd_gn_small_cout; conv3d_wgmma with tiles of th x tw = 32 x 8): a column of
+// th x tw voxels of sample n cut into chunks of DC planes [d0, d1); the host's col_items counts
+// them the same way.
 struct ColGrid {
-    int hb, wb, db;
+    int hb, wb, db, th, tw;
     i64 items;
 };
 struct ColItem {
     int n, d0, d1, h0, w0;
 };
-__device__ __forceinline__ ColGrid col_grid(int N, int D, int H, int W, int DC) {
+__device__ __forceinline__ ColGrid col_grid(int N, int D, int H, int W, int DC, int th = MMA_TH, int tw = MMA_TW) {
     ColGrid c;
-    c.hb = (H + MMA_TH - 1) / MMA_TH;
-    c.wb = (W + MMA_TW - 1) / MMA_TW;
+    c.th = th;
+    c.tw = tw;
+    c.hb = (H + th - 1) / th;
+    c.wb = (W + tw - 1) / tw;
     c.db = (D + DC - 1) / DC;
     c.items = (i64)N * c.db * c.hb * c.wb;
     return c;
 }
 __device__ __forceinline__ ColItem col_item(const ColGrid& c, i64 it, int D, int DC) {
     ColItem r;
-    r.w0 = (int)(it % c.wb) * MMA_TW;
-    r.h0 = (int)((it / c.wb) % c.hb) * MMA_TH;
+    r.w0 = (int)(it % c.wb) * c.tw;
+    r.h0 = (int)((it / c.wb) % c.hb) * c.th;
     r.d0 = (int)((it / ((i64)c.wb * c.hb)) % c.db) * DC;
     r.n = (int)(it / ((i64)c.wb * c.hb * c.db));
     r.d1 = min(r.d0 + DC, D);

@@ -320,6 +320,14 @@ pub(crate) struct ConvCache {
     /// Bytes of tap products per slab of `small_cout_gemm` (64 MiB; tests make it small to run
     /// several slabs).
     pub(crate) small_gemm_budget: usize,
+    /// Some(f): always (f = true) or never run the wide 3×3×3 convs (Cin, Cout multiples of 64,
+    /// bf16 NDHWC, sm_90) through `conv3d_wgmma_*` (`conv_wgmma`); None (the default): time them
+    /// against cuDNN on first use of a shape and direction. `MEDDPM_WGMMA=0/1`.
+    pub(crate) force_wgmma: Option<bool>,
+    /// Per (shape, direction, accumulated): whether `conv3d_wgmma_*` timed faster than cuDNN.
+    wgmma: HashMap<(ConvShape, Dir, bool), bool>,
+    /// Convolutions (forward or data gradient) `conv3d_wgmma_*` computed, timing runs aside (tests).
+    pub(crate) wgmma_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel.
@@ -406,6 +414,13 @@ impl ConvCache {
             fused_head: std::env::var("MEDDPM_FUSED_HEAD").map_or(true, |v| v != "0"),
             small_gemm: std::env::var("MEDDPM_SMALL_GEMM").map_or(true, |v| v != "0"),
             small_gemm_budget: 64 << 20,
+            force_wgmma: match std::env::var("MEDDPM_WGMMA").as_deref() {
+                Ok("1") => Some(true),
+                Ok("0") => Some(false),
+                _ => None,
+            },
+            wgmma: HashMap::new(),
+            wgmma_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -753,6 +768,8 @@ const T_DW: u8 = 15;
 const T_B: u8 = 16;
 const T_P: u8 = 17;
 const T_WF: u8 = 18;
+const T_WPF: u8 = 19;
+const T_WPD: u8 = 20;
 
 /// Address of `b`'s data in type `dt`: the buffer itself, or a kept temporary (slot) holding its
 /// conversion.
@@ -840,6 +857,9 @@ pub(crate) fn forward_res(
     );
     require_f32("conv3d bias", &[b]);
     *cache.fwd_calls.entry(cs).or_insert(0) += 1;
+    if wgmma_forward(dev, cache, out, true, inp, w, Some(b), Some(z), cs) {
+        return;
+    }
     let cdt = compute_type(cache.precision);
     if out.dtype() != cdt || small_fwd_kind(cs).is_some() || padded_shape(cs).is_some() {
         let cl = cache.layout == Layout::Ndhwc;
@@ -863,6 +883,9 @@ fn cudnn_forward(
     b: &GpuBuf,
     cs: ConvShape,
 ) {
+    if wgmma_forward(dev, cache, out, false, inp, w, Some(b), None, cs) {
+        return;
+    }
     let cdt = compute_type(cache.precision);
     let (xp, wp, bp) = (operand(dev, inp, cdt, T_X), operand(dev, w, cdt, T_W), dev.ptr(b));
     // an output of the other type is computed into a temporary and converted at the end
@@ -887,6 +910,9 @@ fn cudnn_forward_acc(
     b: Option<&GpuBuf>,
     cs: ConvShape,
 ) {
+    if wgmma_forward(dev, cache, out, add, inp, w, b, None, cs) {
+        return;
+    }
     let cdt = compute_type(cache.precision);
     let (xp, wp) = (operand(dev, inp, cdt, T_X), operand(dev, w, cdt, T_W));
     let yp = if out.dtype() == cdt {
@@ -918,6 +944,96 @@ fn cudnn_forward_acc(
     if out.dtype() != cdt {
         dev.cast(dev.ptr_mut(out), out.dtype(), yp, cdt, out.len(), false);
     }
+}
+
+/// Whether `conv3d_wgmma_*` computes (cs, dir) (its channels fit, `conv_wgmma::fits`): forced by
+/// `force_wgmma`, else, where the volume is large enough (`worth`), timed against cuDNN on first
+/// use (`run(cache, ours, target)` computes the direction one way or the other into a scratch
+/// bf16 target of `len` elements, accumulated onto it where `add`; the best of five runs each,
+/// interleaved) and the faster kept for the shape, direction and `add`.
+#[allow(clippy::too_many_arguments)]
+fn wgmma_decided(
+    dev: &Device,
+    cache: &mut ConvCache,
+    cs: ConvShape,
+    (dir, add): (Dir, bool),
+    worth: bool,
+    len: usize,
+    mut run: impl FnMut(&mut ConvCache, bool, u64),
+) -> bool {
+    if let Some(f) = cache.force_wgmma.or_else(|| cache.wgmma.get(&(cs, dir, add)).copied()) {
+        return f;
+    }
+    if !worth {
+        return false;
+    }
+    let mut tmp = dev.alloc(len, DType::Bf16).unwrap_or_else(|e| panic!("{e}"));
+    let tp = dev.ptr_mut(&mut tmp);
+    let mut t = [f32::INFINITY; 2];
+    for _ in 0..5 {
+        for (i, ours) in [false, true].into_iter().enumerate() {
+            t[i] = t[i].min(stream_ms(dev, || run(cache, ours, tp)));
+        }
+    }
+    dev.sync();
+    drop(tmp);
+    let on = t[1] < t[0];
+    if conv_log() {
+        eprintln!(
+            "meddpm-cuda conv {} -> {} k{} s{} {dir:?}{}: conv3d_wgmma {:.3} ms, cuDNN {:.3} ms",
+            cs.x,
+            cs.cout,
+            cs.k,
+            cs.stride,
+            if add { " accumulated" } else { "" },
+            t[1],
+            t[0]
+        );
+    }
+    cache.wgmma.insert((cs, dir, add), on);
+    on
+}
+
+/// out (= or += per `add`) = conv(inp, w) (+ b) through `conv3d_wgmma_fwd` where it fits (bf16
+/// input and output, NDHWC, sm_90, Cin and Cout multiples of 64) and is chosen
+/// ([`wgmma_decided`]); false (nothing done) otherwise. With `z` (and `add`): out = conv + b + z.
+#[allow(clippy::too_many_arguments)]
+fn wgmma_forward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    out: &mut GpuBuf,
+    add: bool,
+    inp: &GpuBuf,
+    w: &GpuBuf,
+    b: Option<&GpuBuf>,
+    z: Option<&GpuBuf>,
+    cs: ConvShape,
+) -> bool {
+    let cl = cache.layout == Layout::Ndhwc;
+    let bf = cache.precision == Precision::Bf16 && inp.dtype() == DType::Bf16 && out.dtype() == DType::Bf16;
+    if !crate::conv_wgmma::fwd_fits(dev, cs, cl, bf) {
+        return false;
+    }
+    let (xp, wp, wbf) = (dev.ptr(inp), dev.ptr(w), w.dtype() == DType::Bf16);
+    let worth = crate::conv_wgmma::worth(dev, cs.out(), cs.cout);
+    let acc = if add { Accum::Add } else { Accum::Overwrite };
+    let ours = wgmma_decided(dev, cache, cs, (Dir::Fwd, add), worth, out.len(), |cache, ours, tp| {
+        if ours {
+            crate::conv_wgmma::run(dev, (xp, wp, 0, tp, 0), wbf, cs.x, cs.cout, acc, false, T_WPF);
+        } else {
+            let wc = operand(dev, w, DType::Bf16, T_W);
+            // cudnnFind (first use) writes its output: here the scratch
+            let a = cache.algo(dev, Dir::Fwd, cs, xp, wc, tp);
+            run_forward_beta(dev, cache, a, cs, xp, wc, tp, if add { 1.0 } else { 0.0 });
+        }
+    });
+    if !ours {
+        return false;
+    }
+    let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
+    crate::conv_wgmma::run(dev, (xp, wp, bp, dev.ptr_mut(out), zp), wbf, cs.x, cs.cout, acc, false, T_WPF);
+    cache.wgmma_runs += 1;
+    true
 }
 
 /// The forward on operands already in the compute type.
@@ -1551,7 +1667,13 @@ const SMALL_MMA_BLOCKS: usize = 3;
 /// rounds of items × (`dc` + 1), with at least 4 planes (fewer only where D is smaller), so the
 /// ring of halo planes is exercised even on the tests' small volumes.
 fn small_mma_items(x: Dims, slots: usize) -> (usize, usize) {
-    let cols = x.n * x.h.div_ceil(8) * x.w.div_ceil(16);
+    col_items(x, slots, (8, 16))
+}
+
+/// [`small_mma_items`] for columns of `th` × `tw` voxels (kernels/conv3d.cu `col_grid`; the
+/// warpgroup-MMA conv's are 32 × 8).
+pub(crate) fn col_items(x: Dims, slots: usize, (th, tw): (usize, usize)) -> (usize, usize) {
+    let cols = x.n * x.h.div_ceil(th) * x.w.div_ceil(tw);
     let items = |dc: usize| cols * x.d.div_ceil(dc);
     let cost = |dc: usize| items(dc).div_ceil(slots.min(items(dc)).max(1)) * (dc + 1);
     let dc = (x.d.min(4)..=x.d).min_by_key(|&dc| (cost(dc), dc)).unwrap_or(1).max(1);
@@ -1909,6 +2031,25 @@ fn data_grad(
 ) {
     assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
     let dxdt = dx.dtype();
+    let bf = cdt == DType::Bf16 && dxdt == DType::Bf16;
+    if crate::conv_wgmma::fits(dev, cs.out(), cs.k, cs.stride, cs.x.c, ly.0, bf) {
+        // the data gradient is the forward conv of dy with the flipped, transposed weights
+        let (wp, wbf, yd) = (dev.ptr(w), w.dtype() == DType::Bf16, cs.out());
+        let worth = crate::conv_wgmma::worth(dev, cs.x, cs.x.c);
+        let add = acc == Accum::Add;
+        let ours = wgmma_decided(dev, cache, cs, (Dir::BwdData, add), worth, dx.len(), |cache, ours, tp| {
+            if ours {
+                crate::conv_wgmma::run(dev, (dyp, wp, 0, tp, 0), wbf, yd, cs.x.c, acc, true, T_WPD);
+            } else {
+                cudnn_dgrad(dev, cache, tp, DType::Bf16, acc, w, dyp, cs);
+            }
+        });
+        if ours {
+            crate::conv_wgmma::run(dev, (dyp, wp, 0, dev.ptr_mut(dx), 0), wbf, yd, cs.x.c, acc, true, T_WPD);
+            cache.wgmma_runs += 1;
+            return;
+        }
+    }
     let ours = small_dgrad(cs)
         && match small_decided(cache, cs, Dir::BwdData) {
             Some(f) => f,
@@ -2156,6 +2297,18 @@ mod tests {
             let (dc, grid) = small_mma_items(x, slots);
             assert!(dc >= d.min(4) && dc <= d && grid >= 1 && grid <= slots, "D {d}: {dc} planes, {grid} blocks");
         }
+    }
+
+    #[test]
+    fn wgmma_work_items_are_columns_of_32_by_8() {
+        // conv3d_wgmma's tiles (32 h × 8 w): 128³ has 4 × 16 columns; one item of 64 planes a
+        // block fills 128 of 132 SMs in one round; BraTS (144 × 192 × 192: 6 × 24 columns) in
+        // ten rounds of 16 planes on all 132; odd sizes round their columns up
+        assert_eq!(col_items(Dims::new(1, 64, 128, 128, 128), 132, (32, 8)), (64, 128));
+        assert_eq!(col_items(Dims::new(1, 64, 144, 192, 192), 132, (32, 8)), (16, 132));
+        let x = Dims::new(2, 64, 5, 35, 9);
+        let (dc, grid) = col_items(x, 132, (32, 8));
+        assert_eq!((dc, grid), (4, 2 * 2 * 2 * 2));
     }
 
     #[test]

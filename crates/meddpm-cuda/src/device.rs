@@ -44,7 +44,11 @@ pub(crate) const KERNEL_UNITS: &[&[(&str, &str)]] = &[
         ("sampler.cu", include_str!("../kernels/sampler.cu")),
         ("optim.cu", include_str!("../kernels/optim.cu")),
     ],
-    &[COMMON, ("conv3d.cu", include_str!("../kernels/conv3d.cu"))],
+    &[
+        COMMON,
+        ("conv3d.cu", include_str!("../kernels/conv3d.cu")),
+        ("conv3d_wgmma.cu", include_str!("../kernels/conv3d_wgmma.cu")),
+    ],
 ];
 
 /// Bytes of the workspace given to cuBLAS.
@@ -128,6 +132,9 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_small_cout_wfrag",
     "conv3d_fwd_small_cout_mma",
     "conv3d_fwd_gn_small_cout",
+    "conv3d_wgmma_fwd",
+    "conv3d_wgmma_dgrad",
+    "conv3d_wgmma_pack",
 ];
 
 /// One kernel argument. Pointers are raw device addresses; `Raw` passes a `#[repr(C)]` struct by
@@ -264,6 +271,16 @@ pub(crate) fn nvrtc_version() -> std::result::Result<(i32, i32), String> {
         return Err(format!("nvrtcVersion: {st:?}"));
     }
     Ok((a, b))
+}
+
+/// The NVRTC target of a device of compute capability `cc`: sm_90 devices get sm_90a, whose
+/// cubin has the warpgroup MMA (`conv3d_wgmma`) and runs only there; others their own sm_XY.
+pub fn kernel_arch(cc: (i32, i32)) -> String {
+    if cc == (9, 0) {
+        "sm_90a".into()
+    } else {
+        format!("sm_{}{}", cc.0, cc.1)
+    }
 }
 
 /// Compile all kernels for `arch` (e.g. "sm_90"): one cubin per unit of [`KERNEL_UNITS`], the units
@@ -417,7 +434,7 @@ impl Device {
 
         // Kernels
         let nvrtc_version = nvrtc_version()?;
-        let arch = format!("sm_{}{}", cc.0, cc.1);
+        let arch = kernel_arch(cc);
         let modules = cubin_for(&arch)?
             .into_iter()
             .map(|c| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c)))

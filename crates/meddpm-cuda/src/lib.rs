@@ -23,6 +23,7 @@ mod attention;
 pub mod buf;
 pub mod collective;
 mod conv3d;
+mod conv_wgmma;
 pub mod cupti;
 pub mod device;
 mod diffusion;
@@ -49,7 +50,7 @@ use meddpm::{Accum, Backend, ConvShape, DType, Dims, Error, Layout, LossKind, Pr
 
 pub use buf::GpuBuf;
 pub use conv3d::Algo;
-pub use device::{compile_kernels, DeviceInfo};
+pub use device::{compile_kernels, kernel_arch, DeviceInfo};
 pub use doctor::{doctor, MIN_CUDNN_TF32};
 
 use device::Device;
@@ -314,6 +315,21 @@ impl CudaBackend {
     /// (false). For tests and benchmarks; `MEDDPM_SMALL_MMA=0` sets false at start-up.
     pub fn set_small_mma(&self, on: bool) {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_mma = on;
+    }
+
+    /// bf16 NDHWC on an sm_90 GPU: Some(true) runs every 3×3×3 stride-1 conv with Cin and Cout
+    /// multiples of 64 (forward and data gradient) through our warpgroup-MMA kernel
+    /// (`conv3d_wgmma_*`), Some(false) through cuDNN, None (the default) times both on first use
+    /// of a shape and keeps the faster. For tests and benchmarks; `MEDDPM_WGMMA=1/0` sets the
+    /// same at start-up.
+    pub fn set_wgmma(&self, mode: Option<bool>) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_wgmma = mode;
+    }
+
+    /// How many convolutions (forwards and data gradients) `conv3d_wgmma_*` has computed, first-use
+    /// timing runs aside: tests prove the kernel ran with it.
+    pub fn wgmma_runs(&self) -> u64 {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_runs
     }
 
     /// bf16 NDHWC: the output head's GroupNorm → SiLU → Conv3 (64 channels → Cout ≤ 4) as one

@@ -1,4 +1,4 @@
-//! The NVRTC kernels compile for Hopper (sm_90) and Ampere (sm_80). Needs only libnvrtc, not a GPU,
+//! The NVRTC kernels compile for Hopper (sm_90a, what an H100/H200 loads; sm_90) and Ampere (sm_80). Needs only libnvrtc, not a GPU,
 //! so it also runs on a CPU machine that has the NVRTC library on LD_LIBRARY_PATH (e.g. from the
 //! `nvidia-cuda-nvrtc` wheel); elsewhere it prints a skip reason and passes.
 
@@ -9,7 +9,7 @@ fn kernels_compile_with_nvrtc() {
         println!("skipped: libnvrtc not found (set LD_LIBRARY_PATH to a folder holding libnvrtc.so.13)");
         return;
     }
-    for arch in ["sm_90", "sm_80"] {
+    for arch in [meddpm_cuda::kernel_arch((9, 0)).as_str(), "sm_90", "sm_80"] {
         let t = std::time::Instant::now();
         let cubins = meddpm_cuda::compile_kernels(arch).unwrap_or_else(|e| panic!("{e}"));
         for c in &cubins {

@@ -337,6 +337,101 @@ fn conv3d_bf16_parity() {
     conv_case(&gs, ConvShape::new(Dims::new(1, 40, 9, 10, 11), 1, 3, 1), Some(Accum::Add), true, 990);
 }
 
+/// The wide 3×3×3 convs on the warpgroup MMA (`conv3d_wgmma_fwd` / `_dgrad`, NDHWC, sm_90 only),
+/// forced on: tiles of 32 (h) × 8 (w) cut by H = 35 / 33 / 7 and W = 9 / 17 / 10; Cin 64, 128
+/// and 192 (one to three 64-channel stages a plane); Cout 64 and 128 (two 64-channel slices; its
+/// data gradient reads 128 channels of dy); batch 2; D = 3…5 with the work items' chunks of d.
+/// Forward with a bias, accumulated with and without one, conv + b + z; the data gradient
+/// overwritten and accumulated (`conv3d_backward_data`, and within `conv3d_backward`). The
+/// kernel's run counter proves it computed every call, and that an NCDHW backend never runs it.
+/// Tolerance `BF` (f32 sums in another order; accumulated outputs rounded once, as the CPU does).
+#[test]
+fn wgmma_conv_bf16_parity() {
+    let Some(gs) = gpus() else { return };
+    let g = &gs[1];
+    let cpu = CpuBackend::bf16();
+    let cases = [
+        (Dims::new(1, 64, 5, 35, 9), 64),
+        (Dims::new(2, 128, 4, 33, 17), 64),
+        (Dims::new(1, 64, 3, 7, 10), 128),
+        (Dims::new(1, 192, 3, 5, 6), 64),
+    ];
+    g.set_wgmma(Some(true));
+    for (i, (xd, co)) in cases.into_iter().enumerate() {
+        let cs = ConvShape::new(xd, co, 3, 1);
+        let seed = 7000 + 10 * i as u64;
+        let o = cs.out();
+        let wshape = [co, xd.c, 3, 3, 3];
+        let x = rb(&rnd(xd.numel(), seed, 1.0));
+        let w = rnd(cs.w_len(), seed + 1, 1.0 / ((xd.c * 27) as f32).sqrt());
+        let b = rnd(co, seed + 2, 0.5);
+        let dy = rb(&rnd(o.numel(), seed + 3, 1.0));
+        let y0 = rb(&rnd(o.numel(), seed + 4, 1.0));
+        let dx0 = rb(&rnd(xd.numel(), seed + 5, 1.0));
+        let (xg, wg, bg, dyg) = (act(g, &x, xd), param(g, &w, &wshape), raw(g, &b), act(g, &dy, o));
+        let tag = format!("wgmma conv {xd} -> {co} [{}]", name(g));
+        let runs0 = g.wgmma_runs();
+        if runs0 == 0 && i == 0 {
+            // the kernel fits sm_90 only: elsewhere it must not run, and cuDNN's results are checked
+            let mut yg = g.alloc_act(o.numel()).unwrap();
+            g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
+            if g.wgmma_runs() == 0 {
+                println!("skipped: conv3d_wgmma needs an sm_90 GPU ({})", name(g));
+                g.set_wgmma(None);
+                return;
+            }
+        }
+        let runs0 = g.wgmma_runs();
+        let mut want = vec![0f32; o.numel()];
+        cpu.conv3d_forward(&mut want, &x, &w, &b, cs);
+        let mut yg = g.alloc_act(o.numel()).unwrap();
+        g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
+        check(&format!("{tag} y"), &get_act(g, &yg, o), &want, BF);
+        check_forward_acc(
+            g,
+            &cpu,
+            cs,
+            (&x, &w, &b, &y0),
+            (&xg, &wg, &bg),
+            &|h| act(g, h, o),
+            &|b| get_act(g, b, o),
+            &|what, got, want| check(what, got, want, BF),
+            &tag,
+        );
+        // 1 + 6 (accumulated, with and without a bias; overwritten; twice each) + 6 (conv + b + z)
+        assert_eq!(g.wgmma_runs() - runs0, 13, "{tag}: the forwards ran conv3d_wgmma_fwd");
+        for acc in [Accum::Overwrite, Accum::Add] {
+            let mut want = dx0.clone();
+            let (mut dw_c, mut db_c) = (vec![0f32; cs.w_len()], vec![0f32; co]);
+            cpu.conv3d_backward(Some((&mut want, acc)), &mut dw_c, Some(&mut db_c), &dy, &x, &w, cs);
+            let runs = g.wgmma_runs();
+            let mut dxg = act(g, &dx0, xd);
+            g.conv3d_backward_data((&mut dxg, acc), &dyg, &wg, cs);
+            check(&format!("{tag} dx {acc:?} (data only)"), &get_act(g, &dxg, xd), &want, BF);
+            let (mut dxg, mut dwg) = (act(g, &dx0, xd), param(g, &vec![0f32; cs.w_len()], &wshape));
+            g.conv3d_backward(Some((&mut dxg, acc)), &mut dwg, None, &dyg, &xg, &wg, cs);
+            check(&format!("{tag} dx {acc:?}"), &get_act(g, &dxg, xd), &want, BF);
+            check(&format!("{tag} dw {acc:?}"), &get_param(g, &dwg, &wshape), &dw_c, BF);
+            assert_eq!(g.wgmma_runs() - runs, 2, "{tag}: the data gradients ran conv3d_wgmma_dgrad");
+        }
+    }
+    g.set_wgmma(None);
+    // NCDHW never takes it, even forced (the kernel reads and writes NDHWC)
+    let (n, cs) = (&gs[0], ConvShape::new(Dims::new(1, 64, 4, 9, 10), 64, 3, 1));
+    n.set_wgmma(Some(true));
+    let x = rb(&rnd(cs.x.numel(), 7900, 1.0));
+    let w = rnd(cs.w_len(), 7901, 0.05);
+    let b = rnd(64, 7902, 0.5);
+    let mut want = vec![0f32; cs.out().numel()];
+    cpu.conv3d_forward(&mut want, &x, &w, &b, cs);
+    let (xg, wg, bg) = (act(n, &x, cs.x), param(n, &w, &[64, 64, 3, 3, 3]), raw(n, &b));
+    let mut yg = n.alloc_act(cs.out().numel()).unwrap();
+    n.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
+    check(&format!("wgmma forced, NCDHW [{}]", name(n)), &get_act(n, &yg, cs.out()), &want, BF);
+    assert_eq!(n.wgmma_runs(), 0, "NCDHW must not run conv3d_wgmma");
+    n.set_wgmma(None);
+}
+
 // ---- GroupNorm -----------------------------------------------------------------------------------
 
 fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: Accum, seed: u64) {

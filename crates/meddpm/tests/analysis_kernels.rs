@@ -193,6 +193,10 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_small_cout_wfrag", ConvForward),
     ("conv3d_fwd_small_cout_mma", ConvForward),
     ("conv3d_fwd_gn_small_cout", ConvForward),
+    // the wide 3x3x3 convs on the warpgroup MMA, and their weights packed into fragment order
+    ("conv3d_wgmma_fwd", ConvForward),
+    ("conv3d_wgmma_dgrad", ConvDgrad),
+    ("conv3d_wgmma_pack", Layout),
 ];
 
 #[test]

@@ -246,6 +246,9 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_small_cout_wfrag", Category::ConvForward),
     ("conv3d_fwd_small_cout_mma", Category::ConvForward),
     ("conv3d_fwd_gn_small_cout", Category::ConvForward),
+    ("conv3d_wgmma_fwd", Category::ConvForward),
+    ("conv3d_wgmma_dgrad", Category::ConvDgrad),
+    ("conv3d_wgmma_pack", Category::Layout),
 ];
 
 /// The category of one of our own NVRTC kernels, by exact name ([`OUR_KERNELS`]); `None` for any

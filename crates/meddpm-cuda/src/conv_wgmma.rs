@@ -1,0 +1,93 @@
+//! Host side of `kernels/conv3d_wgmma.cu`: the wide 3×3×3 stride-1 convolutions (Cin and Cout
+//! multiples of 64, bf16 NDHWC) on Hopper's warpgroup MMA, forward and data gradient (the same
+//! kernel on the flipped, transposed weights). cuDNN's implicit GEMM runs these at 520–560 TFLOP/s
+//! on the H200 (docs/perf/h200-2026-12-02a); this kernel puts the voxels on the MMA's N side and
+//! the weights in registers (the .cu file says why). `conv3d.rs` decides per shape and direction
+//! whether it runs (timed against cuDNN on first use, `MEDDPM_WGMMA=0/1` forbids/forces it).
+//! Twin: the CPU reference convolution (`meddpm::cpu::conv3d`), through the parity tests.
+
+use meddpm::{Accum, ConvShape, Dims};
+
+use crate::device::{Arg, Device};
+
+/// Output tile of a work item, (h, w): the kernel's WM_TH × WM_TW.
+const TILE: (usize, usize) = (32, 8);
+/// Dynamic shared memory of `conv3d_wgmma` (WM_SMEM: four 44 032-byte stages and the 36 864-byte
+/// epilogue staging).
+const SMEM: u32 = 4 * 44_032 + 32 * 8 * 36 * 4;
+
+/// Whether `conv3d_wgmma` can compute a conv over the volume `x` (`x.c` input channels) with `co`
+/// outputs, 3×3×3, stride 1, here: an sm_90 device (the kernel is compiled for sm_90a), NDHWC
+/// (`cl`), bf16 operands (`bf16`: the input, the output and the compute type), channel counts
+/// multiples of 64.
+pub(crate) fn fits(dev: &Device, x: Dims, k: usize, stride: usize, co: usize, cl: bool, bf16: bool) -> bool {
+    let ci = x.c;
+    dev.info.cc == (9, 0)
+        && cl
+        && bf16
+        && k == 3
+        && stride == 1
+        && ci > 0
+        && co > 0
+        && ci.is_multiple_of(64)
+        && co.is_multiple_of(64)
+}
+
+/// Whether such a conv is worth timing against cuDNN: output tiles (256 voxels a 64-channel
+/// slice) for four per SM. Smaller volumes (16³, 8³, 32³ with few slices) leave most SMs idle:
+/// on the H200 the 16³ shapes took 140–190 µs here against cuDNN's 80–90 µs, and the first-use
+/// timing, a few runs each, sometimes picked ours all the same.
+pub(crate) fn worth(dev: &Device, x: Dims, co: usize) -> bool {
+    let tiles = x.n * x.d * x.h.div_ceil(TILE.0) * x.w.div_ceil(TILE.1) * co.div_ceil(64);
+    tiles >= 4 * dev.info.sms as usize
+}
+
+/// y (overwritten, or added to per `acc`) = conv(x, w') + b over the volume `x` (its channels the
+/// conv's inputs) with `co` outputs; with `zp` ≠ 0 and `Accum::Add`, y = conv(x, w') + b + z
+/// instead (z a tensor of y's shape, y's old values unread). w' = w, a (co, 27, x.c) weight (f32 or bf16, `wbf`), for the
+/// forward (`tw` false); for the data gradient (`tw` true, x = the output gradient) w is the
+/// forward conv's (x.c, 27, co) weight and w'[o, t, i] = w[i, 26 − t, o]. `bp` = 0: no bias.
+/// The weights are packed into `conv3d_wgmma`'s fragment order first (a kept temporary of
+/// co · x.c · 27 bf16).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    dev: &Device,
+    (xp, wp, bp, yp, zp): (u64, u64, u64, u64, u64),
+    wbf: bool,
+    x: Dims,
+    co: usize,
+    acc: Accum,
+    tw: bool,
+    slot: u8,
+) {
+    use Arg::{I, P};
+    let ci = x.c;
+    let packed = dev.temp(co * ci * 27, meddpm::DType::Bf16, slot);
+    let n16 = co * ci * 27 / 8;
+    let pgrid = n16.div_ceil(256).min(dev.info.sms as usize * 8).max(1);
+    let pargs = [P(wp), I(wbf as i32), I(ci as i32), I(co as i32), I(tw as i32), P(packed)];
+    dev.launch("conv3d_wgmma_pack", (pgrid as u32, 1, 1), (256, 1, 1), &pargs);
+    let (dc, grid) = crate::conv3d::col_items(x, dev.info.sms as usize, TILE);
+    let args = [
+        P(xp),
+        P(packed),
+        P(bp),
+        P(yp),
+        P(zp),
+        I(x.n as i32),
+        I(ci as i32),
+        I(co as i32),
+        I(x.d as i32),
+        I(x.h as i32),
+        I(x.w as i32),
+        I(dc as i32),
+        I((acc == Accum::Add) as i32),
+    ];
+    let name = if tw { "conv3d_wgmma_dgrad" } else { "conv3d_wgmma_fwd" };
+    dev.launch_shared(name, (grid as u32, (co / 64) as u32, 1), (128, 1, 1), SMEM, &args);
+}
+
+/// The forward shape's dims for [`run`]: the input volume of `cs`.
+pub(crate) fn fwd_fits(dev: &Device, cs: ConvShape, cl: bool, bf16: bool) -> bool {
+    fits(dev, cs.x, cs.k, cs.stride, cs.cout, cl, bf16)
+}
