@@ -28,7 +28,7 @@
 // ring of WM_NS buffers with cp.async (16-byte copies, zero-filled outside the volume), loaded two
 // stages ahead; the copies of the stage being loaded are spread over the MMAs of the current one.
 // After the 3 * CI/64 stages of an output plane the sums plus the bias (plus, with accum, the old
-// output or z, loaded into the staging rows during the plane's last stage), rounded to bf16 once,
+// output or z, loaded into the staging rows while the plane's MMAs run), rounded to bf16 once,
 // go through shared memory (stmatrix .trans: voxel rows of 64 channels) to 16-byte stores (the
 // first version staged f32 sums 32 channels at a time, with four barriers a plane).
 // Work items: columns of WM_TH x WM_TW voxels cut into chunks of DC planes (col_grid / col_item of

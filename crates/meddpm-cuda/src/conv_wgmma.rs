@@ -2,8 +2,9 @@
 //! multiples of 64, bf16 NDHWC) on Hopper's warpgroup MMA, forward and data gradient (the same
 //! kernel on the flipped, transposed weights). cuDNN's implicit GEMM runs these at 520–560 TFLOP/s
 //! on the H200 (docs/perf/h200-2026-12-02a); this kernel puts the voxels on the MMA's N side and
-//! the weights in registers (the .cu file says why). `conv3d.rs` decides per shape and direction
-//! whether it runs (timed against cuDNN on first use, `MEDDPM_WGMMA=0/1` forbids/forces it).
+//! the weights in registers (the .cu file says why). `conv3d.rs` decides per shape, direction and
+//! accumulation whether it runs (timed against cuDNN on first use where [`worth`] says the volume
+//! fills the GPU; `MEDDPM_WGMMA=0/1` forbids/forces it).
 //! Twin: the CPU reference convolution (`meddpm::cpu::conv3d`), through the parity tests.
 
 use meddpm::{Accum, ConvShape, Dims};
@@ -87,7 +88,7 @@ pub(crate) fn run(
     dev.launch_shared(name, (grid as u32, (co / 64) as u32, 1), (128, 1, 1), SMEM, &args);
 }
 
-/// The forward shape's dims for [`run`]: the input volume of `cs`.
+/// [`fits`] for the forward of `cs` (its input volume and output channels).
 pub(crate) fn fwd_fits(dev: &Device, cs: ConvShape, cl: bool, bf16: bool) -> bool {
     fits(dev, cs.x, cs.k, cs.stride, cs.cout, cl, bf16)
 }
