@@ -969,12 +969,7 @@ fn wgmma_decided(
     }
     let mut tmp = dev.alloc(len, DType::Bf16).unwrap_or_else(|e| panic!("{e}"));
     let tp = dev.ptr_mut(&mut tmp);
-    let mut t = [f32::INFINITY; 2];
-    for _ in 0..5 {
-        for (i, ours) in [false, true].into_iter().enumerate() {
-            t[i] = t[i].min(stream_ms(dev, || run(cache, ours, tp)));
-        }
-    }
+    let t = best_of_five(dev, cache, |cache, ours| run(cache, ours, tp));
     dev.sync();
     drop(tmp);
     let on = t[1] < t[0];
@@ -1889,17 +1884,9 @@ fn time_small(
     cache: &mut ConvCache,
     cs: ConvShape,
     dir: Dir,
-    mut run: impl FnMut(&mut ConvCache, bool),
+    run: impl FnMut(&mut ConvCache, bool),
 ) -> bool {
-    // the best of 5 runs each, interleaved (clock ramps and cuDNN's first-call setup fall on
-    // both sides; the first whole-head measurement kept the last of 3 in a row and chose
-    // cuDNN where ours was faster)
-    let mut t = [f32::INFINITY; 2];
-    for _ in 0..5 {
-        for (i, ours) in [false, true].into_iter().enumerate() {
-            t[i] = t[i].min(stream_ms(dev, || run(cache, ours)));
-        }
-    }
+    let t = best_of_five(dev, cache, run);
     let on = t[1] < t[0];
     if conv_log() {
         eprintln!(
@@ -1909,6 +1896,19 @@ fn time_small(
     }
     cache.small.insert((cs, dir), on);
     on
+}
+
+/// Milliseconds of `run(cache, false)` and `run(cache, true)` on the stream: the best of five runs
+/// each, interleaved (clock ramps and cuDNN's first-call setup fall on both sides; the first
+/// whole-head measurement kept the last of 3 in a row and chose cuDNN where ours was faster).
+fn best_of_five(dev: &Device, cache: &mut ConvCache, mut run: impl FnMut(&mut ConvCache, bool)) -> [f32; 2] {
+    let mut t = [f32::INFINITY; 2];
+    for _ in 0..5 {
+        for (i, ours) in [false, true].into_iter().enumerate() {
+            t[i] = t[i].min(stream_ms(dev, || run(cache, ours)));
+        }
+    }
+    t
 }
 
 /// dW += the weight gradient through cuDNN: beta = 1 into the f32 gradient, or (bf16) beta = 0 into
