@@ -71,6 +71,16 @@ fn conv_log() -> bool {
     *ON.get_or_init(|| std::env::var("MEDDPM_CONV_LOG").is_ok_and(|v| v != "0"))
 }
 
+/// A kernel choice forced by the environment variable `name`: "1" forces it (Some(true)), "0"
+/// forbids it (Some(false)), anything else or unset leaves it to timing (None).
+fn env_force(name: &str) -> Option<bool> {
+    match std::env::var(name).as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
+}
+
 /// Largest workspace `cudnnFind` may try (bytes, default 2 GiB, at most a quarter of the free
 /// memory); `MEDDPM_CUDNN_WS_MIB` overrides.
 fn find_ws_limit() -> usize {
@@ -405,20 +415,12 @@ impl ConvCache {
             pads: HashMap::new(),
             // our few-channel kernels timed against cuDNN per shape by default; MEDDPM_SMALL_CONV=1
             // forces them, =0 forbids them (A/B benchmarks)
-            force_small: match std::env::var("MEDDPM_SMALL_CONV").as_deref() {
-                Ok("1") => Some(true),
-                Ok("0") => Some(false),
-                _ => None,
-            },
+            force_small: env_force("MEDDPM_SMALL_CONV"),
             small_mma: std::env::var("MEDDPM_SMALL_MMA").map_or(true, |v| v != "0"),
             fused_head: std::env::var("MEDDPM_FUSED_HEAD").map_or(true, |v| v != "0"),
             small_gemm: std::env::var("MEDDPM_SMALL_GEMM").map_or(true, |v| v != "0"),
             small_gemm_budget: 64 << 20,
-            force_wgmma: match std::env::var("MEDDPM_WGMMA").as_deref() {
-                Ok("1") => Some(true),
-                Ok("0") => Some(false),
-                _ => None,
-            },
+            force_wgmma: env_force("MEDDPM_WGMMA"),
             wgmma: HashMap::new(),
             wgmma_runs: 0,
             small: HashMap::new(),
