@@ -98,12 +98,15 @@ __device__ __forceinline__ float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
-// Where the result is stored in bf16 (8-bit mantissa), the hardware exp2 and reciprocal
-// (MUFU.EX2 / MUFU.RCP, flush-to-zero, relative error ~2^-22) replace expf and the IEEE division:
-// four instructions a sigmoid. The fused GroupNorm+SiLU passes are limited by instruction issue,
-// not by memory (Nsight Compute on the H200: gn_apply 69 % issue slots busy, DRAM 46 %; with
-// __frcp_rn's Newton steps and the non-ftz exp2's denormal scaling it was ~10 instructions).
-// f32 storage keeps the accurate functions. Limits: x -> -inf gives ex2 = inf, rcp(inf) = 0.
+// Where the result is stored in bf16 (8-bit mantissa), the sigmoid is the hardware tanh:
+// sigmoid(x) = 0.5 + 0.5 * tanh(x / 2) (MUFU.TANH, max relative error ~2^-11, so at most ~2^-12
+// absolute in the sigmoid: a sixteenth of a bf16 ulp at 1); f32 storage keeps the accurate
+// functions. One MUFU a value: conv3d_wgmma_fwd_gn evaluates silu(GN(x)) for every staged input
+// value (three times a value) beside the tensor cores, and with exp2 + reciprocal (two MUFU,
+// relative error ~2^-22) it set the pace and took 1.25-1.35x the plain conv's time; with the tanh
+// the fused forward is faster than GroupNorm+SiLU then the conv (docs/perf/h200-2026-12-02c). The
+// elementwise GroupNorm+SiLU passes use the same function, so a recomputed silu(y) is bit for bit
+// the forward's, fused or not. Limits: tanh saturates at +-1, the sigmoid at 0 and 1.
 template <typename T>
 struct FastMath {
     static constexpr bool on = false;
@@ -122,9 +125,14 @@ __device__ __forceinline__ float rcp_ftz(float x) {
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+__device__ __forceinline__ float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 template <typename T>
 __device__ __forceinline__ float sigmoid_t(float x) {
-    return FastMath<T>::on ? rcp_ftz(1.0f + ex2_ftz(x * -1.4426950408889634f)) : sigmoid_f(x);
+    return FastMath<T>::on ? __fmaf_rn(0.5f, tanh_approx(0.5f * x), 0.5f) : sigmoid_f(x);
 }
 template <typename T>
 __device__ __forceinline__ float silu_grad_t(float x) {

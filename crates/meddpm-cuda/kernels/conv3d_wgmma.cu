@@ -316,6 +316,261 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
     wm_cp_wait<0>();
 }
 #endif
+// -- conv3d_wgmma_fwd_gn: the forward over silu(GN(x + off)), GroupNorm+SiLU applied to each
+// staged input plane in shared memory (silu(GN(x)) is never stored; the ResBlocks' convs). Two
+// warpgroups a block (warp specialisation): the producer (threads 128-255) copies the stages with
+// cp.async, transforms its own copies in place (gn_y, sigmoid_t<bf16>, rounded to nearest even:
+// bit for bit gn_apply's values; the halo outside the volume stays zero, the conv's padding) and
+// hands each stage over; the consumer (threads 0-127) runs wgmma_conv_body's MMA loop and
+// epilogue. Hand-over by named barriers, per ring buffer b: FULL 1 + b (the producer arrives,
+// the consumer waits), EMPTY 1 + WM_NS + b (the consumer arrives once the stage's last MMAs are
+// done, the producer waits before reusing b); 2 * WM_NS + 1 orders the consumer's epilogue.
+// Each staged value is transformed once per output plane that reads it (three times): the
+// producer's work is ~2700 instructions a stage. With the sigmoid as exp2 + reciprocal (two MUFU a
+// value) it set the pace: 1.25x (64 -> 64) and 1.35x (128 -> 64) the plain kernel's time at 128^3,
+// more than the gn_apply pass saved (ncu: tensor pipe 47 % busy against 68 %, an instruction every
+// 3.7 cycles a scheduler); with sigmoid_t's tanh (one MUFU) the fused forward wins (14.1 -> 13.8
+// ms a sampling forward). The transform inside the MMA warpgroup's loop (the first version: ~280
+// instructions, 48 MUFU a tap between the MMAs) was slower still: 18.2 against 14.3 ms
+// (docs/perf/h200-2026-12-02c). MEDDPM_WGMMA_GN=0 switches the fusion off (A/B).
+#define WS_FULL(b) (1 + (b))
+#define WS_EMPTY(b) (1 + WM_NS + (b))
+#define WS_EPI (1 + 2 * WM_NS)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+struct WmGn {
+    const float *mean, *rstd, *gamma, *beta, *off;
+    int G;
+};
+__device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void nb_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ uint4 wm_lds16(u32 a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ void wm_sts16(u32 a, uint4 v) {
+    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+__device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, const float* b, bf16* y,
+                                              const bf16* z, int N, int CI, int CO, int D, int H, int W, int DC,
+                                              int accum, WmGn gn) {
+    extern __shared__ __align__(1024) unsigned char wm_smem[];
+    const int CG = CI / 64, KS = 3 * CG, period = KS * 36;
+    const ColGrid g = col_grid(N, D, H, W, DC, WM_TH, WM_TW);
+    const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, ms = blockIdx.y;
+    const u32 sbase = (u32)__cvta_generic_to_shared(wm_smem);
+    const u32 stg = sbase + WM_NS * WM_STAGE;
+    // the per-(n, ci) affine map (sc, sh) of the GroupNorm as gn_apply computes it, past the
+    // staging rows (float4 = two channels)
+    {
+        float2* t2 = reinterpret_cast<float2*>(wm_smem + WM_SMEM);
+        const int cpg = CI / gn.G;
+        for (int i = threadIdx.x; i < N * CI; i += 256) {
+            const int n = i / CI, c = i - n * CI, ng = n * gn.G + c / cpg;
+            float sc, sh;
+            gn_affine(gn.rstd[ng], gn.gamma[c], gn.beta[c], gn.mean[ng] - (gn.off ? gn.off[i] : 0.0f), sc, sh);
+            t2[i] = make_float2(sc, sh);
+        }
+    }
+    __syncthreads();
+    WmCur cu;
+    wm_start(cu, g, D, DC);
+    if (!cu.live) return;
+    if (threadIdx.x >= 128) {
+        // ---- producer: copies (channels 32 * (t % 2) .. + 31 of halo voxels t / 2 + 64 m), then
+        // the transform of the same 16-byte chunks once they landed
+        const float4* tab = reinterpret_cast<const float4*>(wm_smem + WM_SMEM);
+        const int c4 = (t & 1) * 4, r0 = t >> 1;
+        struct St {
+            const bf16* p;  // the stage's corner voxel (h0 - 1, w0 - 1), this thread's channels
+            int t0;         // the table's float4 index of this thread's first channel pair
+            u32 in;         // bit m: halo voxel r0 + 64 m is inside the volume
+        };
+        auto plan = [&](const WmCur& l) -> St {
+            const int kd = l.k / CG, cg = l.k - kd * CG, dd = l.d + kd - 1;
+            const int gh0 = l.c.h0 - 1, gw0 = l.c.w0 - 1;
+            const bool ok = dd >= 0 && dd < D;
+            St S;
+            S.p = x + ((((i64)l.c.n * D + dd) * H + gh0) * W + gw0) * CI + cg * 64 + c4 * 8;
+            S.t0 = (l.c.n * CI + cg * 64 + c4 * 8) >> 1;
+            S.in = 0u;
+#pragma unroll
+            for (int m = 0; m < WM_NV; m++) {
+                const int r = r0 + 64 * m, hh = r / WM_PW, ww = r - hh * WM_PW;
+                if (ok && r < WM_PL && (unsigned)(gh0 + hh) < (unsigned)H && (unsigned)(gw0 + ww) < (unsigned)W)
+                    S.in |= 1u << m;
+            }
+            return S;
+        };
+        auto load = [&](const St& S, int buf) {
+#pragma unroll
+            for (int jc = 0; jc < WM_CPT; jc++) {
+                const int m = jc >> 2, c = jc & 3, r = r0 + 64 * m;
+                if (m == WM_NV - 1 && r >= WM_PL) continue;
+                const int hh = r / WM_PW, ww = r - hh * WM_PW;
+                const bool ok = (S.in >> m) & 1u;
+                const u32 row = sbase + buf * WM_STAGE + r * 128;
+                wm_cp16(row + (((c4 + c) ^ ((row >> 7) & 7)) << 4), ok ? S.p + (hh * W + ww) * CI + c * 8 : x, ok);
+            }
+            wm_cp_commit();
+        };
+        auto xform = [&](const St& S, int buf) {
+            // this thread's 32 channels are the same in every halo voxel it copied: their (sc, sh)
+            // in registers for the stage; a voxel's four chunks at once (independent chains)
+            float4 tv[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) tv[i] = lds4(tab + S.t0 + i);
+#pragma unroll 1
+            for (int m = 0; m < WM_NV; m++) {
+                if (!((S.in >> m) & 1u)) continue;
+                const u32 row = sbase + buf * WM_STAGE + (r0 + 64 * m) * 128;
+                u32 a[4];
+                uint4 v[4];
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    a[c] = row + (((c4 + c) ^ ((row >> 7) & 7)) << 4);
+                    v[c] = wm_lds16(a[c]);
+                }
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const u32 xw[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
+                    u32 o[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float4 t4 = tv[c * 4 + e];
+                        const float y0 = gn_y(__uint_as_float(xw[e] << 16), t4.x, t4.y);
+                        const float y1 = gn_y(__uint_as_float(xw[e] & 0xffff0000u), t4.z, t4.w);
+                        o[e] = pack_bf2(y0 * sigmoid_t<bf16>(y0), y1 * sigmoid_t<bf16>(y1));
+                    }
+                    v[c] = make_uint4(o[0], o[1], o[2], o[3]);
+                }
+#pragma unroll
+                for (int c = 0; c < 4; c++) wm_sts16(a[c], v[c]);
+            }
+            // the writes (and the copies, landed) before the MMAs' async-proxy reads
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        };
+        // Stage s's copies are issued after stage s - 1 is handed over and waited for at the next
+        // stage, after the wait for a free buffer (the producer runs up to WM_NS - 1 stages ahead,
+        // so the copies land while it waits) and no copy is in flight at the proxy fence (a
+        // MEMBAR.ALL.CTA). Issued before stage s - 1's transform instead, the times were the same.
+        WmCur lc = cu;
+        St prev = plan(lc);
+        load(prev, 0);
+        wm_next(lc, g, D, DC, KS);
+        int s = 1;
+        for (; lc.live; s++) {
+            const int buf = s % WM_NS;
+            if (s >= WM_NS) nb_sync(WS_EMPTY(buf), 256);  // stage s - WM_NS's MMAs are done
+            wm_cp_wait<0>();
+            xform(prev, (s - 1) % WM_NS);
+            nb_arrive(WS_FULL((s - 1) % WM_NS), 256);
+            prev = plan(lc);
+            load(prev, buf);
+            wm_next(lc, g, D, DC, KS);
+        }
+        wm_cp_wait<0>();
+        xform(prev, (s - 1) % WM_NS);
+        nb_arrive(WS_FULL((s - 1) % WM_NS), 256);
+        // the consumer releases stages 0 .. s - 2: take the releases not waited for above
+        for (int r = max(0, s - WM_NS); r <= s - 2; r++) nb_sync(WS_EMPTY(r % WM_NS), 256);
+        return;
+    }
+    // ---- consumer: the MMA loop and the epilogue of wgmma_conv_body
+    wp += (i64)ms * period * 128 + t;
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) d[i] = 0.0f;
+    uint4 fr[3][4];
+#pragma unroll
+    for (int tp = 0; tp < 2; tp++)
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) fr[tp][ks] = wp[(tp * 4 + ks) * 128];
+    const int gq = lane >> 2;
+    const float bv0 = b ? b[ms * 64 + 16 * warp + gq] : 0.0f, bv1 = b ? b[ms * 64 + 16 * warp + gq + 8] : 0.0f;
+    int wb = 0;
+    for (int q = 0; cu.live;) {
+        const ColItem pc = cu.c;
+        const int pd = cu.d;
+        if (accum) {
+            const bf16* zb = z ? z : y;
+#pragma unroll 4
+            for (int i = 0; i < 16; i++) {
+                const int idx = t + 128 * i, v = idx >> 3, c = idx & 7;
+                const int gh = pc.h0 + (v >> 3), gw = pc.w0 + (v & 7);
+                const bool ok = gh < H && gw < W;
+                const bf16* src = zb + ((((i64)pc.n * D + pd) * H + gh) * W + gw) * CO + ms * 64 + c * 8;
+                wm_cp16(stg + v * WM_YR + c * 16, ok ? src : zb, ok);
+            }
+            wm_cp_commit();
+        }
+        for (int k = 0; k < KS; k++, q++) {
+            nb_sync(WS_FULL(q % WM_NS), 256);
+            const u32 sb = sbase + (q % WM_NS) * WM_STAGE;
+#pragma unroll
+            for (int tap = 0; tap < 9; tap++) {
+                const int kh = tap / 3, kw = tap % 3;
+                wm_fence();
+#pragma unroll
+                for (int ks = 0; ks < 4; ks++)
+                    wm_mma(d, fr[tap % 3][ks], wm_desc(sb + (kh * WM_PW + kw) * 128 + ks * 32),
+                           !(k == 0 && tap == 0 && ks == 0));
+                wm_commit();
+                wm_wait<1>(d);
+                // the previous stage's last MMAs are done: its buffer goes back to the producer
+                if (tap == 0 && q > 0) nb_arrive(WS_EMPTY((q - 1) % WM_NS), 256);
+                int nx = wb + (tap + 2) * 4;
+                nx = nx >= period ? nx - period : nx;
+#pragma unroll
+                for (int ks = 0; ks < 4; ks++) fr[(tap + 2) % 3][ks] = wp[(nx + ks) * 128];
+            }
+            wm_next(cu, g, D, DC, KS);
+            wb += 36;
+            wb = wb >= period ? wb - period : wb;
+        }
+        wm_wait<0>(d);
+        if (accum) wm_cp_wait<0>();
+        nb_sync(WS_EPI, 128);  // the old output landed (every consumer thread's copies)
+#pragma unroll
+        for (int jn = 0; jn < 32; jn += 2) {
+            const int m = lane >> 3, v = 8 * (jn + (m >> 1)) + (lane & 7);
+            const u32 a = stg + v * WM_YR + (16 * warp + 8 * (m & 1)) * 2;
+            u32 o[4] = {0u, 0u, 0u, 0u};
+            if (accum)
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(o[0]), "=r"(o[1]), "=r"(o[2]), "=r"(o[3])
+                             : "r"(a)
+                             : "memory");
+            u32 r[4];
+#pragma unroll
+            for (int mm = 0; mm < 4; mm++) {
+                const int j = jn + (mm >> 1), i = mm & 1;
+                const float bv = i ? bv1 : bv0;
+                r[mm] = pack_bf2(d[4 * j + 2 * i] + bv + __uint_as_float(o[mm] << 16),
+                                 d[4 * j + 2 * i + 1] + bv + __uint_as_float(o[mm] & 0xffff0000u));
+            }
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a),
+                         "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                         : "memory");
+        }
+        nb_sync(WS_EPI, 128);
+        const i64 vb = (((i64)pc.n * D + pd) * H) * W;
+#pragma unroll
+        for (int it = 0; it < 16; it++) {
+            const int idx = t + 128 * it, v = idx >> 3, c = idx & 7;
+            const int gh = pc.h0 + (v >> 3), gw = pc.w0 + (v & 7);
+            if (gh < H && gw < W)
+                *reinterpret_cast<uint4*>(y + (vb + (i64)gh * W + gw) * CO + ms * 64 + c * 8) =
+                    *reinterpret_cast<const uint4*>(wm_smem + (stg - sbase) + v * WM_YR + c * 16);
+        }
+        nb_sync(WS_EPI, 128);  // the staging rows read before the next plane writes them
+    }
+}
+#endif
+
 // the two entry points (one profiler category each)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WM_BODY wgmma_conv_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum)
@@ -330,3 +585,12 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
     }
 WGMMA_ENTRY(conv3d_wgmma_fwd)
 WGMMA_ENTRY(conv3d_wgmma_dgrad)
+// grid as the others, block 256, dynamic shared memory WM_SMEM + 8 * N * CI (the table)
+extern "C" __global__ void __launch_bounds__(256, 1)
+    conv3d_wgmma_fwd_gn(const bf16* x, const uint4* wp, const float* b, bf16* y, const bf16* z, int N, int CI,
+                        int CO, int D, int H, int W, int DC, int accum, const float* mean, const float* rstd,
+                        const float* gamma, const float* beta, const float* off, int G) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G});
+#endif
+}

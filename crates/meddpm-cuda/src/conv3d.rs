@@ -338,6 +338,12 @@ pub(crate) struct ConvCache {
     wgmma: HashMap<(ConvShape, Dir, bool), bool>,
     /// Convolutions (forward or data gradient) `conv3d_wgmma_*` computed, timing runs aside (tests).
     pub(crate) wgmma_runs: u64,
+    /// The ResBlocks' GroupNorm+SiLU → conv as `conv3d_wgmma_fwd_gn` where the conv runs on
+    /// `conv3d_wgmma` (true, the default), or the two calls (`MEDDPM_WGMMA_GN=0`, A/B benchmarks;
+    /// docs/perf/h200-2026-12-02c).
+    pub(crate) wgmma_gn: bool,
+    /// Of `wgmma_runs`, those with the GroupNorm+SiLU prologue (tests).
+    pub(crate) wgmma_gn_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel.
@@ -423,6 +429,8 @@ impl ConvCache {
             force_wgmma: env_force("MEDDPM_WGMMA"),
             wgmma: HashMap::new(),
             wgmma_runs: 0,
+            wgmma_gn: std::env::var("MEDDPM_WGMMA_GN").map_or(true, |v| v != "0"),
+            wgmma_gn_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -1011,10 +1019,32 @@ fn wgmma_forward(
     if !crate::conv_wgmma::fwd_fits(dev, cs, cl, bf) {
         return false;
     }
+    if !wgmma_fwd_chosen(dev, cache, cs, add, inp, w, out.len()) {
+        return false;
+    }
+    let (xp, wp, wbf) = (dev.ptr(inp), dev.ptr(w), w.dtype() == DType::Bf16);
+    let acc = if add { Accum::Add } else { Accum::Overwrite };
+    let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
+    crate::conv_wgmma::run(dev, (xp, wp, bp, dev.ptr_mut(out), zp), wbf, cs.x, cs.cout, acc, false, T_WPF);
+    cache.wgmma_runs += 1;
+    true
+}
+
+/// [`wgmma_decided`] for the forward of `cs` (accumulated where `add`) with `conv_wgmma::fits`
+/// already checked: timed on `inp` and `w` into a scratch of `len` elements.
+fn wgmma_fwd_chosen(
+    dev: &Device,
+    cache: &mut ConvCache,
+    cs: ConvShape,
+    add: bool,
+    inp: &GpuBuf,
+    w: &GpuBuf,
+    len: usize,
+) -> bool {
     let (xp, wp, wbf) = (dev.ptr(inp), dev.ptr(w), w.dtype() == DType::Bf16);
     let worth = crate::conv_wgmma::worth(dev, cs.out(), cs.cout);
     let acc = if add { Accum::Add } else { Accum::Overwrite };
-    let ours = wgmma_decided(dev, cache, cs, (Dir::Fwd, add), worth, out.len(), |cache, ours, tp| {
+    wgmma_decided(dev, cache, cs, (Dir::Fwd, add), worth, len, |cache, ours, tp| {
         if ours {
             crate::conv_wgmma::run(dev, (xp, wp, 0, tp, 0), wbf, cs.x, cs.cout, acc, false, T_WPF);
         } else {
@@ -1023,14 +1053,80 @@ fn wgmma_forward(
             let a = cache.algo(dev, Dir::Fwd, cs, xp, wc, tp);
             run_forward_beta(dev, cache, a, cs, xp, wc, tp, if add { 1.0 } else { 0.0 });
         }
-    });
-    if !ours {
-        return false;
+    })
+}
+
+/// Whether [`gn_wgmma_forward`] computes the GroupNorm+SiLU → conv `cs` (accumulated or with a
+/// residual where `add`) on `inp` with `groups`: `conv3d_wgmma` runs the plain conv of the shape
+/// (fits, chosen or forced; the prologue only removes a pass, so it goes wherever the conv does),
+/// its table fits, and `wgmma_gn` is on.
+pub(crate) fn gn_wgmma_chosen(
+    dev: &Device,
+    cache: &mut ConvCache,
+    cs: ConvShape,
+    add: bool,
+    (inp, w): (&GpuBuf, &GpuBuf),
+    groups: usize,
+) -> bool {
+    let cl = cache.layout == Layout::Ndhwc;
+    let bf = cache.precision == Precision::Bf16 && inp.dtype() == DType::Bf16;
+    cache.wgmma_gn
+        && crate::conv_wgmma::fwd_fits(dev, cs, cl, bf)
+        && crate::conv_wgmma::gn_fits(cs.x, groups)
+        && wgmma_fwd_chosen(dev, cache, cs, add, inp, w, cs.out().numel())
+}
+
+/// out (= or += per `acc`) = conv(silu(GN(inp + off)), w) (+ b) (+ z: with `Accum::Add`, out =
+/// conv + b + z) through `conv3d_wgmma_fwd_gn`, the statistics given: where
+/// [`gn_wgmma_chosen`] said so.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gn_wgmma_forward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    (out, acc): (&mut GpuBuf, Accum),
+    (inp, off): (&GpuBuf, Option<&GpuBuf>),
+    (mean, rstd): (&GpuBuf, &GpuBuf),
+    (gamma, beta): (&GpuBuf, &GpuBuf),
+    (w, b, z): (&GpuBuf, Option<&GpuBuf>, Option<&GpuBuf>),
+    cs: ConvShape,
+    groups: usize,
+) {
+    let x = cs.x;
+    check_lens(cs, inp.len(), w.len(), out.len(), b.map_or(cs.cout, |b| b.len()));
+    let ng = x.n * groups;
+    assert!(
+        out.dtype() == DType::Bf16
+            && z.is_none_or(|z| z.len() == out.len() && z.dtype() == DType::Bf16 && acc == Accum::Add)
+            && gamma.len() == x.c
+            && beta.len() == x.c
+            && mean.len() == ng
+            && rstd.len() == ng
+            && off.is_none_or(|o| o.len() == x.n * x.c && o.dtype() == DType::F32),
+        "conv3d_wgmma_fwd_gn {cs:?} groups {groups}: operand lengths or types (out {} {:?}, gamma {}, mean {}, \
+         off {:?})",
+        out.len(),
+        out.dtype(),
+        gamma.len(),
+        mean.len(),
+        off.map(|o| o.len())
+    );
+    if let Some(b) = b {
+        require_f32("conv3d bias", &[b]);
     }
+    *cache.fwd_calls.entry(cs).or_insert(0) += 1;
+    let gn = crate::conv_wgmma::GnPro {
+        mean: dev.ptr(mean),
+        rstd: dev.ptr(rstd),
+        gamma: dev.ptr(gamma),
+        beta: dev.ptr(beta),
+        off: off.map_or(0, |o| dev.ptr(o)),
+        groups,
+    };
     let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
-    crate::conv_wgmma::run(dev, (xp, wp, bp, dev.ptr_mut(out), zp), wbf, cs.x, cs.cout, acc, false, T_WPF);
+    let ptrs = (dev.ptr(inp), dev.ptr(w), bp, dev.ptr_mut(out), zp);
+    crate::conv_wgmma::run_gn(dev, ptrs, w.dtype() == DType::Bf16, x, cs.cout, acc, false, Some(gn), T_WPF);
     cache.wgmma_runs += 1;
-    true
+    cache.wgmma_gn_runs += 1;
 }
 
 /// The forward on operands already in the compute type.

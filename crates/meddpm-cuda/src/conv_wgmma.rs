@@ -5,7 +5,10 @@
 //! the weights in registers (the .cu file says why). `conv3d.rs` decides per shape, direction and
 //! accumulation whether it runs (timed against cuDNN on first use where [`worth`] says the volume
 //! fills the GPU; `MEDDPM_WGMMA=0/1` forbids/forces it).
-//! Twin: the CPU reference convolution (`meddpm::cpu::conv3d`), through the parity tests.
+//! `conv3d_wgmma_fwd_gn` is the forward with the input's GroupNorm+SiLU as its prologue (the
+//! ResBlocks' convs: `Backend::groupnorm_silu_conv3d_fused`), no pass that stores silu(GN(x)).
+//! Twin: the CPU reference convolution (`meddpm::cpu::conv3d`), through the parity tests (after
+//! the CPU GroupNorm+SiLU for the prologue).
 
 use meddpm::{Accum, ConvShape, Dims};
 
@@ -61,7 +64,25 @@ pub(crate) fn run(
     tw: bool,
     slot: u8,
 ) {
+    run_gn(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, None, slot)
+}
+
+/// [`run`], and with `gn` the forward of silu(GN(x + off)) (`conv3d_wgmma_fwd_gn`: the
+/// GroupNorm+SiLU applied to each staged input plane in shared memory, never stored).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_gn(
+    dev: &Device,
+    (xp, wp, bp, yp, zp): (u64, u64, u64, u64, u64),
+    wbf: bool,
+    x: Dims,
+    co: usize,
+    acc: Accum,
+    tw: bool,
+    gn: Option<GnPro>,
+    slot: u8,
+) {
     use Arg::{I, P};
+    assert!(!(tw && gn.is_some()), "conv3d_wgmma: the GroupNorm prologue is a forward's");
     let ci = x.c;
     let packed = dev.temp(co * ci * 27, meddpm::DType::Bf16, slot);
     let n16 = co * ci * 27 / 8;
@@ -69,7 +90,7 @@ pub(crate) fn run(
     let pargs = [P(wp), I(wbf as i32), I(ci as i32), I(co as i32), I(tw as i32), P(packed)];
     dev.launch("conv3d_wgmma_pack", (pgrid as u32, 1, 1), (256, 1, 1), &pargs);
     let (dc, grid) = crate::conv3d::col_items(x, dev.info.sms as usize, TILE);
-    let args = [
+    let mut args = vec![
         P(xp),
         P(packed),
         P(bp),
@@ -84,8 +105,41 @@ pub(crate) fn run(
         I(dc as i32),
         I((acc == Accum::Add) as i32),
     ];
-    let name = if tw { "conv3d_wgmma_dgrad" } else { "conv3d_wgmma_fwd" };
-    dev.launch_shared(name, (grid as u32, (co / 64) as u32, 1), (128, 1, 1), SMEM, &args);
+    let (name, smem) = match gn {
+        Some(g) => {
+            assert!(gn_fits(x, g.groups), "conv3d_wgmma_fwd_gn {x} groups {}: table does not fit", g.groups);
+            args.extend([P(g.mean), P(g.rstd), P(g.gamma), P(g.beta), P(g.off), I(g.groups as i32)]);
+            ("conv3d_wgmma_fwd_gn", SMEM + gn_table(x))
+        }
+        None if tw => ("conv3d_wgmma_dgrad", SMEM),
+        None => ("conv3d_wgmma_fwd", SMEM),
+    };
+    // the GroupNorm kernel has a producer warpgroup beside the MMA warpgroup
+    let threads = if gn.is_some() { 256 } else { 128 };
+    dev.launch_shared(name, (grid as u32, (co / 64) as u32, 1), (threads, 1, 1), smem, &args);
+}
+
+/// The GroupNorm+SiLU prologue of `conv3d_wgmma_fwd_gn` (device pointers): the statistics
+/// mean/rstd [N·G], γ/β [Cin], the input offset [N·Cin] (0: none) and G.
+#[derive(Clone, Copy)]
+pub(crate) struct GnPro {
+    pub mean: u64,
+    pub rstd: u64,
+    pub gamma: u64,
+    pub beta: u64,
+    pub off: u64,
+    pub groups: usize,
+}
+
+/// Shared memory of `conv3d_wgmma_fwd_gn`'s (sc, sh) table: 8 bytes an (n, ci).
+fn gn_table(x: Dims) -> u32 {
+    (x.n * x.c * 8) as u32
+}
+
+/// Whether the GroupNorm+SiLU prologue fits beside [`fits`]: its table (N·Cin pairs) within the
+/// 227 KB of shared memory a block may have, groups dividing Cin.
+pub(crate) fn gn_fits(x: Dims, groups: usize) -> bool {
+    groups > 0 && x.c.is_multiple_of(groups) && SMEM as usize + x.n * x.c * 8 <= 232_448
 }
 
 /// [`fits`] for the forward of `cs` (its input volume and output channels).

@@ -133,6 +133,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_fwd_small_cout_mma",
     "conv3d_fwd_gn_small_cout",
     "conv3d_wgmma_fwd",
+    "conv3d_wgmma_fwd_gn",
     "conv3d_wgmma_dgrad",
     "conv3d_wgmma_pack",
 ];

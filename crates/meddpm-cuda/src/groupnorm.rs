@@ -99,11 +99,14 @@ fn forward_ptrs(
     apply(dev, xp, offp, dev.ptr(mean), dev.ptr(rstd), gamma, beta, op_, ap, x, groups, cl, bf);
 }
 
-/// The statistics alone (mean/rstd [N·G]) of `inp`: for a consumer that applies GroupNorm+SiLU
-/// itself (the fused output head, `conv3d::gn_head_forward`).
+/// The statistics alone (mean/rstd [N·G]) of `inp` + `off`: for a consumer that applies
+/// GroupNorm+SiLU itself (the fused output head, `conv3d::gn_head_forward`; the ResBlocks' convs,
+/// `conv3d::gn_wgmma_forward`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn stats(
     dev: &Device,
     inp: &GpuBuf,
+    off: Option<&GpuBuf>,
     mean: &mut GpuBuf,
     rstd: &mut GpuBuf,
     x: Dims,
@@ -111,7 +114,7 @@ pub(crate) fn stats(
     cl: bool,
 ) {
     check(x, groups, inp.len(), x.c, mean.len());
-    stats_ptrs(dev, dev.ptr(inp), 0, mean, rstd, x, groups, cl, inp.bf());
+    stats_ptrs(dev, dev.ptr(inp), off_ptr(dev, off, x), mean, rstd, x, groups, cl, inp.bf());
 }
 
 /// Stages 1 and 2 of the statistics of x at `xp` (+ the offset at `offp`, 0: none) into mean/rstd.

@@ -332,6 +332,18 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_runs
     }
 
+    /// The ResBlocks' GroupNorm+SiLU → conv as one pass (`conv3d_wgmma_fwd_gn`) where the conv
+    /// runs on `conv3d_wgmma` (true, the default) or as the two calls (false). For tests and
+    /// benchmarks; `MEDDPM_WGMMA_GN=0` sets false at start-up.
+    pub fn set_wgmma_gn(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_gn = on;
+    }
+
+    /// Of [`CudaBackend::wgmma_runs`], the convolutions with the GroupNorm+SiLU prologue.
+    pub fn wgmma_gn_runs(&self) -> u64 {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_gn_runs
+    }
+
     /// bf16 NDHWC: the output head's GroupNorm → SiLU → Conv3 (64 channels → Cout ≤ 4) as one
     /// pass (true, the default; `conv3d_fwd_gn_small_cout`) or as GroupNorm+SiLU then the conv
     /// (false). For tests and benchmarks; `MEDDPM_FUSED_HEAD=0` sets false at start-up.
@@ -777,8 +789,29 @@ impl Backend for CudaBackend {
             self.conv3d_forward(out, act, w, b, cs);
             return;
         }
-        groupnorm::stats(&self.dev, inp, mean, rstd, cs.x, groups, self.cl());
+        groupnorm::stats(&self.dev, inp, None, mean, rstd, cs.x, groups, self.cl());
         conv3d::gn_head_forward(&self.dev, out, inp, (mean, rstd), (gamma, beta), (w, b), cs, groups);
+    }
+    fn gn_conv_fusable(&self, inp: &Self::Buf, w: &Self::Buf, cs: ConvShape, add: bool, groups: usize) -> bool {
+        let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        conv3d::gn_wgmma_chosen(&self.dev, &mut conv, cs, add, (inp, w), groups)
+    }
+    fn groupnorm_silu_conv3d_fused(
+        &self,
+        out: (&mut Self::Buf, Accum),
+        (inp, off): (&Self::Buf, Option<&Self::Buf>),
+        (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
+        fresh: bool,
+        gb: (&Self::Buf, &Self::Buf),
+        wbz: (&Self::Buf, Option<&Self::Buf>, Option<&Self::Buf>),
+        cs: ConvShape,
+        groups: usize,
+    ) {
+        if fresh {
+            groupnorm::stats(&self.dev, inp, off, mean, rstd, cs.x, groups, self.cl());
+        }
+        let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        conv3d::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), (mean, rstd), gb, wbz, cs, groups);
     }
     fn groupnorm_silu_forward_inplace(
         &self,

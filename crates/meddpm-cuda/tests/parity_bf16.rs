@@ -432,6 +432,137 @@ fn wgmma_conv_bf16_parity() {
     n.set_wgmma(None);
 }
 
+/// `conv3d_wgmma_fwd_gn` (`groupnorm_silu_conv3d_fused`): the conv over silu(GN(x + off)) with the
+/// GroupNorm+SiLU applied to the staged input in shared memory. Odd volumes (tiles cut by H and W,
+/// the padding planes), Cin 64/128/192 with 32 groups (2, 4, 6 channels a group), with and
+/// without the input offset, statistics computed (fresh) or given; the four output forms the
+/// U-Net uses: overwritten without a bias, accumulated, accumulated with a bias, conv + b + z.
+/// Checked against the CPU's GroupNorm+SiLU then conv (tolerance `BF`), the statistics against
+/// the CPU's, and against the GPU's own two calls (`groupnorm_silu_forward`, then the forced
+/// `conv3d_wgmma` on the stored silu(GN(x))) bit for bit: the prologue evaluates silu(GN(x))
+/// exactly as gn_apply does and the sums run in the same order.
+#[test]
+fn wgmma_gn_conv_bf16_parity() {
+    let Some(gs) = gpus() else { return };
+    let g = &gs[1];
+    let cpu = CpuBackend::bf16();
+    let groups = 32;
+    // (volume, cout, with an input offset, fresh statistics)
+    let cases = [
+        (Dims::new(1, 64, 5, 35, 9), 64, true, true),
+        (Dims::new(2, 128, 4, 33, 17), 64, false, false),
+        (Dims::new(1, 64, 3, 7, 10), 128, true, false),
+        (Dims::new(2, 192, 3, 5, 6), 64, true, true),
+    ];
+    g.set_wgmma(Some(true));
+    g.set_wgmma_gn(true);
+    for (i, (xd, co, with_off, fresh)) in cases.into_iter().enumerate() {
+        let cs = ConvShape::new(xd, co, 3, 1);
+        let (o, ng) = (cs.out(), xd.n * groups);
+        let seed = 7500 + 10 * i as u64;
+        let wshape = [co, xd.c, 3, 3, 3];
+        // channel means far from zero (the statistics matter) and a spread of scales
+        let mut x = rnd(xd.numel(), seed, 1.5);
+        for (j, v) in x.iter_mut().enumerate() {
+            *v += ((j / xd.s()) % xd.c) as f32 * 0.05 - 1.0;
+        }
+        let x = rb(&x);
+        let off = rnd(xd.n * xd.c, seed + 1, 0.7);
+        let (gamma, beta) = (rnd(xd.c, seed + 2, 1.0), rnd(xd.c, seed + 3, 1.0));
+        let w = rnd(cs.w_len(), seed + 4, 1.0 / ((xd.c * 27) as f32).sqrt());
+        let b = rnd(co, seed + 5, 0.5);
+        let (y0, z) = (rb(&rnd(o.numel(), seed + 6, 1.0)), rb(&rnd(o.numel(), seed + 7, 1.0)));
+        let offc = with_off.then_some(&off);
+        let tag = format!("wgmma gn conv {xd} -> {co} off {with_off} fresh {fresh} [{}]", name(g));
+        // the CPU's two calls
+        let (mut a_c, mut m_c, mut r_c) = (vec![0f32; xd.numel()], vec![0f32; ng], vec![0f32; ng]);
+        cpu.groupnorm_silu_forward(&mut a_c, &mut m_c, &mut r_c, &x, offc, &gamma, &beta, xd, groups);
+        let (xg, offg, wg) = (act(g, &x, xd), raw(g, &off), param(g, &w, &wshape));
+        let (gg, bg, big, zg) = (raw(g, &gamma), raw(g, &beta), raw(g, &b), act(g, &z, o));
+        let offo = with_off.then_some(&offg);
+        if !g.gn_conv_fusable(&xg, &wg, cs, false, groups) {
+            assert!(i == 0, "{tag}: fusable for the first case, not this one");
+            println!("skipped: conv3d_wgmma_fwd_gn needs an sm_90 GPU ({})", name(g));
+            g.set_wgmma(None);
+            return;
+        }
+        // the GPU's two calls: its statistics and silu(GN(x)), then the plain (forced) kernel
+        let (mut ag, mut mg, mut rg) = (g.alloc_act(xd.numel()).unwrap(), g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
+        g.groupnorm_silu_forward(&mut ag, &mut mg, &mut rg, &xg, offo, &gg, &bg, xd, groups);
+        check(&format!("{tag} mean"), &get_raw(g, &mg), &m_c, 1e-4);
+        check(&format!("{tag} rstd"), &get_raw(g, &rg), &r_c, 1e-4);
+        // (mode, bias, z)
+        let forms = [
+            (Accum::Overwrite, false, false),
+            (Accum::Add, false, false),
+            (Accum::Add, true, false),
+            (Accum::Add, true, true),
+        ];
+        for (mode, with_b, with_z) in forms {
+            let what = format!("{tag} {mode:?} bias {with_b} z {with_z}");
+            let mut want = y0.clone();
+            if with_z {
+                cpu.conv3d_forward_res(&mut want, &a_c, &w, &b, &z, cs);
+            } else {
+                cpu.conv3d_forward_acc((&mut want, mode), &a_c, &w, with_b.then_some(&b), cs);
+            }
+            let (bgo, zgo) = (with_b.then_some(&big), with_z.then_some(&zg));
+            // two calls on the GPU
+            let mut two = act(g, &y0, o);
+            if with_z {
+                g.conv3d_forward_res(&mut two, &ag, &wg, &big, &zg, cs);
+            } else {
+                g.conv3d_forward_acc((&mut two, mode), &ag, &wg, bgo, cs);
+            }
+            // one pass
+            let (runs, gn_runs) = (g.wgmma_runs(), g.wgmma_gn_runs());
+            let (mut mf, mut rf) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
+            let (ms, rs) = if fresh { (&mut mf, &mut rf) } else { (&mut mg, &mut rg) };
+            let mut one = act(g, &y0, o);
+            let add = mode == Accum::Add;
+            assert!(g.gn_conv_fusable(&xg, &wg, cs, add, groups), "{what}: fusable");
+            g.groupnorm_silu_conv3d_fused(
+                (&mut one, mode),
+                (&xg, offo),
+                (ms, rs),
+                fresh,
+                (&gg, &bg),
+                (&wg, bgo, zgo),
+                cs,
+                groups,
+            );
+            assert_eq!((g.wgmma_runs() - runs, g.wgmma_gn_runs() - gn_runs), (1, 1), "{what}: ran conv3d_wgmma_fwd_gn");
+            if fresh {
+                assert_eq!(get_raw(g, &mf), get_raw(g, &mg), "{what}: fresh statistics = groupnorm_silu_forward's");
+                assert_eq!(get_raw(g, &rf), get_raw(g, &rg), "{what}: fresh statistics = groupnorm_silu_forward's");
+            }
+            let (one, two) = (get_act(g, &one, o), get_act(g, &two, o));
+            check(&format!("{what} vs CPU"), &one, &want, BF);
+            let diff = one.iter().zip(&two).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(diff, 0, "{what}: {diff} of {} outputs differ from the GPU's two calls", one.len());
+        }
+    }
+    g.set_wgmma(None);
+    // not fusable where the plain conv would not run the kernel: forbidden, or NCDHW
+    let (xd, co) = (Dims::new(1, 64, 3, 9, 8), 64);
+    let cs = ConvShape::new(xd, co, 3, 1);
+    let (x, w) = (rb(&rnd(xd.numel(), 7990, 1.0)), rnd(cs.w_len(), 7991, 0.05));
+    g.set_wgmma(Some(false));
+    let (xg, wg) = (act(g, &x, xd), param(g, &w, &[co, 64, 3, 3, 3]));
+    assert!(!g.gn_conv_fusable(&xg, &wg, cs, false, groups), "MEDDPM_WGMMA=0 forbids the fused path too");
+    g.set_wgmma(Some(true));
+    g.set_wgmma_gn(false);
+    assert!(!g.gn_conv_fusable(&xg, &wg, cs, false, groups), "set_wgmma_gn(false) forbids it");
+    g.set_wgmma_gn(true);
+    g.set_wgmma(None);
+    let n = &gs[0];
+    n.set_wgmma(Some(true));
+    n.set_wgmma_gn(true);
+    let (xg, wg) = (act(n, &x, xd), param(n, &w, &[co, 64, 3, 3, 3]));
+    assert!(!n.gn_conv_fusable(&xg, &wg, cs, false, groups), "NCDHW never fuses");
+    n.set_wgmma(None);
+}
+
 // ---- GroupNorm -----------------------------------------------------------------------------------
 
 fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: Accum, seed: u64) {
@@ -886,6 +1017,66 @@ fn unet_bf16_forward_backward_parity() {
         net.backward(g);
         let grads = net.host_tensors(g, true);
         check_grads(&format!("bf16 unet tiny grad [{}]", name(g)), &keys, &grads, &grads_c, Some(&grads_f));
+    }
+}
+
+/// The U-Net with its ResBlocks' GroupNorm+SiLU → conv fused (`conv3d_wgmma_fwd_gn`, forced on
+/// with `conv3d_wgmma`) against the same GPU making the two calls: the forward output and every
+/// gradient bit for bit (the prologue computes what gn_apply stores). A 64-channel model, so every
+/// ResBlock form fuses: identity skip (conv + b + z), skip conv (accumulated), and the decoder's
+/// blocks over a concatenation (statistics given, the concatenation left unnormalised for the
+/// backward to rebuild).
+#[test]
+fn unet_wgmma_gn_fused_matches_two_calls() {
+    use meddpm::model::{UNet, UNetConfig};
+    let Some(gs) = gpus() else { return };
+    let g = &gs[1];
+    let cfg = UNetConfig {
+        depth: 6,
+        size: 10,
+        in_channels: 2,
+        out_channels: 1,
+        model_channels: 64,
+        channel_mult: vec![1, 2],
+        num_res_blocks: 1,
+        attention_ds: vec![2],
+        num_heads: 1,
+        groups: 32,
+    };
+    let batch = 2;
+    g.set_wgmma(Some(true));
+    let mut runs = Vec::new();
+    for fused in [false, true] {
+        g.set_wgmma_gn(fused);
+        let mut net = UNet::new(g, &cfg, batch).unwrap();
+        let host: Vec<Vec<f32>> =
+            net.specs.iter().enumerate().map(|(i, s)| rnd(s.numel(), 3000 + i as u64, 0.2)).collect();
+        net.set_params(g, &host).unwrap();
+        let (xd, od) = (net.input_dims(), net.output_dims());
+        g.upload_act(&rnd(xd.numel(), 31, 1.0), xd, net.input_mut());
+        let gn0 = g.wgmma_gn_runs();
+        net.forward(g, &[5.0, 400.0]);
+        let fwd_gn = g.wgmma_gn_runs() - gn0;
+        let out = get_act(g, net.output(), od);
+        g.upload_act(&rnd(od.numel(), 32, 1.0), od, net.output_and_grad().1);
+        net.zero_grads(g);
+        net.backward(g);
+        runs.push((out, net.host_tensors(g, true), fwd_gn));
+    }
+    g.set_wgmma_gn(true);
+    g.set_wgmma(None);
+    let ((o2, g2, n2), (o1, g1, n1)) = (&runs[0], &runs[1]);
+    if *n1 == 0 {
+        println!("skipped: conv3d_wgmma_fwd_gn needs an sm_90 GPU ({})", name(g));
+        return;
+    }
+    // ResBlocks: 2 down, 2 middle, 4 up (over concatenations); two fused convs each
+    assert_eq!((*n2, *n1), (0, 16), "fused convs in one forward (two calls, fused)");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(o1) == bits(o2), "U-Net forward: fused and two calls differ");
+    for (i, (a, b)) in g1.iter().zip(g2).enumerate() {
+        let d = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(d, 0, "U-Net gradient tensor {i}: {d} of {} values differ (fused vs two calls)", a.len());
     }
 }
 

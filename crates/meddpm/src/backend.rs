@@ -381,6 +381,33 @@ pub trait Backend {
         self.groupnorm_silu_forward(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
         self.conv3d_forward(out, act, w, b, cs);
     }
+    /// Whether [`Backend::groupnorm_silu_conv3d_fused`] computes conv `cs` (3×3×3 forward,
+    /// accumulated onto its output or with a residual where `add`) over silu(GN(`inp`)) with `w`
+    /// in one pass, silu(GN(inp)) never stored. The default: no (the model then makes the two
+    /// calls). CUDA: where the conv runs on `conv3d_wgmma` (bf16 NDHWC, sm_90, wide channels).
+    fn gn_conv_fusable(&self, _inp: &Self::Buf, _w: &Self::Buf, _cs: ConvShape, _add: bool, _groups: usize) -> bool {
+        false
+    }
+    /// A ResBlock's GroupNorm+SiLU → Conv3 forward as one pass where
+    /// [`Backend::gn_conv_fusable`] said so (only then: a backend without it panics):
+    /// `out` (= or += per the mode) = conv3d(silu(GN(inp + off)), w) (+ b) (+ z, with
+    /// `Accum::Add`: conv + b + z, out's old values unread). With `fresh` the statistics of
+    /// inp + off are computed into mean/rstd first (as [`Backend::groupnorm_silu_forward`] saves
+    /// them), else they are given (a concatenation's, [`Backend::concat_channels_stats`]).
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_conv3d_fused(
+        &self,
+        _out: (&mut Self::Buf, Accum),
+        _inp: (&Self::Buf, Option<&Self::Buf>),
+        _stats: (&mut Self::Buf, &mut Self::Buf),
+        _fresh: bool,
+        _gb: (&Self::Buf, &Self::Buf),
+        _wbz: (&Self::Buf, Option<&Self::Buf>, Option<&Self::Buf>),
+        cs: ConvShape,
+        _groups: usize,
+    ) {
+        panic!("groupnorm_silu_conv3d_fused {cs:?}: this backend does not fuse (gn_conv_fusable is false)")
+    }
     /// `out` = silu(GN(inp)) with the statistics a [`Backend::groupnorm_silu_forward`] of the same
     /// `inp` saved: the same values that forward wrote (the backward's recomputation of a
     /// convolution's input; on the GPU one elementwise pass, no statistics pass).

@@ -195,6 +195,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_fwd_gn_small_cout", ConvForward),
     // the wide 3x3x3 convs on the warpgroup MMA, and their weights packed into fragment order
     ("conv3d_wgmma_fwd", ConvForward),
+    ("conv3d_wgmma_fwd_gn", ConvForward),
     ("conv3d_wgmma_dgrad", ConvDgrad),
     ("conv3d_wgmma_pack", Layout),
 ];

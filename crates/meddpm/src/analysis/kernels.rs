@@ -247,6 +247,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_fwd_small_cout_mma", Category::ConvForward),
     ("conv3d_fwd_gn_small_cout", Category::ConvForward),
     ("conv3d_wgmma_fwd", Category::ConvForward),
+    ("conv3d_wgmma_fwd_gn", Category::ConvForward),
     ("conv3d_wgmma_dgrad", Category::ConvDgrad),
     ("conv3d_wgmma_pack", Category::Layout),
 ];

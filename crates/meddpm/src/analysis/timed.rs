@@ -306,6 +306,46 @@ impl<B: Backend> Backend for Timed<B> {
             self.inner.groupnorm_silu_conv3d_forward(out, act, (mean, rstd), inp, (gamma, beta), (w, b), cs, groups)
         })
     }
+    fn gn_conv_fusable(&self, inp: &Self::Buf, w: &Self::Buf, cs: ConvShape, add: bool, groups: usize) -> bool {
+        self.inner.gn_conv_fusable(inp, w, cs, add, groups)
+    }
+    fn groupnorm_silu_conv3d_fused(
+        &self,
+        (out, mode): (&mut Self::Buf, Accum),
+        (inp, off): (&Self::Buf, Option<&Self::Buf>),
+        (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
+        fresh: bool,
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        (w, b, z): (&Self::Buf, Option<&Self::Buf>, Option<&Self::Buf>),
+        cs: ConvShape,
+        groups: usize,
+    ) {
+        // one record as the inner backend runs it: inp read (twice with fresh statistics), out
+        // written (read too when accumulated), z read
+        let e = self.l(inp) * if fresh { 2.0 } else { 1.0 }
+            + self.acc(out, mode)
+            + self.lo(z)
+            + self.lo(off)
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(gamma)
+            + self.l(beta)
+            + self.l(w)
+            + self.lo(b);
+        self.rec("groupnorm_silu_conv3d_fused", Category::ConvForward, Some(cs.flops()), e, || {
+            let st = (mean, rstd);
+            self.inner.groupnorm_silu_conv3d_fused(
+                (out, mode),
+                (inp, off),
+                st,
+                fresh,
+                (gamma, beta),
+                (w, b, z),
+                cs,
+                groups,
+            )
+        })
+    }
     fn groupnorm_silu_forward_inplace(
         &self,
         x: &mut Self::Buf,

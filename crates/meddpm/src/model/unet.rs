@@ -763,32 +763,49 @@ impl<B: Backend> UNet<B> {
                     let b_out = r.b_out.as_ref().unwrap_or(&w[p + 9]);
                     if r.cat_in {
                         // x is the skip concatenation, built here with its GroupNorm statistics;
-                        // skip conv first, then GroupNorm+SiLU over it in place (see
+                        // skip conv first, then GroupNorm+SiLU → conv over it (see
                         // `ResBlock::cat_in`)
                         let ((h, sk), (_, _, ab, cd, ca, cb)) = (parts.expect("cat_in"), cat.expect("cat_in"));
                         let stats = (&mut r.mean1, &mut r.rstd1);
                         be.concat_channels_stats(x, h, ab.map(|k| &w[k]), sk, stats, cd, ca, cb, g);
                         be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), skip_cs);
-                        be.groupnorm_silu_recompute_inplace(x, &r.mean1, &r.rstd1, &w[p], &w[p + 1], xd, g);
-                        be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), x, cw(p + 2), None, in_cs);
+                    }
+                    // in_layers: GroupNorm+SiLU → Conv3 into h
+                    let (h, (m1, r1), (g1, b1)) =
+                        ((&mut r.h, Accum::Overwrite), (&mut r.mean1, &mut r.rstd1), (&w[p], &w[p + 1]));
+                    if be.gn_conv_fusable(x, cw(p + 2), in_cs, false, g) {
+                        // GroupNorm+SiLU as the conv's prologue, silu(GN(x)) never stored (a
+                        // concatenation's statistics are given; it keeps its values, which its
+                        // backward rebuilds anyway)
+                        let wbz = (cw(p + 2), None, None);
+                        be.groupnorm_silu_conv3d_fused(h, (x, None), (m1, r1), !r.cat_in, (g1, b1), wbz, in_cs, g);
+                    } else if r.cat_in {
+                        be.groupnorm_silu_recompute_inplace(x, m1, r1, g1, b1, xd, g);
+                        be.conv3d_forward_acc(h, x, cw(p + 2), None, in_cs);
                     } else {
                         let [a] = scr.get([(xd.numel(), 0)]);
-                        be.groupnorm_silu_forward(a, &mut r.mean1, &mut r.rstd1, x, None, &w[p], &w[p + 1], xd, g);
-                        be.conv3d_forward_acc((&mut r.h, Accum::Overwrite), a, cw(p + 2), None, in_cs);
+                        be.groupnorm_silu_forward(a, m1, r1, x, None, g1, b1, xd, g);
+                        be.conv3d_forward_acc(h, a, cw(p + 2), None, in_cs);
                     }
                     be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &r.b_in, n, emb, r.cout);
-                    let [a] = scr.get([(yd.numel(), 0)]);
-                    let (m, rs, e) = (&mut r.mean2, &mut r.rstd2, Some(&r.e));
-                    be.groupnorm_silu_forward(a, m, rs, &r.h, e, &w[p + 6], &w[p + 7], yd, g);
-                    if r.cat_in {
-                        // out already holds skip_connection(x) + the folded bias
-                        be.conv3d_forward_acc((out, Accum::Add), a, cw(p + 8), None, out_cs);
-                    } else if r.b_out.is_some() {
+                    // out_layers: GroupNorm(h + e)+SiLU → Conv3 added onto the skip branch (a
+                    // concatenation's skip conv ran above), or with the identity skip x as the
+                    // residual: out = x + conv + bias in one call where the backend can
+                    if !r.cat_in && r.b_out.is_some() {
                         be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), skip_cs);
-                        be.conv3d_forward_acc((out, Accum::Add), a, cw(p + 8), None, out_cs);
+                    }
+                    let res = (!r.cat_in && r.b_out.is_none()).then_some(&*x);
+                    let (he, st, gb) = ((&r.h, Some(&r.e)), (&mut r.mean2, &mut r.rstd2), (&w[p + 6], &w[p + 7]));
+                    if be.gn_conv_fusable(&r.h, cw(p + 8), out_cs, true, g) {
+                        let wbz = (cw(p + 8), res.map(|_| b_out), res);
+                        be.groupnorm_silu_conv3d_fused((out, Accum::Add), he, st, true, gb, wbz, out_cs, g);
                     } else {
-                        // identity skip: out = x + conv + bias in one call where the backend can
-                        be.conv3d_forward_res(out, a, cw(p + 8), b_out, x, out_cs);
+                        let [a] = scr.get([(yd.numel(), 0)]);
+                        be.groupnorm_silu_forward(a, st.0, st.1, he.0, he.1, gb.0, gb.1, yd, g);
+                        match res {
+                            Some(z) => be.conv3d_forward_res(out, a, cw(p + 8), b_out, z, out_cs),
+                            None => be.conv3d_forward_acc((out, Accum::Add), a, cw(p + 8), None, out_cs),
+                        }
                     }
                 }
                 Op::Attn(a) => {
