@@ -321,12 +321,13 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
 // warpgroups a block (warp specialisation): the producer (threads 128-255) copies the stages with
 // cp.async, transforms its own copies in place (gn_y, sigmoid_t<bf16>, rounded to nearest even:
 // bit for bit gn_apply's values; the halo outside the volume stays zero, the conv's padding) and
-// hands each stage over; the consumer (threads 0-127) runs wgmma_conv_body's MMA loop and
-// epilogue. Hand-over by named barriers, per ring buffer b: FULL 1 + b (the producer arrives,
+// hands each stage over; the consumer (threads 0-127) runs the MMA loop and epilogue of
+// wgmma_conv_body (a copy, with the hand-over where that loop issues its copies: sharing them as
+// functions waits for a device run that re-measures both kernels). Hand-over by named barriers, per ring buffer b: FULL 1 + b (the producer arrives,
 // the consumer waits), EMPTY 1 + WM_NS + b (the consumer arrives once the stage's last MMAs are
 // done, the producer waits before reusing b); 2 * WM_NS + 1 orders the consumer's epilogue.
-// Each staged value is transformed once per output plane that reads it (three times): the
-// producer's work is ~2700 instructions a stage. With the sigmoid as exp2 + reciprocal (two MUFU a
+// Each staged value is transformed once per output plane that reads it (three times): ~2700
+// instructions a stage and scheduler, most of them the producer's (ncu). With the sigmoid as exp2 + reciprocal (two MUFU a
 // value) it set the pace: 1.25x (64 -> 64) and 1.35x (128 -> 64) the plain kernel's time at 128^3,
 // more than the gn_apply pass saved (ncu: tensor pipe 47 % busy against 68 %, an instruction every
 // 3.7 cycles a scheduler); with sigmoid_t's tanh (one MUFU) the fused forward wins (14.1 -> 13.8
