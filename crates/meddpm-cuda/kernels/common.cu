@@ -348,3 +348,30 @@ __device__ __forceinline__ Row row_geom(int C, i64 S, int V, int cl) {
                 F<float, 1>(__VA_ARGS__);          \
         }                                          \
     } while (0)
+
+// bf16 helpers of the tensor-core kernels: two values packed into one 32-bit register (lower index
+// in the low half, as mma fragments hold them), and D = A*B + D on mma.m16n8k16 (row.col, f32 sums).
+// The packing is one cvt.rn.bf16x2.f32: round to nearest even as f2bf, bit for bit except for a
+// NaN's payload (the hardware gives the canonical NaN), in one instruction instead of ~10 a value.
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ void mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// A 16-byte global → shared copy (cp.async, sm_80+), zero-filled where !ok (src then unread).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}

@@ -140,22 +140,7 @@ WGRAD_SMALL(4, 1, )
 // (conv3d_wgrad_small_finalize's layout, a chunk per warp). The FMA kernel above needed 10 loads per
 // 27 FMAs and waited on them (Cout = 1: 1.38 ms at 128^3, docs/perf/h200-2026-12-01c/ncu-small-convs;
 // Cout = 4: 10.8 ms of a 194 ms BraTS training step, docs/perf/h200-2026-12-01l).
-// bf16 helpers of the tensor-core kernels: two values packed into one 32-bit register (lower index
-// in the low half, as mma fragments hold them), and D = A*B + D on mma.m16n8k16 (row.col, f32 sums).
-// The packing is one cvt.rn.bf16x2.f32: round to nearest even as f2bf, bit for bit except for a
-// NaN's payload (the hardware gives the canonical NaN), in one instruction instead of ~10 a value.
-__device__ __forceinline__ u32 pack_bf2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ void mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// (pack_bf2 and mma_bf16_16816, the bf16 helpers of the tensor-core kernels, are in common.cu.)
 #define WG_TH 8
 #define WG_TW 32
 #define WG_HALO (3 * (WG_TH + 2) * (WG_TW + 2))

@@ -341,6 +341,10 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
 struct WmGn {
     const float *mean, *rstd, *gamma, *beta, *off;
     int G;
+    // x2: the input is the concatenation cat(x (CA channels), x2 (CI - CA)) along channels, read
+    // from its parts (CA a multiple of 64: a stage's 64 channels lie in one part); 0: x alone
+    const bf16* x2;
+    int CA;
 };
 __device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void nb_arrive(int id, int n) {
@@ -387,6 +391,7 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
         const int c4 = (t & 1) * 4, r0 = t >> 1;
         struct St {
             const bf16* p;  // the stage's corner voxel (h0 - 1, w0 - 1), this thread's channels
+            int cs;         // channels a voxel of the part p points into
             int t0;         // the table's float4 index of this thread's first channel pair
             u32 in;         // bit m: halo voxel r0 + 64 m is inside the volume
         };
@@ -394,8 +399,12 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
             const int kd = l.k / CG, cg = l.k - kd * CG, dd = l.d + kd - 1;
             const int gh0 = l.c.h0 - 1, gw0 = l.c.w0 - 1;
             const bool ok = dd >= 0 && dd < D;
+            // the part holding the stage's 64 channels, and their offset in it
+            const bool p2 = gn.x2 && cg * 64 >= gn.CA;
+            const int cs = gn.x2 ? (p2 ? CI - gn.CA : gn.CA) : CI, cc = p2 ? cg * 64 - gn.CA : cg * 64;
             St S;
-            S.p = x + ((((i64)l.c.n * D + dd) * H + gh0) * W + gw0) * CI + cg * 64 + c4 * 8;
+            S.cs = cs;
+            S.p = (p2 ? gn.x2 : x) + ((((i64)l.c.n * D + dd) * H + gh0) * W + gw0) * cs + cc + c4 * 8;
             S.t0 = (l.c.n * CI + cg * 64 + c4 * 8) >> 1;
             S.in = 0u;
 #pragma unroll
@@ -414,7 +423,7 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
                 const int hh = r / WM_PW, ww = r - hh * WM_PW;
                 const bool ok = (S.in >> m) & 1u;
                 const u32 row = sbase + buf * WM_STAGE + r * 128;
-                wm_cp16(row + (((c4 + c) ^ ((row >> 7) & 7)) << 4), ok ? S.p + (hh * W + ww) * CI + c * 8 : x, ok);
+                wm_cp16(row + (((c4 + c) ^ ((row >> 7) & 7)) << 4), ok ? S.p + (hh * W + ww) * S.cs + c * 8 : x, ok);
             }
             wm_cp_commit();
         };
@@ -586,12 +595,13 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
     }
 WGMMA_ENTRY(conv3d_wgmma_fwd)
 WGMMA_ENTRY(conv3d_wgmma_dgrad)
-// grid as the others, block 256, dynamic shared memory WM_SMEM + 8 * N * CI (the table)
+// grid as the others, block 256, dynamic shared memory WM_SMEM + 8 * N * CI (the table); x2 / CA: x is
+// cat(x, x2) at channel CA (see WmGn), x2 = 0 for one input
 extern "C" __global__ void __launch_bounds__(256, 1)
     conv3d_wgmma_fwd_gn(const bf16* x, const uint4* wp, const float* b, bf16* y, const bf16* z, int N, int CI,
                         int CO, int D, int H, int W, int DC, int accum, const float* mean, const float* rstd,
-                        const float* gamma, const float* beta, const float* off, int G) {
+                        const float* gamma, const float* beta, const float* off, int G, const bf16* x2, int CA) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G});
+    wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G, x2, CA});
 #endif
 }

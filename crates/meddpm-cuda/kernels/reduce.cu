@@ -409,3 +409,148 @@ extern "C" __global__ void concat_stats_ndhwc(void* out, const void* a, const vo
         concat_stats_ndhwc_t<float, 4>(out, a, b, abias, part, ca, cb, S, chunk_len, nchunks);
     }
 }
+
+// ---- a decoder ResBlock's skip conv and its GroupNorm statistics, from the concatenation's parts
+// out (N, S, CO) = W (CO, C) · cat(a (N, S, ca), b (N, S, cb)) + bias[co] (the 1×1×1 skip conv,
+// bf16 NDHWC, C = ca + cb, ca and cb multiples of 32, C and CO of 64) and stage 1 of OP_STATS over the
+// concatenation, without the concatenation ever being stored: the decoder ResBlock's in_layers
+// conv reads the two parts too (conv3d_wgmma_fwd_gn with x2). Before this kernel the block wrote
+// the concatenation (concat_stats_ndhwc: 342 us at 128^3 x 128 channels on the H200) and cuBLAS
+// read it back for the skip conv (200 us).
+// Grid (nchunks, N), block 256, chunks as concat_stats_ndhwc's. The chunk's voxels are staged in
+// tiles of T voxels (a multiple of 16 and of the statistics rows) through a ring of CS_NS buffers
+// (cp.async, CS_NS - 1 tiles in flight; rows padded by 16 bytes so the fragment reads fall on
+// distinct banks); one barrier a tile. A first version with two buffers of 128 voxels (one tile in
+// flight, one block an SM) reached 1.35 TB/s: 595 us at 128^3. The statistics take each staged
+// value in concat_stats_ndhwc's order (thread (l, r) sums voxels r, r + rows, ... of the chunk),
+// so the partials are bit for bit that kernel's. The skip conv is mma.m16n8k16 with the voxels
+// on M; a warp's work item is 16 voxels x 32 outputs. Its K (channels) is permuted so that a
+// lane's A fragment is 16 contiguous bytes of a voxel row (channels 8t .. 8t + 7 of each 32) and
+// its B fragment the same 16 bytes of a weight row. The sums are staged per warp and written as
+// 16-byte vectors, 64 contiguous bytes a voxel.
+#define CS_XR(C) ((C) + 32)  // bf16 elements a staged voxel row: 64 bytes of padding, so that the two
+                             // rows an 8-lane phase of a fragment read touches (2C a multiple of 128
+                             // bytes) fall on distinct banks (16 bytes of padding: 7.5 wavefronts a
+                             // 4-wavefront read, ncu)
+#define CS_NS 3             // tiles in the ring
+#define CS_OR 40            // bf16 elements a warp's staged output row (32 + 16 bytes)
+extern "C" __global__ void __launch_bounds__(256, 2)
+    cat_skip_stats_ndhwc(bf16* out, const bf16* a, const bf16* b, const bf16* w, const float* bias, float* part,
+                         int ca, int cb, int CO, i64 S, int chunk_len, int nchunks, int T) {
+    extern __shared__ __align__(16) unsigned char cs_smem[];
+    __shared__ float red[2][256 * 8];
+    const int C = ca + cb, XR = CS_XR(C);
+    bf16* ws = (bf16*)cs_smem;         // W, CO rows of XR
+    bf16* xs = ws + (i64)CO * XR;      // CS_NS tiles of T rows of XR
+    bf16* os = xs + CS_NS * (i64)T * XR;  // 8 warps x 16 rows of CS_OR
+    float* bs = (float*)(os + 8 * 16 * CS_OR);  // the bias, CO floats
+    const int n = blockIdx.y, chunk = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int lanes = C / 8, rows = 256 / lanes, l = tid % lanes, r = tid / lanes, c0 = l * 8;
+    const i64 v0 = (i64)chunk * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
+    const int nv = (int)(v1 - v0), ntiles = (nv + T - 1) / T, C8 = C / 8;
+    for (int i = tid; i < CO; i += 256) bs[i] = bias ? bias[i] : 0.0f;
+    // W into shared memory (with the first tile's copies: one commit group)
+    for (int i = tid; i < CO * C8; i += 256) {
+        const int co = i / C8, k = i - co * C8;
+        cp_async16(ws + co * XR + k * 8, w + (i64)co * C + k * 8, true);
+    }
+    // tile `tile`'s copies into its ring buffer, one commit group (empty past the last tile).
+    // Thread (l, r) copies the chunks its statistics read: channels c0 .. c0 + 7 of voxels r,
+    // r + rows, ... (T is a multiple of rows), pointers stepped (the generic index arithmetic
+    // of a first version cost ~60 instructions a copy: 110 instructions a voxel in all, ncu).
+    const bool fa = c0 < ca;
+    const int cp = fa ? ca : cb;
+    const bf16* src0 = fa ? a + ((i64)n * S + v0) * ca + c0 : b + ((i64)n * S + v0) * cb + (c0 - ca);
+    auto stage = [&](int tile) {
+        if (tile < ntiles && r < rows) {
+            bf16* dst = xs + (i64)(tile % CS_NS) * T * XR + r * XR + c0;
+            const bf16* src = src0 + (i64)(tile * T + r) * cp;
+            const int lim = nv - tile * T;
+            const i64 sstep = (i64)rows * cp;
+            for (int vi = r; vi < T; vi += rows, dst += rows * XR, src += sstep) cp_async16(dst, vi < lim ? src : a, vi < lim);
+        }
+        cp_async_commit();
+    };
+    float shift[8], s[8], q[8];
+    if (r < rows) cat_load<bf16, 8>(a, b, nullptr, ca, cb, n, S, v0, c0, shift);
+#pragma unroll
+    for (int j = 0; j < 8; j++) s[j] = q[j] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CS_NS - 1; k++) stage(k);
+    const int t4 = lane & 3, g = lane >> 2, items = (T / 16) * (CO / 32);
+    bf16* ow = os + warp * 16 * CS_OR;
+    for (int tile = 0; tile < ntiles; tile++) {
+        const int tv = min(T, nv - tile * T);
+        cp_async_wait<CS_NS - 2>();  // this tile's copies (this thread's) landed
+        __syncthreads();             // everyone's; and the previous tile's buffer is free
+        stage(tile + CS_NS - 1);
+        const bf16* xt = xs + (i64)(tile % CS_NS) * T * XR;
+        // the statistics, in concat_stats_ndhwc's order
+        if (r < rows) {
+            const bf16* xp = xt + r * XR + c0;
+            for (int vi = r; vi < tv; vi += rows, xp += rows * XR) {
+                float x[8];
+                const uint4 u = *reinterpret_cast<const uint4*>(xp);
+                unpack2(u.x, x);
+                unpack2(u.y, x + 2);
+                unpack2(u.z, x + 4);
+                unpack2(u.w, x + 6);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    // (cat_load rounds x + 0, making a -0 +0; x - shift is then -0 where it was
+                    // +0, which sums to the same s and q: a running sum never is -0)
+                    const float d = x[j] - shift[j];
+                    s[j] += d;
+                    q[j] += d * d;
+                }
+            }
+        }
+        // the skip conv: work item it = (m16 tile it % (T / 16), outputs 32 (it / (T / 16)) ..)
+        for (int it = warp; it < items; it += 8) {
+            const int mt = it % (T / 16), cg = (it / (T / 16)) * 32;
+            if (mt * 16 >= tv) continue;
+            const bf16* xr = xt + (mt * 16 + g) * XR + t4 * 8;
+            float acc[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+            for (int kb = 0; kb < C; kb += 32) {
+                const uint4 lo = *reinterpret_cast<const uint4*>(xr + kb);
+                const uint4 hi = *reinterpret_cast<const uint4*>(xr + 8 * XR + kb);
+                const u32 a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    const uint4 wv = *reinterpret_cast<const uint4*>(ws + (cg + nt * 8 + g) * XR + kb + t4 * 8);
+                    mma_bf16_16816(acc[nt], a0, wv.x, wv.y);
+                    mma_bf16_16816(acc[nt], a1, wv.z, wv.w);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int co = nt * 8 + 2 * t4;
+                const float b0 = bs[cg + co], b1 = bs[cg + co + 1];
+                *reinterpret_cast<u32*>(ow + g * CS_OR + co) = pack_bf2(acc[nt][0] + b0, acc[nt][1] + b1);
+                *reinterpret_cast<u32*>(ow + (g + 8) * CS_OR + co) = pack_bf2(acc[nt][2] + b0, acc[nt][3] + b1);
+            }
+            __syncwarp();
+            // 16 voxels x 32 outputs: 64 contiguous bytes a voxel, as 16-byte vectors
+            const int m = min(16, tv - mt * 16);
+            const i64 ob = ((i64)n * S + v0 + (i64)tile * T + mt * 16) * CO + cg;
+            for (int i = lane; i < m * 4; i += 32) {
+                const int vi = i >> 2, k = i & 3;
+                *reinterpret_cast<uint4*>(out + ob + (i64)vi * CO + k * 8) =
+                    *reinterpret_cast<const uint4*>(ow + vi * CS_OR + k * 8);
+            }
+            __syncwarp();
+        }
+    }
+    cp_async_wait<0>();
+    if (r < rows) rows_store<8>(red, r, C, c0, s, q);
+    __syncthreads();
+    for (int c = tid; c < C; c += 256) {
+        float ss, qq;
+        rows_sum<8>(red, rows, C, c, ss, qq);
+        float sh;
+        cat_load<bf16, 1>(a, b, nullptr, ca, cb, n, S, v0, c, &sh);
+        chan_write<OP_STATS>(part, (((i64)n * nchunks + chunk) * C + c) * 2, ss, qq, v1 - v0, sh);
+    }
+}

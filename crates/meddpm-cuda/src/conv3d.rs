@@ -344,6 +344,13 @@ pub(crate) struct ConvCache {
     pub(crate) wgmma_gn: bool,
     /// Of `wgmma_runs`, those with the GroupNorm+SiLU prologue (tests).
     pub(crate) wgmma_gn_runs: u64,
+    /// The decoder ResBlocks without their concatenation stored (the skip conv and the
+    /// statistics from the parts, `cat_skip_stats_ndhwc`; in_layers' conv reading the parts)
+    /// where in_layers' conv runs on `conv3d_wgmma_fwd_gn` (true, the default), or the
+    /// concatenation built (`MEDDPM_CAT_FREE=0`, A/B benchmarks).
+    pub(crate) cat_free: bool,
+    /// Calls of `cat_skip_stats_ndhwc` (tests).
+    pub(crate) cat_free_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel.
@@ -431,6 +438,8 @@ impl ConvCache {
             wgmma_runs: 0,
             wgmma_gn: std::env::var("MEDDPM_WGMMA_GN").map_or(true, |v| v != "0"),
             wgmma_gn_runs: 0,
+            cat_free: std::env::var("MEDDPM_CAT_FREE").map_or(true, |v| v != "0"),
+            cat_free_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -1076,15 +1085,43 @@ pub(crate) fn gn_wgmma_chosen(
         && wgmma_fwd_chosen(dev, cache, cs, add, inp, w, cs.out().numel())
 }
 
+/// Whether a decoder ResBlock over cat(a (ca channels), b) runs without the concatenation stored
+/// (`Backend::cat_conv_fusable`): in_layers' conv `cs` (over the concatenation, whose buffer `x`
+/// is) on `conv3d_wgmma_fwd_gn` ([`gn_wgmma_chosen`]), both parts whole stages of 64 channels,
+/// the skip conv's weight `w_skip` bf16 and its shared memory within a block's
+/// ([`crate::groupnorm::cat_skip_fits`]), and `cat_free` on.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cat_free_chosen(
+    dev: &Device,
+    cache: &mut ConvCache,
+    cs: ConvShape,
+    (x, w, w_skip): (&GpuBuf, &GpuBuf, &GpuBuf),
+    ca: usize,
+    groups: usize,
+) -> bool {
+    let c = cs.x.c;
+    cache.cat_free
+        && ca.is_multiple_of(64)
+        && ca < c
+        && (c - ca).is_multiple_of(64)
+        && cs.cout.is_multiple_of(64)
+        && w_skip.dtype() == DType::Bf16
+        && w_skip.len() == cs.cout * c
+        && crate::groupnorm::cat_skip_fits(c, cs.cout)
+        && gn_wgmma_chosen(dev, cache, cs, false, (x, w), groups)
+}
+
 /// out (= or += per `acc`) = conv(silu(GN(inp + off)), w) (+ b) (+ z: with `Accum::Add`, out =
 /// conv + b + z) through `conv3d_wgmma_fwd_gn`, the statistics given: where
-/// [`gn_wgmma_chosen`] said so.
+/// [`gn_wgmma_chosen`] said so. With `x2` = (b, ca) the input is cat(inp, b) at channel ca, read
+/// from the two parts ([`cat_free_chosen`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gn_wgmma_forward(
     dev: &Device,
     cache: &mut ConvCache,
     (out, acc): (&mut GpuBuf, Accum),
     (inp, off): (&GpuBuf, Option<&GpuBuf>),
+    x2: Option<(&GpuBuf, usize)>,
     (mean, rstd): (&GpuBuf, &GpuBuf),
     (gamma, beta): (&GpuBuf, &GpuBuf),
     (w, b, z): (&GpuBuf, Option<&GpuBuf>, Option<&GpuBuf>),
@@ -1092,7 +1129,22 @@ pub(crate) fn gn_wgmma_forward(
     groups: usize,
 ) {
     let x = cs.x;
-    check_lens(cs, inp.len(), w.len(), out.len(), b.map_or(cs.cout, |b| b.len()));
+    let inp_len = match x2 {
+        Some((b2, ca)) => {
+            let vox = x.n * x.s();
+            assert!(
+                inp.len() == vox * ca && b2.len() == vox * (x.c - ca) && b2.dtype() == DType::Bf16,
+                "conv3d_wgmma_fwd_gn {cs:?} from parts at channel {ca}: lengths {} and {} (expected {} and {})",
+                inp.len(),
+                b2.len(),
+                vox * ca,
+                vox * (x.c - ca)
+            );
+            x.numel()
+        }
+        None => inp.len(),
+    };
+    check_lens(cs, inp_len, w.len(), out.len(), b.map_or(cs.cout, |b| b.len()));
     let ng = x.n * groups;
     assert!(
         out.dtype() == DType::Bf16
@@ -1121,6 +1173,8 @@ pub(crate) fn gn_wgmma_forward(
         beta: dev.ptr(beta),
         off: off.map_or(0, |o| dev.ptr(o)),
         groups,
+        x2: x2.map_or(0, |(b2, _)| dev.ptr(b2)),
+        ca: x2.map_or(0, |(_, ca)| ca),
     };
     let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
     let ptrs = (dev.ptr(inp), dev.ptr(w), bp, dev.ptr_mut(out), zp);

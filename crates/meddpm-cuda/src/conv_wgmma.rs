@@ -108,7 +108,9 @@ pub(crate) fn run_gn(
     let (name, smem) = match gn {
         Some(g) => {
             assert!(gn_fits(x, g.groups), "conv3d_wgmma_fwd_gn {x} groups {}: table does not fit", g.groups);
+            assert!(g.x2 == 0 || (g.ca.is_multiple_of(64) && g.ca < ci), "conv3d_wgmma_fwd_gn: parts at {}", g.ca);
             args.extend([P(g.mean), P(g.rstd), P(g.gamma), P(g.beta), P(g.off), I(g.groups as i32)]);
+            args.extend([P(g.x2), I(g.ca as i32)]);
             ("conv3d_wgmma_fwd_gn", SMEM + gn_table(x))
         }
         None if tw => ("conv3d_wgmma_dgrad", SMEM),
@@ -120,7 +122,9 @@ pub(crate) fn run_gn(
 }
 
 /// The GroupNorm+SiLU prologue of `conv3d_wgmma_fwd_gn` (device pointers): the statistics
-/// mean/rstd [N·G], γ/β [Cin], the input offset [N·Cin] (0: none) and G.
+/// mean/rstd [N·G], γ/β [Cin], the input offset [N·Cin] (0: none) and G; and where the input is a
+/// concatenation read from its parts, the second part `x2` (0: none) from channel `ca` (a multiple
+/// of 64) on, the first being the conv's x.
 #[derive(Clone, Copy)]
 pub(crate) struct GnPro {
     pub mean: u64,
@@ -129,6 +133,8 @@ pub(crate) struct GnPro {
     pub beta: u64,
     pub off: u64,
     pub groups: usize,
+    pub x2: u64,
+    pub ca: usize,
 }
 
 /// Shared memory of `conv3d_wgmma_fwd_gn`'s (sc, sh) table: 8 bytes an (n, ci).

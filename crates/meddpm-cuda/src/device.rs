@@ -70,6 +70,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "chan_gnbwd_cat_ndhwc4",
     "chan_gnbwd_cat_ndhwc8",
     "concat_stats_ndhwc",
+    "cat_skip_stats_ndhwc",
     "chan_sum_ncdhw",
     "chan_sum_ndhwc1",
     "chan_sum_ndhwc4",

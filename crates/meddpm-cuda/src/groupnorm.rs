@@ -223,6 +223,109 @@ pub(crate) fn concat_stats(
     finalize_stats(dev, pp, 0, mean, rstd, od, groups, cl);
 }
 
+/// `cat_skip_stats_ndhwc`'s tile for C concatenated channels and CO outputs: T voxels, a
+/// multiple of the m16 tiles and of the statistics rows (256 / (C / 8)), at least 64 where that
+/// fits, so that two blocks share an SM where they can (None: not even the smallest tile fits).
+fn cat_skip_tile(c: usize, co: usize) -> Option<usize> {
+    let rows = 256 / (c / 8);
+    let (mut a, mut b) = (16, rows);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    let l = 16 * rows / a;
+    let t = 64usize.div_ceil(l) * l;
+    let fits = |t: usize| cat_skip_bytes(c, co, t) <= SMEM_MAX;
+    [t, l].into_iter().find(|&t| fits(t))
+}
+
+/// The shared memory a block may have (227 KB), of which `cat_skip_stats_ndhwc`'s row sums take
+/// 16 KB statically.
+const SMEM_MAX: usize = 227 * 1024;
+
+/// Tiles in `cat_skip_stats_ndhwc`'s ring (CS_NS).
+const CAT_SKIP_NS: usize = 3;
+
+/// Bytes of shared memory `cat_skip_stats_ndhwc` takes with tiles of `t` voxels: W, the ring of
+/// tiles, the warps' output rows and the bias (dynamic), and the 16 KB of row sums (static).
+fn cat_skip_bytes(c: usize, co: usize, t: usize) -> usize {
+    let xr = c + 32;
+    (co * xr + CAT_SKIP_NS * t * xr + 8 * 16 * 40) * 2 + co * 4 + 16384
+}
+
+/// Whether `cat_skip_stats_ndhwc` runs for C concatenated channels and CO outputs: its shared
+/// memory fits (W (CO × C bf16) and a tile of 16 voxels at least).
+pub(crate) fn cat_skip_fits(c: usize, co: usize) -> bool {
+    c.is_multiple_of(64) && c / 8 <= 256 && cat_skip_tile(c, co).is_some()
+}
+
+/// A decoder ResBlock's skip conv and GroupNorm statistics from its concatenation's parts, the
+/// concatenation never stored (bf16 NDHWC; kernel `cat_skip_stats_ndhwc`): `out` (N, S, co) =
+/// w · cat(a (ca channels), b) + bias (w: the 1×1×1 conv's (co, ca + cb) bf16 weight, bias f32
+/// [co]), and mean/rstd of the concatenation as [`concat_stats`] saves them (bit for bit: the
+/// same partials in the same order). `x` is the concatenation's dims.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cat_skip_stats(
+    dev: &Device,
+    out: &mut GpuBuf,
+    (a, b): (&GpuBuf, &GpuBuf),
+    (mean, rstd): (&mut GpuBuf, &mut GpuBuf),
+    (w, bias): (&GpuBuf, &GpuBuf),
+    x: Dims,
+    ca: usize,
+    co: usize,
+    groups: usize,
+) {
+    let (c, vox) = (x.c, x.n * x.s());
+    let cb = c - ca;
+    assert!(
+        ca.is_multiple_of(32)
+            && cb.is_multiple_of(32)
+            && c.is_multiple_of(64)
+            && co.is_multiple_of(64)
+            && [out, a, b, w].iter().all(|t| t.dtype() == meddpm::DType::Bf16)
+            && bias.dtype() == meddpm::DType::F32
+            && a.len() == vox * ca
+            && b.len() == vox * cb
+            && out.len() == vox * co
+            && w.len() == co * c
+            && bias.len() == co
+            && groups > 0
+            && c.is_multiple_of(groups)
+            && mean.len() == x.n * groups
+            && rstd.len() == mean.len(),
+        "cat_skip_stats_ndhwc {x} at channel {ca} → {co}: operands (out {}, a {}, b {}, w {}, bias {}, mean {}; \
+         bf16 activations and weight, f32 bias, parts of 32-channel multiples, C and co of 64)",
+        out.len(),
+        a.len(),
+        b.len(),
+        w.len(),
+        bias.len(),
+        mean.len()
+    );
+    let (len, nchunks) = chunking(x, true);
+    let part = dev.scratch(x.n * nchunks * c * 2);
+    let pp = dev.ptr(&*part);
+    let t = cat_skip_tile(c, co).unwrap_or_else(|| panic!("cat_skip_stats_ndhwc {x} → {co}: shared memory"));
+    let args = [
+        P(dev.ptr_mut(out)),
+        P(dev.ptr(a)),
+        P(dev.ptr(b)),
+        P(dev.ptr(w)),
+        P(dev.ptr(bias)),
+        P(pp),
+        I(ca as i32),
+        I(cb as i32),
+        I(co as i32),
+        L(x.s() as i64),
+        I(len as i32),
+        I(nchunks as i32),
+        I(t as i32),
+    ];
+    let smem = (cat_skip_bytes(c, co, t) - 16384) as u32;
+    dev.launch_shared("cat_skip_stats_ndhwc", (nchunks as u32, x.n as u32, 1), (256, 1, 1), smem, &args);
+    finalize_stats(dev, pp, 0, mean, rstd, x, groups, true);
+}
+
 /// `act` = silu(GN(inp + off)) from statistics saved by [`forward`] (the backward's recomputation of a
 /// convolution's input): only the elementwise pass, bit for bit what the forward wrote.
 #[allow(clippy::too_many_arguments)]

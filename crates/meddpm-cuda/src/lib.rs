@@ -344,6 +344,19 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_gn_runs
     }
 
+    /// The decoder ResBlocks without their concatenation stored (`Backend::cat_conv_fusable`):
+    /// on (true, the default) or the concatenation built (false). For tests and benchmarks;
+    /// `MEDDPM_CAT_FREE=0` sets false at start-up.
+    pub fn set_cat_free(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).cat_free = on;
+    }
+
+    /// Calls of `cat_skip_stats_ndhwc` (a decoder ResBlock's skip conv and statistics from the
+    /// concatenation's parts) so far.
+    pub fn cat_free_runs(&self) -> u64 {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).cat_free_runs
+    }
+
     /// bf16 NDHWC: the output head's GroupNorm → SiLU → Conv3 (64 channels → Cout ≤ 4) as one
     /// pass (true, the default; `conv3d_fwd_gn_small_cout`) or as GroupNorm+SiLU then the conv
     /// (false). For tests and benchmarks; `MEDDPM_FUSED_HEAD=0` sets false at start-up.
@@ -811,7 +824,59 @@ impl Backend for CudaBackend {
             groupnorm::stats(&self.dev, inp, off, mean, rstd, cs.x, groups, self.cl());
         }
         let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
-        conv3d::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), (mean, rstd), gb, wbz, cs, groups);
+        conv3d::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), None, (mean, rstd), gb, wbz, cs, groups);
+    }
+    fn cat_conv_fusable(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        w_skip: &Self::Buf,
+        cs: ConvShape,
+        ca: usize,
+        groups: usize,
+    ) -> bool {
+        let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        conv3d::cat_free_chosen(&self.dev, &mut conv, cs, (x, w, w_skip), ca, groups)
+    }
+    fn concat_skip_conv_stats(
+        &self,
+        out: &mut Self::Buf,
+        parts: (&Self::Buf, &Self::Buf),
+        stats: (&mut Self::Buf, &mut Self::Buf),
+        wb: (&Self::Buf, &Self::Buf),
+        cs: ConvShape,
+        ca: usize,
+        groups: usize,
+    ) {
+        assert!(cs.k == 1 && cs.stride == 1, "concat_skip_conv_stats {cs:?}: a 1×1×1 conv");
+        groupnorm::cat_skip_stats(&self.dev, out, parts, stats, wb, cs.x, ca, cs.cout, groups);
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).cat_free_runs += 1;
+    }
+    fn groupnorm_silu_conv3d_fused_cat(
+        &self,
+        out: &mut Self::Buf,
+        (a, b): (&Self::Buf, &Self::Buf),
+        stats: (&Self::Buf, &Self::Buf),
+        gb: (&Self::Buf, &Self::Buf),
+        w: &Self::Buf,
+        cs: ConvShape,
+        ca: usize,
+        groups: usize,
+    ) {
+        let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let wbz = (w, None, None);
+        conv3d::gn_wgmma_forward(
+            &self.dev,
+            &mut conv,
+            (out, Accum::Overwrite),
+            (a, None),
+            Some((b, ca)),
+            stats,
+            gb,
+            wbz,
+            cs,
+            groups,
+        );
     }
     fn groupnorm_silu_forward_inplace(
         &self,

@@ -408,6 +408,58 @@ pub trait Backend {
     ) {
         panic!("groupnorm_silu_conv3d_fused {cs:?}: this backend does not fuse (gn_conv_fusable is false)")
     }
+    /// Whether a decoder ResBlock over the concatenation cat([a, b]) (a: `ca` channels; `x` its
+    /// buffer, dims `cs.x`) runs without the concatenation stored: the skip conv and the
+    /// statistics by [`Backend::concat_skip_conv_stats`], in_layers' GroupNorm+SiLU → conv `cs`
+    /// (weight `w`) by [`Backend::groupnorm_silu_conv3d_fused_cat`], both reading the two parts.
+    /// The concatenation's first part then carries its upsampling conv's bias itself (the model
+    /// asks before that conv runs). The default: no. CUDA: where [`Backend::gn_conv_fusable`]
+    /// fuses `cs`, both parts multiples of 64 channels.
+    #[allow(clippy::too_many_arguments)]
+    fn cat_conv_fusable(
+        &self,
+        _x: &Self::Buf,
+        _w: &Self::Buf,
+        _w_skip: &Self::Buf,
+        _cs: ConvShape,
+        _ca: usize,
+        _groups: usize,
+    ) -> bool {
+        false
+    }
+    /// Where [`Backend::cat_conv_fusable`] said so: `out` = the skip conv `cs` (1×1×1 over the
+    /// concatenation, weight and bias `wb`) of cat([a, b]) at channel `ca`, and the
+    /// concatenation's GroupNorm statistics into `stats` (as
+    /// [`Backend::concat_channels_stats`] saves them), the concatenation never stored.
+    #[allow(clippy::too_many_arguments)]
+    fn concat_skip_conv_stats(
+        &self,
+        _out: &mut Self::Buf,
+        _parts: (&Self::Buf, &Self::Buf),
+        _stats: (&mut Self::Buf, &mut Self::Buf),
+        _wb: (&Self::Buf, &Self::Buf),
+        cs: ConvShape,
+        _ca: usize,
+        _groups: usize,
+    ) {
+        panic!("concat_skip_conv_stats {cs:?}: this backend does not fuse (cat_conv_fusable is false)")
+    }
+    /// Where [`Backend::cat_conv_fusable`] said so: `out` = conv3d(silu(GN(cat([a, b]))), w) with
+    /// the concatenation's statistics given, read from its two parts (a: `ca` channels).
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_conv3d_fused_cat(
+        &self,
+        _out: &mut Self::Buf,
+        _parts: (&Self::Buf, &Self::Buf),
+        _stats: (&Self::Buf, &Self::Buf),
+        _gb: (&Self::Buf, &Self::Buf),
+        _w: &Self::Buf,
+        cs: ConvShape,
+        _ca: usize,
+        _groups: usize,
+    ) {
+        panic!("groupnorm_silu_conv3d_fused_cat {cs:?}: this backend does not fuse (cat_conv_fusable is false)")
+    }
     /// `out` = silu(GN(inp)) with the statistics a [`Backend::groupnorm_silu_forward`] of the same
     /// `inp` saved: the same values that forward wrote (the backward's recomputation of a
     /// convolution's input; on the GPU one elementwise pass, no statistics pass).

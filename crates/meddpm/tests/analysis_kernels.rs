@@ -196,6 +196,8 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     // the wide 3x3x3 convs on the warpgroup MMA, and their weights packed into fragment order
     ("conv3d_wgmma_fwd", ConvForward),
     ("conv3d_wgmma_fwd_gn", ConvForward),
+    // a decoder ResBlock's skip conv and statistics from its concatenation's parts
+    ("cat_skip_stats_ndhwc", ConvForward),
     ("conv3d_wgmma_dgrad", ConvDgrad),
     ("conv3d_wgmma_pack", Layout),
 ];

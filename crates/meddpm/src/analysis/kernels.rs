@@ -248,6 +248,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_fwd_gn_small_cout", Category::ConvForward),
     ("conv3d_wgmma_fwd", Category::ConvForward),
     ("conv3d_wgmma_fwd_gn", Category::ConvForward),
+    ("cat_skip_stats_ndhwc", Category::ConvForward),
     ("conv3d_wgmma_dgrad", Category::ConvDgrad),
     ("conv3d_wgmma_pack", Category::Layout),
 ];

@@ -346,6 +346,56 @@ impl<B: Backend> Backend for Timed<B> {
             )
         })
     }
+    fn cat_conv_fusable(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        w_skip: &Self::Buf,
+        cs: ConvShape,
+        ca: usize,
+        groups: usize,
+    ) -> bool {
+        self.inner.cat_conv_fusable(x, w, w_skip, cs, ca, groups)
+    }
+    fn concat_skip_conv_stats(
+        &self,
+        out: &mut Self::Buf,
+        (a, b): (&Self::Buf, &Self::Buf),
+        (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
+        (w, bias): (&Self::Buf, &Self::Buf),
+        cs: ConvShape,
+        ca: usize,
+        groups: usize,
+    ) {
+        // the two parts read, out written, the statistics written
+        let e = self.l(a) + self.l(b) + self.l(out) + self.l(mean) + self.l(rstd) + self.l(w) + self.l(bias);
+        self.rec("concat_skip_conv_stats", Category::ConvForward, Some(cs.flops()), e, || {
+            self.inner.concat_skip_conv_stats(out, (a, b), (mean, rstd), (w, bias), cs, ca, groups)
+        })
+    }
+    fn groupnorm_silu_conv3d_fused_cat(
+        &self,
+        out: &mut Self::Buf,
+        (a, b): (&Self::Buf, &Self::Buf),
+        (mean, rstd): (&Self::Buf, &Self::Buf),
+        (gamma, beta): (&Self::Buf, &Self::Buf),
+        w: &Self::Buf,
+        cs: ConvShape,
+        ca: usize,
+        groups: usize,
+    ) {
+        let e = self.l(a)
+            + self.l(b)
+            + self.l(out)
+            + self.l(mean)
+            + self.l(rstd)
+            + self.l(gamma)
+            + self.l(beta)
+            + self.l(w);
+        self.rec("groupnorm_silu_conv3d_fused_cat", Category::ConvForward, Some(cs.flops()), e, || {
+            self.inner.groupnorm_silu_conv3d_fused_cat(out, (a, b), (mean, rstd), (gamma, beta), w, cs, ca, groups)
+        })
+    }
     fn groupnorm_silu_forward_inplace(
         &self,
         x: &mut Self::Buf,

@@ -130,26 +130,33 @@ pub enum Op<B: Backend> {
     Res(ResBlock<B>),
     Attn(AttnBlock<B>),
     /// Upsample: trilinear ×2 into scratch (slot 1, recomputed in backward), then the conv.
+    /// `bias`: the conv adds its bias (its concatenation is never stored, see `Concat::free`);
+    /// else the concatenation that reads it adds it (`cat_bias`).
     Up {
         p: usize,
         x: Dims,
+        bias: bool,
     },
     /// cat([h, skip]) where h is the `input` layer's output and skip the `skip` layer's.
+    /// `free`: the `cat_in` ResBlock that reads it never stores it (`Backend::cat_conv_fusable`,
+    /// decided at each forward, before the upsampling conv that feeds it runs).
     Concat {
         skip: usize,
         skip_mode: Accum,
         x: Dims,
         ca: usize,
         cb: usize,
+        free: bool,
     },
     Out(OutHead<B>),
 }
 
-/// The bias a concatenation adds to its first input `layers[input]`: an upsampling conv's (its
-/// parameter index), which that conv leaves out; None for any other input.
-fn cat_bias<B: Backend>(layers: &[Layer<B>], input: usize) -> Option<usize> {
-    match layers[input].op {
-        Op::Up { p, .. } => Some(p + 1),
+/// The bias concatenation `layers[cat]` adds to its first input: an upsampling conv's (its
+/// parameter index), which that conv leaves out unless the concatenation is never stored; None
+/// for any other input.
+fn cat_bias<B: Backend>(layers: &[Layer<B>], cat: usize) -> Option<usize> {
+    match (&layers[cat].op, &layers[layers[cat].input].op) {
+        (Op::Concat { free: false, .. }, Op::Up { p, bias: false, .. }) => Some(p + 1),
         _ => None,
     }
 }
@@ -490,12 +497,12 @@ impl<B: Backend> UNet<B> {
                     let x = sp_dims(c, sp);
                     need(x.up2().numel(), 2);
                     conv_w.push(p);
-                    (Op::Up { p, x }, x.up2(), prev)
+                    (Op::Up { p, x, bias: false }, x.up2(), prev)
                 }
                 Node::PopConcat { h_c, skip_c, sp } => {
                     let skip = skips.pop().expect("topology pops no more than it pushes");
                     let x = sp_dims(h_c, sp);
-                    let op = Op::Concat { skip, skip_mode: Accum::Overwrite, x, ca: h_c, cb: skip_c };
+                    let op = Op::Concat { skip, skip_mode: Accum::Overwrite, x, ca: h_c, cb: skip_c, free: false };
                     (op, x.with_c(h_c + skip_c), prev)
                 }
                 Node::Out { c, cout, sp } => {
@@ -717,6 +724,25 @@ impl<B: Backend> UNet<B> {
         be.linear_forward(&mut te.t2, &te.t1s, &w[2], &w[3], n, emb, emb);
         be.silu_forward(&mut te.emb_silu, &te.t2);
         be.pop_range();
+        // which skip concatenations are never stored (their ResBlock reads the parts), decided
+        // before the upsampling convs that feed them run: such a conv adds its own bias
+        for c in 1..layers.len() {
+            let Op::Concat { ca, .. } = layers[c].op else { continue };
+            let free = match layers.iter().find(|l| l.input == c).map(|l| &l.op) {
+                Some(Op::Res(r)) if r.cat_in => {
+                    let cs = ConvShape::new(r.x, r.cout, 3, 1);
+                    be.cat_conv_fusable(&acts[layers[c].out], cw(r.p + 2), cw(r.p + 10), cs, ca, g)
+                }
+                _ => false,
+            };
+            if let Op::Concat { free: f, .. } = &mut layers[c].op {
+                *f = free;
+            }
+            let u = layers[c].input;
+            if let Op::Up { bias, .. } = &mut layers[u].op {
+                *bias = free;
+            }
+        }
         for i in 1..layers.len() {
             let (oi, xi) = (layers[i].out, layers[layers[i].input].out);
             // a skip concatenation is built by the ResBlock that reads it (with its statistics)
@@ -724,10 +750,10 @@ impl<B: Backend> UNet<B> {
                 continue;
             }
             let cat = match &layers[layers[i].input].op {
-                Op::Concat { skip, x: xd, ca, cb, .. } => {
+                Op::Concat { skip, x: xd, ca, cb, free, .. } => {
                     let inp = layers[i].input;
-                    let ab = cat_bias(layers, layers[inp].input);
-                    Some((layers[layers[inp].input].out, layers[*skip].out, ab, *xd, *ca, *cb))
+                    let ab = cat_bias(layers, inp);
+                    Some((layers[layers[inp].input].out, layers[*skip].out, ab, *xd, *ca, *cb, *free))
                 }
                 _ => None,
             };
@@ -761,11 +787,18 @@ impl<B: Backend> UNet<B> {
                         be.add_bias_vectors(b_out, &w[p + 11], &w[p + 9]);
                     }
                     let b_out = r.b_out.as_ref().unwrap_or(&w[p + 9]);
-                    if r.cat_in {
+                    let free = cat.is_some_and(|c| c.6);
+                    if r.cat_in && free {
+                        // the skip concatenation never stored: the skip conv and its GroupNorm
+                        // statistics from the two parts (the first carries its bias already)
+                        let ((h, sk), (.., ca, _, _)) = (parts.expect("cat_in"), cat.expect("cat_in"));
+                        let stats = (&mut r.mean1, &mut r.rstd1);
+                        be.concat_skip_conv_stats(out, (h, sk), stats, (cw(p + 10), b_out), skip_cs, ca, g);
+                    } else if r.cat_in {
                         // x is the skip concatenation, built here with its GroupNorm statistics;
                         // skip conv first, then GroupNorm+SiLU → conv over it (see
                         // `ResBlock::cat_in`)
-                        let ((h, sk), (_, _, ab, cd, ca, cb)) = (parts.expect("cat_in"), cat.expect("cat_in"));
+                        let ((h, sk), (_, _, ab, cd, ca, cb, _)) = (parts.expect("cat_in"), cat.expect("cat_in"));
                         let stats = (&mut r.mean1, &mut r.rstd1);
                         be.concat_channels_stats(x, h, ab.map(|k| &w[k]), sk, stats, cd, ca, cb, g);
                         be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), skip_cs);
@@ -773,7 +806,10 @@ impl<B: Backend> UNet<B> {
                     // in_layers: GroupNorm+SiLU → Conv3 into h
                     let (h, (m1, r1), (g1, b1)) =
                         ((&mut r.h, Accum::Overwrite), (&mut r.mean1, &mut r.rstd1), (&w[p], &w[p + 1]));
-                    if be.gn_conv_fusable(x, cw(p + 2), in_cs, false, g) {
+                    if free {
+                        let ((hp, sk), (.., ca, _, _)) = (parts.expect("cat_in"), cat.expect("cat_in"));
+                        be.groupnorm_silu_conv3d_fused_cat(h.0, (hp, sk), (m1, r1), (g1, b1), cw(p + 2), in_cs, ca, g);
+                    } else if be.gn_conv_fusable(x, cw(p + 2), in_cs, false, g) {
                         // GroupNorm+SiLU as the conv's prologue, silu(GN(x)) never stored (a
                         // concatenation's statistics are given; it keeps its values, which its
                         // backward rebuilds anyway)
@@ -816,12 +852,12 @@ impl<B: Backend> UNet<B> {
                     // out = x + proj_out(a), the residual and the bias with the conv
                     be.conv3d_forward_res(out, &a.a, cw(p + 4), &w[p + 5], x, ConvShape::new(xd, xd.c, 1, 1));
                 }
-                Op::Up { p, x: xd } => {
+                Op::Up { p, x: xd, bias } => {
                     let [u] = scr.get([(xd.up2().numel(), 1)]);
                     be.upsample_forward(u, x, *xd);
-                    // without its bias: the concatenation that reads `out` adds it (`cat_bias`)
+                    // without its bias where the concatenation that reads `out` adds it (`cat_bias`)
                     let cs = ConvShape::new(xd.up2(), xd.c, 3, 1);
-                    be.conv3d_forward_acc((out, Accum::Overwrite), u, cw(*p), None, cs);
+                    be.conv3d_forward_acc((out, Accum::Overwrite), u, cw(*p), bias.then(|| &w[*p + 1]), cs);
                 }
                 Op::Out(o) => {
                     // GN → SiLU → Conv3 in one call: a backend may fuse it (`a` then unwritten)
@@ -868,7 +904,7 @@ impl<B: Backend> UNet<B> {
             // an input that is a concatenation was not kept: its only reader, the `cat_in`
             // ResBlock, reads it from its two parts (`groupnorm_silu_backward_cat_in`)
             let ab = match layers[inp].op {
-                Op::Concat { .. } => cat_bias(layers, layers[inp].input),
+                Op::Concat { .. } => cat_bias(layers, inp),
                 _ => None,
             };
             let mode = layers[i].mode;
@@ -1001,7 +1037,7 @@ impl<B: Backend> UNet<B> {
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     be.groupnorm_backward((dx, Accum::Add), gg, gb, dgn, x, &a.mean, &a.rstd, &w[p], xd, g);
                 }
-                Op::Up { p, x: xd } => {
+                Op::Up { p, x: xd, .. } => {
                     // recompute the upsampled input of the conv (slot 1); its gradient → slot 0
                     let [du, u] = scr.get([(xd.up2().numel(), 0), (xd.up2().numel(), 1)]);
                     be.upsample_forward(u, x, *xd);
