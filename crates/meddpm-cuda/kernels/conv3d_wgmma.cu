@@ -345,7 +345,14 @@ struct WmGn {
     // from its parts (CA a multiple of 64: a stage's 64 channels lie in one part); 0: x alone
     const bf16* x2;
     int CA;
+    // ys: the GroupNorm statistics of the output as stored, stage 1 (0: none): per column item
+    // `it` of col_grid (its planes d0 .. d1 of a 32 x 8 tile) and output channel, (mean, M2,
+    // count) at ys[(it * CO + co) * 3]: the chunk partials gn_stats_finalize combines with
+    // counts (items / N chunks a sample)
+    float* ys;
 };
+// bytes of shared memory past the (sc, sh) table: the four MMA warps' channel sums of a tile
+#define WM_YSUMS (4 * 8 * 16 * 4)
 __device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void nb_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -502,9 +509,12 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
     const int gq = lane >> 2;
     const float bv0 = b ? b[ms * 64 + 16 * warp + gq] : 0.0f, bv1 = b ? b[ms * 64 + 16 * warp + gq + 8] : 0.0f;
     int wb = 0;
+    // with gn.ys (threads t < 64: channel ms * 64 + t): the item's statistics so far
+    float rm = 0.0f, rM2 = 0.0f, rc = 0.0f;
     for (int q = 0; cu.live;) {
         const ColItem pc = cu.c;
         const int pd = cu.d;
+        const i64 pit = cu.it;
         if (accum) {
             const bf16* zb = z ? z : y;
 #pragma unroll 4
@@ -568,13 +578,87 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
         }
         nb_sync(WS_EPI, 128);
         const i64 vb = (((i64)pc.n * D + pd) * H) * W;
+        // with gn.ys, the statistics of the stored outputs: this thread's 8 channels ((t & 7) * 8
+        // ..) over its 16 voxels, shifted by the plane's first voxel (always inside the volume)
+        const unsigned char* srow = wm_smem + (stg - sbase);
+        uint4 sh4 = make_uint4(0u, 0u, 0u, 0u);
+        float su[8], sq[8];
+        if (gn.ys) {
+            sh4 = *reinterpret_cast<const uint4*>(srow + (t & 7) * 16);
+#pragma unroll
+            for (int j = 0; j < 8; j++) su[j] = sq[j] = 0.0f;
+        }
 #pragma unroll
         for (int it = 0; it < 16; it++) {
             const int idx = t + 128 * it, v = idx >> 3, c = idx & 7;
             const int gh = pc.h0 + (v >> 3), gw = pc.w0 + (v & 7);
-            if (gh < H && gw < W)
-                *reinterpret_cast<uint4*>(y + (vb + (i64)gh * W + gw) * CO + ms * 64 + c * 8) =
-                    *reinterpret_cast<const uint4*>(wm_smem + (stg - sbase) + v * WM_YR + c * 16);
+            if (gh < H && gw < W) {
+                const uint4 val = *reinterpret_cast<const uint4*>(srow + v * WM_YR + c * 16);
+                *reinterpret_cast<uint4*>(y + (vb + (i64)gh * W + gw) * CO + ms * 64 + c * 8) = val;
+                if (gn.ys) {
+                    const u32 xv[4] = {val.x, val.y, val.z, val.w}, hv[4] = {sh4.x, sh4.y, sh4.z, sh4.w};
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        const u32 xw = xv[e >> 1], hw = hv[e >> 1];
+                        const float x = __uint_as_float(e & 1 ? xw & 0xffff0000u : xw << 16);
+                        const float h = __uint_as_float(e & 1 ? hw & 0xffff0000u : hw << 16);
+                        const float dd = x - h;
+                        su[e] += dd;
+                        sq[e] = __fmaf_rn(dd, dd, sq[e]);
+                    }
+                }
+            }
+        }
+        if (gn.ys) {
+            // lanes l, l ^ 8, l ^ 16, l ^ 24 hold the same channels: lanes 0 .. 7 get the warp's
+            // sums, the four warps' are added in order by the tile's 64 channel threads
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                su[e] += __shfl_xor_sync(0xffffffffu, su[e], 8);
+                sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], 8);
+                su[e] += __shfl_xor_sync(0xffffffffu, su[e], 16);
+                sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], 16);
+            }
+            float* red = reinterpret_cast<float*>(wm_smem + WM_SMEM + N * CI * 8);
+            if (lane < 8) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    red[(warp * 8 + lane) * 16 + e] = su[e];
+                    red[(warp * 8 + lane) * 16 + 8 + e] = sq[e];
+                }
+            }
+            nb_sync(WS_EPI, 128);
+            if (t < 64) {
+                const int c = t >> 3, e = t & 7;
+                float ss = 0.0f, qq = 0.0f;
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    ss += red[(w * 8 + c) * 16 + e];
+                    qq += red[(w * 8 + c) * 16 + 8 + e];
+                }
+                const bf16 hb = *reinterpret_cast<const bf16*>(srow + t * 2);
+                const float cnt = (float)(min(WM_TH, H - pc.h0) * min(WM_TW, W - pc.w0));
+                const float m = ss / cnt, mp = bf2f(hb) + m, m2p = fmaxf(qq - ss * m, 0.0f);
+                // the plane merged into the item's statistics (Chan et al.), written once the
+                // item's last plane is done
+                if (rc == 0.0f) {
+                    rm = mp;
+                    rM2 = m2p;
+                    rc = cnt;
+                } else {
+                    const float nc = rc + cnt, dl = mp - rm;
+                    rm += dl * (cnt / nc);
+                    rM2 += m2p + dl * dl * (rc * cnt / nc);
+                    rc = nc;
+                }
+                if (!cu.live || cu.it != pit) {
+                    float* o = gn.ys + (pit * CO + ms * 64 + t) * 3;
+                    o[0] = rm;
+                    o[1] = rM2;
+                    o[2] = rc;
+                    rc = 0.0f;
+                }
+            }
         }
         nb_sync(WS_EPI, 128);  // the staging rows read before the next plane writes them
     }
@@ -595,13 +679,14 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
     }
 WGMMA_ENTRY(conv3d_wgmma_fwd)
 WGMMA_ENTRY(conv3d_wgmma_dgrad)
-// grid as the others, block 256, dynamic shared memory WM_SMEM + 8 * N * CI (the table); x2 / CA: x is
-// cat(x, x2) at channel CA (see WmGn), x2 = 0 for one input
+// grid as the others, block 256, dynamic shared memory WM_SMEM + 8 * N * CI (the table) + WM_YSUMS; x2 /
+// CA: x is cat(x, x2) at channel CA (see WmGn), x2 = 0 for one input; ys: see WmGn
 extern "C" __global__ void __launch_bounds__(256, 1)
     conv3d_wgmma_fwd_gn(const bf16* x, const uint4* wp, const float* b, bf16* y, const bf16* z, int N, int CI,
                         int CO, int D, int H, int W, int DC, int accum, const float* mean, const float* rstd,
-                        const float* gamma, const float* beta, const float* off, int G, const bf16* x2, int CA) {
+                        const float* gamma, const float* beta, const float* off, int G, const bf16* x2, int CA,
+                        float* ys) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G, x2, CA});
+    wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G, x2, CA, ys});
 #endif
 }

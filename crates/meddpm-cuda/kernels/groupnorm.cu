@@ -19,19 +19,21 @@
 // grid G, block 256 (loops over n). Writes mean[n*G + g], rstd[n*G + g] of x + off. One pass over
 // the chunk partials (count c_k, mean m_k, M2_k): in double, sum c_k*m_k and sum (M2_k + c_k*m_k^2),
 // one block reduction of both; var = the second / count - mu^2 (double: the f32 partials' own
-// rounding, ~1e-7 relative, dominates the cancellation by far).
+// rounding, ~1e-7 relative, dominates the cancellation by far). chunk_len 0: the partials carry
+// their counts, (m_k, M2_k, c_k) per (n, chunk, c) (a conv epilogue's tiles, conv3d_wgmma_fwd_gn).
 extern "C" __global__ void gn_stats_finalize(const float* part, const float* off, float* mean, float* rstd, int N,
                                              int C, i64 S, int G, int chunk_len, int nchunks, float eps) {
     __shared__ double2 sh[32];
     int g = blockIdx.x, cpg = C / G;
     int items = nchunks * cpg;
     double total = (double)S * cpg;
+    const int stride = chunk_len ? 2 : 3;
     for (int n = 0; n < N; n++) {
         double s1 = 0.0, s2 = 0.0;
         for (int j = threadIdx.x; j < items; j += blockDim.x) {
             int k = j / cpg, c = g * cpg + j % cpg;
-            double cnt = (double)min((i64)chunk_len, S - (i64)k * chunk_len);
-            i64 idx = (((i64)n * nchunks + k) * C + c) * 2;
+            i64 idx = (((i64)n * nchunks + k) * C + c) * stride;
+            double cnt = chunk_len ? (double)min((i64)chunk_len, S - (i64)k * chunk_len) : (double)part[idx + 2];
             double m = (double)part[idx] + (off ? (double)off[n * C + c] : 0.0);
             s1 += cnt * m;
             s2 += (double)part[idx + 1] + cnt * m * m;

@@ -351,6 +351,12 @@ pub(crate) struct ConvCache {
     pub(crate) cat_free: bool,
     /// Calls of `cat_skip_stats_ndhwc` (tests).
     pub(crate) cat_free_runs: u64,
+    /// The GroupNorm statistics of a fused conv's output from its epilogue where the model asks
+    /// (true, the default: `Backend::gn_conv_stats_fusable`), or a statistics pass
+    /// (`MEDDPM_CONV_STATS=0`, A/B benchmarks and the bit-for-bit tests).
+    pub(crate) conv_stats: bool,
+    /// `conv3d_wgmma_fwd_gn` calls that took their output's statistics (tests).
+    pub(crate) wgmma_ystats_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel.
@@ -440,6 +446,8 @@ impl ConvCache {
             wgmma_gn_runs: 0,
             cat_free: std::env::var("MEDDPM_CAT_FREE").map_or(true, |v| v != "0"),
             cat_free_runs: 0,
+            conv_stats: std::env::var("MEDDPM_CONV_STATS").map_or(true, |v| v != "0"),
+            wgmma_ystats_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -1114,7 +1122,9 @@ pub(crate) fn cat_free_chosen(
 /// out (= or += per `acc`) = conv(silu(GN(inp + off)), w) (+ b) (+ z: with `Accum::Add`, out =
 /// conv + b + z) through `conv3d_wgmma_fwd_gn`, the statistics given: where
 /// [`gn_wgmma_chosen`] said so. With `x2` = (b, ca) the input is cat(inp, b) at channel ca, read
-/// from the two parts ([`cat_free_chosen`]).
+/// from the two parts ([`cat_free_chosen`]). With `ystats` = (mean, rstd, off, groups) also the
+/// GroupNorm statistics of out + off as stored (an overwritten output only), from the epilogue's
+/// per-item partials ([`crate::groupnorm::finalize_stats_counted`]): no pass reads `out` for them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gn_wgmma_forward(
     dev: &Device,
@@ -1127,6 +1137,7 @@ pub(crate) fn gn_wgmma_forward(
     (w, b, z): (&GpuBuf, Option<&GpuBuf>, Option<&GpuBuf>),
     cs: ConvShape,
     groups: usize,
+    ystats: Option<YStats>,
 ) {
     let x = cs.x;
     let inp_len = match x2 {
@@ -1175,13 +1186,31 @@ pub(crate) fn gn_wgmma_forward(
         groups,
         x2: x2.map_or(0, |(b2, _)| dev.ptr(b2)),
         ca: x2.map_or(0, |(_, ca)| ca),
+        ys: 0,
     };
     let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
     let ptrs = (dev.ptr(inp), dev.ptr(w), bp, dev.ptr_mut(out), zp);
-    crate::conv_wgmma::run_gn(dev, ptrs, w.dtype() == DType::Bf16, x, cs.cout, acc, false, Some(gn), T_WPF);
+    let wbf = w.dtype() == DType::Bf16;
+    match ystats {
+        None => crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), T_WPF),
+        Some((ym, yr, yoff, yg)) => {
+            assert!(acc == Accum::Overwrite, "conv3d_wgmma_fwd_gn {cs:?}: output statistics of an overwritten output");
+            let items = crate::conv_wgmma::items(dev, x);
+            let part = dev.scratch(items * cs.cout * 3);
+            let gn = crate::conv_wgmma::GnPro { ys: dev.ptr(&*part), ..gn };
+            crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), T_WPF);
+            let od = cs.out();
+            crate::groupnorm::finalize_stats_counted(dev, dev.ptr(&*part), yoff, (ym, yr), od, yg, items / x.n);
+            cache.wgmma_ystats_runs += 1;
+        }
+    }
     cache.wgmma_runs += 1;
     cache.wgmma_gn_runs += 1;
 }
+
+/// Where [`gn_wgmma_forward`] also takes the GroupNorm statistics of its output (+ an offset):
+/// mean, rstd [N·G], the offset [N·Cout] and G.
+pub(crate) type YStats<'a> = (&'a mut GpuBuf, &'a mut GpuBuf, Option<&'a GpuBuf>, usize);
 
 /// The forward on operands already in the compute type.
 fn forward_typed(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u64, wp: u64, bp: u64, yp: u64) {

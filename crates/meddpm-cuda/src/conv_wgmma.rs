@@ -110,8 +110,8 @@ pub(crate) fn run_gn(
             assert!(gn_fits(x, g.groups), "conv3d_wgmma_fwd_gn {x} groups {}: table does not fit", g.groups);
             assert!(g.x2 == 0 || (g.ca.is_multiple_of(64) && g.ca < ci), "conv3d_wgmma_fwd_gn: parts at {}", g.ca);
             args.extend([P(g.mean), P(g.rstd), P(g.gamma), P(g.beta), P(g.off), I(g.groups as i32)]);
-            args.extend([P(g.x2), I(g.ca as i32)]);
-            ("conv3d_wgmma_fwd_gn", SMEM + gn_table(x))
+            args.extend([P(g.x2), I(g.ca as i32), P(g.ys)]);
+            ("conv3d_wgmma_fwd_gn", SMEM + gn_table(x) + YSUMS)
         }
         None if tw => ("conv3d_wgmma_dgrad", SMEM),
         None => ("conv3d_wgmma_fwd", SMEM),
@@ -135,6 +135,20 @@ pub(crate) struct GnPro {
     pub groups: usize,
     pub x2: u64,
     pub ca: usize,
+    /// Stage-1 GroupNorm statistics of the output as stored (0: none): (mean, M2, count) per
+    /// column item and output channel, [`items`] × Cout × 3 floats.
+    pub ys: u64,
+}
+
+/// Shared memory of `conv3d_wgmma_fwd_gn`'s output statistics (WM_YSUMS): the four MMA warps'
+/// channel sums of a tile.
+const YSUMS: u32 = 4 * 8 * 16 * 4;
+
+/// The column items of `conv3d_wgmma_*` over volume `x` (planes d0 .. d1 of a 32 × 8 tile; the
+/// chunks of the output statistics, items / N a sample).
+pub(crate) fn items(dev: &Device, x: Dims) -> usize {
+    let (dc, _) = crate::conv3d::col_items(x, dev.info.sms as usize, TILE);
+    x.n * x.d.div_ceil(dc) * x.h.div_ceil(TILE.0) * x.w.div_ceil(TILE.1)
 }
 
 /// Shared memory of `conv3d_wgmma_fwd_gn`'s (sc, sh) table: 8 bytes an (n, ci).
@@ -145,7 +159,7 @@ fn gn_table(x: Dims) -> u32 {
 /// Whether the GroupNorm+SiLU prologue fits beside [`fits`]: its table (N·Cin pairs) within the
 /// 227 KB of shared memory a block may have, groups dividing Cin.
 pub(crate) fn gn_fits(x: Dims, groups: usize) -> bool {
-    groups > 0 && x.c.is_multiple_of(groups) && SMEM as usize + x.n * x.c * 8 <= 232_448
+    groups > 0 && x.c.is_multiple_of(groups) && (SMEM + YSUMS) as usize + x.n * x.c * 8 <= 232_448
 }
 
 /// [`fits`] for the forward of `cs` (its input volume and output channels).

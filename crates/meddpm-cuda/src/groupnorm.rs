@@ -137,6 +137,47 @@ fn stats_ptrs(
     finalize_stats(dev, pp, offp, mean, rstd, x, groups, cl);
 }
 
+/// Stage 2 of the statistics of `x` + off from partials that carry their counts, (mean, M2,
+/// count) per (n, chunk, c) with `nchunks` chunks a sample (a conv epilogue's:
+/// `conv3d_wgmma_fwd_gn` with output statistics): gn_stats_finalize with chunk_len 0.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn finalize_stats_counted(
+    dev: &Device,
+    pp: u64,
+    off: Option<&GpuBuf>,
+    (mean, rstd): (&mut GpuBuf, &mut GpuBuf),
+    x: Dims,
+    groups: usize,
+    nchunks: usize,
+) {
+    assert!(
+        groups > 0
+            && x.c.is_multiple_of(groups)
+            && mean.len() == x.n * groups
+            && rstd.len() == mean.len()
+            && off.is_none_or(|o| o.len() == x.n * x.c && o.dtype() == meddpm::DType::F32),
+        "GroupNorm statistics of {x}, {groups} groups: mean/rstd lengths {} {} or the offset",
+        mean.len(),
+        rstd.len()
+    );
+    let offp = off.map_or(0, |o| dev.ptr(o));
+    let (mp, rp) = (dev.ptr_mut(mean), dev.ptr_mut(rstd));
+    let args = [
+        P(pp),
+        P(offp),
+        P(mp),
+        P(rp),
+        I(x.n as i32),
+        I(x.c as i32),
+        L(x.s() as i64),
+        I(groups as i32),
+        I(0),
+        I(nchunks as i32),
+        F(EPS),
+    ];
+    dev.launch("gn_stats_finalize", (groups as u32, 1, 1), (256, 1, 1), &args);
+}
+
 /// Stage 2 of the statistics: mean/rstd [N·G] from the chunk partials at `pp` (kernel
 /// gn_stats_finalize).
 #[allow(clippy::too_many_arguments)]

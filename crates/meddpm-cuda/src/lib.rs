@@ -351,6 +351,19 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).cat_free = on;
     }
 
+    /// The fused GroupNorm+SiLU → conv calls take their output's GroupNorm statistics from the
+    /// conv's epilogue where the model asks (true, the default; `Backend::fused_conv_out_stats`)
+    /// or the model runs a statistics pass (false). For tests and benchmarks;
+    /// `MEDDPM_CONV_STATS=0` sets false at start-up.
+    pub fn set_conv_stats(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).conv_stats = on;
+    }
+
+    /// Fused convs that took their output's statistics from the epilogue so far.
+    pub fn conv_stats_runs(&self) -> u64 {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_ystats_runs
+    }
+
     /// Calls of `cat_skip_stats_ndhwc` (a decoder ResBlock's skip conv and statistics from the
     /// concatenation's parts) so far.
     pub fn cat_free_runs(&self) -> u64 {
@@ -809,6 +822,9 @@ impl Backend for CudaBackend {
         let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
         conv3d::gn_wgmma_chosen(&self.dev, &mut conv, cs, add, (inp, w), groups)
     }
+    fn fused_conv_out_stats(&self) -> bool {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).conv_stats
+    }
     fn groupnorm_silu_conv3d_fused(
         &self,
         out: (&mut Self::Buf, Accum),
@@ -819,12 +835,14 @@ impl Backend for CudaBackend {
         wbz: (&Self::Buf, Option<&Self::Buf>, Option<&Self::Buf>),
         cs: ConvShape,
         groups: usize,
+        ystats: Option<meddpm::backend::YStats<'_, Self::Buf>>,
     ) {
         if fresh {
             groupnorm::stats(&self.dev, inp, off, mean, rstd, cs.x, groups, self.cl());
         }
         let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
-        conv3d::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), None, (mean, rstd), gb, wbz, cs, groups);
+        let ys = ystats.map(|(m, r, o)| (m, r, o, groups));
+        conv3d::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), None, (mean, rstd), gb, wbz, cs, groups, ys);
     }
     fn cat_conv_fusable(
         &self,
@@ -862,9 +880,11 @@ impl Backend for CudaBackend {
         cs: ConvShape,
         ca: usize,
         groups: usize,
+        ystats: Option<meddpm::backend::YStats<'_, Self::Buf>>,
     ) {
         let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
         let wbz = (w, None, None);
+        let ys = ystats.map(|(m, r, o)| (m, r, o, groups));
         conv3d::gn_wgmma_forward(
             &self.dev,
             &mut conv,
@@ -876,6 +896,7 @@ impl Backend for CudaBackend {
             wbz,
             cs,
             groups,
+            ys,
         );
     }
     fn groupnorm_silu_forward_inplace(

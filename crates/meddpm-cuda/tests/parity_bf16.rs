@@ -530,8 +530,12 @@ fn wgmma_gn_conv_bf16_parity() {
                 (&wg, bgo, zgo),
                 cs,
                 groups,
+                None,
             );
             assert_eq!((g.wgmma_runs() - runs, g.wgmma_gn_runs() - gn_runs), (1, 1), "{what}: ran conv3d_wgmma_fwd_gn");
+            if mode == Accum::Overwrite {
+                ystats_case(g, &what, (&one, o), (&xg, offo), (&mg, &rg), (&gg, &bg), &wg, cs, groups, seed + 8);
+            }
             if fresh {
                 assert_eq!(get_raw(g, &mf), get_raw(g, &mg), "{what}: fresh statistics = groupnorm_silu_forward's");
                 assert_eq!(get_raw(g, &rf), get_raw(g, &rg), "{what}: fresh statistics = groupnorm_silu_forward's");
@@ -561,6 +565,68 @@ fn wgmma_gn_conv_bf16_parity() {
     let (xg, wg) = (act(n, &x, xd), param(n, &w, &[co, 64, 3, 3, 3]));
     assert!(!n.gn_conv_fusable(&xg, &wg, cs, false, groups), "NCDHW never fuses");
     n.set_wgmma(None);
+}
+
+/// The statistics a fused conv took of its output `y` (+ `off`) against a GroupNorm pass over
+/// it (`groupnorm_silu_forward`'s, in a different order of sums): mean and rstd within 1e-5.
+fn out_stats_vs_pass(
+    g: &CudaBackend,
+    what: &str,
+    (y, o): (&Buf, Dims),
+    off: Option<&Buf>,
+    (ym, yr): (&Buf, &Buf),
+    groups: usize,
+) {
+    let ng = o.n * groups;
+    let (gamma, beta) = (raw(g, &vec![1.0; o.c]), raw(g, &vec![0.0; o.c]));
+    let (mut a, mut pm, mut pr) = (g.alloc_act(o.numel()).unwrap(), g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
+    g.groupnorm_silu_forward(&mut a, &mut pm, &mut pr, y, off, &gamma, &beta, o, groups);
+    check(&format!("{what}: output mean from the epilogue"), &get_raw(g, ym), &get_raw(g, &pm), 1e-5);
+    check(&format!("{what}: output rstd from the epilogue"), &get_raw(g, yr), &get_raw(g, &pr), 1e-5);
+}
+
+/// [`wgmma_gn_conv_bf16_parity`]'s Overwrite form again with the output's GroupNorm statistics
+/// taken by the epilogue (`ystats`): the same output bit for bit as `one` (the call without),
+/// and the statistics as a pass over the output computes them.
+#[allow(clippy::too_many_arguments)]
+fn ystats_case(
+    g: &CudaBackend,
+    what: &str,
+    (one, o): (&Buf, Dims),
+    inp: (&Buf, Option<&Buf>),
+    (mg, rg): (&Buf, &Buf),
+    gb: (&Buf, &Buf),
+    wg: &Buf,
+    cs: ConvShape,
+    groups: usize,
+    seed: u64,
+) {
+    let ng = o.n * groups;
+    let yoff = raw(g, &rnd(o.n * o.c, seed, 0.7));
+    for off in [None, Some(&yoff)] {
+        let what = format!("{what} output statistics (offset {})", off.is_some());
+        let (mut m, mut r) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
+        g.copy(&mut m, mg);
+        g.copy(&mut r, rg);
+        let (mut ym, mut yr) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
+        let mut y = g.alloc_act(o.numel()).unwrap();
+        let runs = g.conv_stats_runs();
+        let ys = Some((&mut ym, &mut yr, off));
+        g.groupnorm_silu_conv3d_fused(
+            (&mut y, Accum::Overwrite),
+            inp,
+            (&mut m, &mut r),
+            false,
+            gb,
+            (wg, None, None),
+            cs,
+            groups,
+            ys,
+        );
+        assert_eq!(g.conv_stats_runs() - runs, 1, "{what}: the epilogue took them");
+        assert_eq!(get_act(g, &y, o), get_act(g, one, o), "{what}: the same output");
+        out_stats_vs_pass(g, &what, (&y, o), off, (&ym, &yr), groups);
+    }
 }
 
 /// A decoder ResBlock from its concatenation's parts, the concatenation never stored:
@@ -644,6 +710,7 @@ fn cat_free_bf16_parity() {
             (&wg, None, None),
             in_cs,
             groups,
+            None,
         );
         // from the parts
         let runs = (g.cat_free_runs(), g.wgmma_gn_runs());
@@ -651,8 +718,30 @@ fn cat_free_bf16_parity() {
         let mut skip_one = g.alloc_act(skip_cs.out().numel()).unwrap();
         g.concat_skip_conv_stats(&mut skip_one, (&ag, &bg), (&mut mf, &mut rf), (&wsg, &big), skip_cs, ca, groups);
         let mut in_one = g.alloc_act(in_cs.out().numel()).unwrap();
-        g.groupnorm_silu_conv3d_fused_cat(&mut in_one, (&ag, &bg), (&mf, &rf), (&gg, &btg), &wg, in_cs, ca, groups);
+        g.groupnorm_silu_conv3d_fused_cat(
+            &mut in_one,
+            (&ag, &bg),
+            (&mf, &rf),
+            (&gg, &btg),
+            &wg,
+            in_cs,
+            ca,
+            groups,
+            None,
+        );
         assert_eq!((g.cat_free_runs() - runs.0, g.wgmma_gn_runs() - runs.1), (1, 1), "{tag}: the kernels ran");
+        // again with the output's statistics from the epilogue: the same outputs, and the
+        // statistics within 1e-5 of a GroupNorm pass over them
+        let (o, ngo) = (in_cs.out(), ad.n * groups);
+        let yoff = raw(g, &rnd(ad.n * co, seed + 7, 0.7));
+        let (mut ym, mut yr) = (g.alloc(ngo).unwrap(), g.alloc(ngo).unwrap());
+        let mut in_ys = g.alloc_act(o.numel()).unwrap();
+        let ys_runs = g.conv_stats_runs();
+        let ys = Some((&mut ym, &mut yr, Some(&yoff)));
+        g.groupnorm_silu_conv3d_fused_cat(&mut in_ys, (&ag, &bg), (&mf, &rf), (&gg, &btg), &wg, in_cs, ca, groups, ys);
+        assert_eq!(g.conv_stats_runs() - ys_runs, 1, "{tag}: the epilogue took the statistics");
+        assert_eq!(get_act(g, &in_ys, o), get_act(g, &in_one, o), "{tag}: the output with its statistics taken");
+        out_stats_vs_pass(g, &tag, (&in_ys, o), Some(&yoff), (&ym, &yr), groups);
         assert_eq!(get_raw(g, &mf), get_raw(g, &mg), "{tag}: mean = concat_channels_stats's, bit for bit");
         assert_eq!(get_raw(g, &rf), get_raw(g, &rg), "{tag}: rstd = concat_channels_stats's, bit for bit");
         check(&format!("{tag} mean vs CPU"), &get_raw(g, &mf), &m_c, 1e-4);
@@ -1181,19 +1270,23 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
     let batch = 2;
     g.set_wgmma(Some(true));
     let mut runs = Vec::new();
-    // (fused, the decoder's concatenations never stored): two calls, fused, fused from the parts
-    for (fused, cat_free) in [(false, false), (true, false), (true, true)] {
+    // (fused, the decoder's concatenations never stored, out_layers' statistics from in_layers'
+    // epilogue): two calls, fused, fused from the parts, and with the statistics taken
+    for (fused, cat_free, conv_stats) in
+        [(false, false, false), (true, false, false), (true, true, false), (true, true, true)]
+    {
         g.set_wgmma_gn(fused);
         g.set_cat_free(cat_free);
+        g.set_conv_stats(conv_stats);
         let mut net = UNet::new(g, &cfg, batch).unwrap();
         let host: Vec<Vec<f32>> =
             net.specs.iter().enumerate().map(|(i, s)| rnd(s.numel(), 3000 + i as u64, 0.2)).collect();
         net.set_params(g, &host).unwrap();
         let (xd, od) = (net.input_dims(), net.output_dims());
         g.upload_act(&rnd(xd.numel(), 31, 1.0), xd, net.input_mut());
-        let (gn0, cf0) = (g.wgmma_gn_runs(), g.cat_free_runs());
+        let (gn0, cf0, ys0) = (g.wgmma_gn_runs(), g.cat_free_runs(), g.conv_stats_runs());
         net.forward(g, &[5.0, 400.0]);
-        let fwd_gn = (g.wgmma_gn_runs() - gn0, g.cat_free_runs() - cf0);
+        let fwd_gn = (g.wgmma_gn_runs() - gn0, g.cat_free_runs() - cf0, g.conv_stats_runs() - ys0);
         let out = get_act(g, net.output(), od);
         g.upload_act(&rnd(od.numel(), 32, 1.0), od, net.output_and_grad().1);
         net.zero_grads(g);
@@ -1202,16 +1295,22 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
     }
     g.set_wgmma_gn(true);
     g.set_cat_free(true);
+    g.set_conv_stats(true);
     g.set_wgmma(None);
-    let ((o2, g2, n2), (o1, g1, n1), (o3, g3, n3)) = (&runs[0], &runs[1], &runs[2]);
+    let ((o2, g2, n2), (o1, g1, n1), (o3, g3, n3), (o4, g4, n4)) = (&runs[0], &runs[1], &runs[2], &runs[3]);
     if n1.0 == 0 {
         println!("skipped: conv3d_wgmma_fwd_gn needs an sm_90 GPU ({})", name(g));
         return;
     }
     // ResBlocks: 2 down, 2 middle, 4 up (over concatenations of 128 + 128, 128 + 64, 128 + 64
     // and 64 + 64 channels); two fused convs each; the 4 up blocks' concatenations never stored
-    // in the third run (the first with tiles of 96 voxels, its shared memory being W's 64 KB)
-    assert_eq!((*n2, *n1, *n3), ((0, 0), (16, 0), (16, 4)), "fused convs and parts-read blocks in one forward");
+    // in the third run (the first with tiles of 96 voxels, its shared memory being W's 64 KB);
+    // in the fourth every block's in_layers conv also takes out_layers' statistics
+    assert_eq!(
+        (*n2, *n1, *n3, *n4),
+        ((0, 0, 0), (16, 0, 0), (16, 4, 0), (16, 4, 8)),
+        "fused convs, parts-read blocks and epilogue statistics in one forward"
+    );
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert!(bits(o1) == bits(o2), "U-Net forward: fused and two calls differ");
     for (i, (a, b)) in g1.iter().zip(g2).enumerate() {
@@ -1233,6 +1332,19 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
     let (med, max) = (rels[rels.len() / 2], rels[rels.len() - 1]);
     println!("U-Net from the parts: gradients rel L2 median {med:.2e}, max {max:.2e} over {} tensors", rels.len());
     assert!(med <= 2e-2, "U-Net gradients from the parts: median relative L2 {med:.3e} > 2e-2");
+    // Statistics from the epilogue: the same sums in another order (~1e-7 relative), so again
+    // rounding-level differences, amplified the same way; held to the same bounds
+    let rel = rel_l2(o4, o3);
+    println!("U-Net with epilogue statistics: forward rel L2 {rel:.2e} vs the statistics pass");
+    assert!(rel <= 2e-2, "U-Net forward with epilogue statistics: relative L2 {rel:.3e} > 2e-2");
+    let mut rels: Vec<f64> = g4.iter().zip(g3).map(|(a, b)| rel_l2(a, b)).collect();
+    for (i, r) in rels.iter().enumerate() {
+        assert!(*r <= 0.1, "U-Net gradient tensor {i} with epilogue statistics: relative L2 {r:.3e} > 0.1");
+    }
+    rels.sort_by(f64::total_cmp);
+    let (med, max) = (rels[rels.len() / 2], rels[rels.len() - 1]);
+    println!("U-Net with epilogue statistics: gradients rel L2 median {med:.2e}, max {max:.2e}");
+    assert!(med <= 2e-2, "U-Net gradients with epilogue statistics: median relative L2 {med:.3e} > 2e-2");
 }
 
 #[test]

@@ -188,6 +188,11 @@ pub struct SamplerCoefs {
 }
 
 /// The hardware abstraction. Generic code stops at the model (`UNet<B>`, `Trainer<B>`).
+/// The GroupNorm statistics a fused convolution may take of its output (see
+/// [`Backend::groupnorm_silu_conv3d_fused`]): mean, rstd [N·G], and the offset [N·Cout] (f32) the
+/// GroupNorm adds to the output before normalising.
+pub type YStats<'a, B> = (&'a mut B, &'a mut B, Option<&'a B>);
+
 pub trait Backend {
     /// A device buffer of `f32` elements.
     type Buf;
@@ -388,12 +393,23 @@ pub trait Backend {
     fn gn_conv_fusable(&self, _inp: &Self::Buf, _w: &Self::Buf, _cs: ConvShape, _add: bool, _groups: usize) -> bool {
         false
     }
+    /// Whether [`Backend::groupnorm_silu_conv3d_fused`] and
+    /// [`Backend::groupnorm_silu_conv3d_fused_cat`] take their output's GroupNorm statistics
+    /// when asked (`ystats`), so that no pass reads the output for them. The default: no. CUDA:
+    /// from the epilogue of `conv3d_wgmma_fwd_gn` (`MEDDPM_CONV_STATS=0` switches it off).
+    fn fused_conv_out_stats(&self) -> bool {
+        false
+    }
     /// A ResBlock's GroupNorm+SiLU → Conv3 forward as one pass where
     /// [`Backend::gn_conv_fusable`] said so (only then: a backend without it panics):
     /// `out` (= or += per the mode) = conv3d(silu(GN(inp + off)), w) (+ b) (+ z, with
     /// `Accum::Add`: conv + b + z, out's old values unread). With `fresh` the statistics of
     /// inp + off are computed into mean/rstd first (as [`Backend::groupnorm_silu_forward`] saves
     /// them), else they are given (a concatenation's, [`Backend::concat_channels_stats`]).
+    ///
+    /// `ystats` = (mean, rstd, off): also the GroupNorm statistics of out + off as stored (an
+    /// overwritten output; as [`Backend::groupnorm_silu_forward`] would compute them from `out`,
+    /// up to the order of the sums), where [`Backend::fused_conv_out_stats`] said so.
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_conv3d_fused(
         &self,
@@ -405,6 +421,7 @@ pub trait Backend {
         _wbz: (&Self::Buf, Option<&Self::Buf>, Option<&Self::Buf>),
         cs: ConvShape,
         _groups: usize,
+        _ystats: Option<YStats<'_, Self::Buf>>,
     ) {
         panic!("groupnorm_silu_conv3d_fused {cs:?}: this backend does not fuse (gn_conv_fusable is false)")
     }
@@ -445,7 +462,8 @@ pub trait Backend {
         panic!("concat_skip_conv_stats {cs:?}: this backend does not fuse (cat_conv_fusable is false)")
     }
     /// Where [`Backend::cat_conv_fusable`] said so: `out` = conv3d(silu(GN(cat([a, b]))), w) with
-    /// the concatenation's statistics given, read from its two parts (a: `ca` channels).
+    /// the concatenation's statistics given, read from its two parts (a: `ca` channels);
+    /// `ystats` as [`Backend::groupnorm_silu_conv3d_fused`]'s.
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_conv3d_fused_cat(
         &self,
@@ -457,6 +475,7 @@ pub trait Backend {
         cs: ConvShape,
         _ca: usize,
         _groups: usize,
+        _ystats: Option<YStats<'_, Self::Buf>>,
     ) {
         panic!("groupnorm_silu_conv3d_fused_cat {cs:?}: this backend does not fuse (cat_conv_fusable is false)")
     }

@@ -309,6 +309,9 @@ impl<B: Backend> Backend for Timed<B> {
     fn gn_conv_fusable(&self, inp: &Self::Buf, w: &Self::Buf, cs: ConvShape, add: bool, groups: usize) -> bool {
         self.inner.gn_conv_fusable(inp, w, cs, add, groups)
     }
+    fn fused_conv_out_stats(&self) -> bool {
+        self.inner.fused_conv_out_stats()
+    }
     fn groupnorm_silu_conv3d_fused(
         &self,
         (out, mode): (&mut Self::Buf, Accum),
@@ -319,6 +322,7 @@ impl<B: Backend> Backend for Timed<B> {
         (w, b, z): (&Self::Buf, Option<&Self::Buf>, Option<&Self::Buf>),
         cs: ConvShape,
         groups: usize,
+        ystats: Option<crate::backend::YStats<'_, Self::Buf>>,
     ) {
         // one record as the inner backend runs it: inp read (twice with fresh statistics), out
         // written (read too when accumulated), z read
@@ -343,6 +347,7 @@ impl<B: Backend> Backend for Timed<B> {
                 (w, b, z),
                 cs,
                 groups,
+                ystats,
             )
         })
     }
@@ -383,6 +388,7 @@ impl<B: Backend> Backend for Timed<B> {
         cs: ConvShape,
         ca: usize,
         groups: usize,
+        ystats: Option<crate::backend::YStats<'_, Self::Buf>>,
     ) {
         let e = self.l(a)
             + self.l(b)
@@ -393,7 +399,17 @@ impl<B: Backend> Backend for Timed<B> {
             + self.l(beta)
             + self.l(w);
         self.rec("groupnorm_silu_conv3d_fused_cat", Category::ConvForward, Some(cs.flops()), e, || {
-            self.inner.groupnorm_silu_conv3d_fused_cat(out, (a, b), (mean, rstd), (gamma, beta), w, cs, ca, groups)
+            self.inner.groupnorm_silu_conv3d_fused_cat(
+                out,
+                (a, b),
+                (mean, rstd),
+                (gamma, beta),
+                w,
+                cs,
+                ca,
+                groups,
+                ystats,
+            )
         })
     }
     fn groupnorm_silu_forward_inplace(

@@ -803,18 +803,37 @@ impl<B: Backend> UNet<B> {
                         be.concat_channels_stats(x, h, ab.map(|k| &w[k]), sk, stats, cd, ca, cb, g);
                         be.conv3d_forward_acc((out, Accum::Overwrite), x, cw(p + 10), Some(b_out), skip_cs);
                     }
+                    // e = Linear(SiLU(emb)) + in_layers' conv bias + its own: the second GroupNorm's
+                    // input offset
+                    be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &r.b_in, n, emb, r.cout);
+                    // Where both convs fuse, out_layers' GroupNorm statistics of h + e come from
+                    // in_layers' conv epilogue (no pass reads h for them)
+                    let in_fused = free || be.gn_conv_fusable(x, cw(p + 2), in_cs, false, g);
+                    let out_fused = be.gn_conv_fusable(&r.h, cw(p + 8), out_cs, true, g);
+                    let h_stats = in_fused && out_fused && be.fused_conv_out_stats();
                     // in_layers: GroupNorm+SiLU → Conv3 into h
                     let (h, (m1, r1), (g1, b1)) =
                         ((&mut r.h, Accum::Overwrite), (&mut r.mean1, &mut r.rstd1), (&w[p], &w[p + 1]));
+                    let ys = h_stats.then_some((&mut r.mean2, &mut r.rstd2, Some(&r.e)));
                     if free {
                         let ((hp, sk), (.., ca, _, _)) = (parts.expect("cat_in"), cat.expect("cat_in"));
-                        be.groupnorm_silu_conv3d_fused_cat(h.0, (hp, sk), (m1, r1), (g1, b1), cw(p + 2), in_cs, ca, g);
-                    } else if be.gn_conv_fusable(x, cw(p + 2), in_cs, false, g) {
+                        be.groupnorm_silu_conv3d_fused_cat(
+                            h.0,
+                            (hp, sk),
+                            (m1, r1),
+                            (g1, b1),
+                            cw(p + 2),
+                            in_cs,
+                            ca,
+                            g,
+                            ys,
+                        );
+                    } else if in_fused {
                         // GroupNorm+SiLU as the conv's prologue, silu(GN(x)) never stored (a
                         // concatenation's statistics are given; it keeps its values, which its
                         // backward rebuilds anyway)
                         let wbz = (cw(p + 2), None, None);
-                        be.groupnorm_silu_conv3d_fused(h, (x, None), (m1, r1), !r.cat_in, (g1, b1), wbz, in_cs, g);
+                        be.groupnorm_silu_conv3d_fused(h, (x, None), (m1, r1), !r.cat_in, (g1, b1), wbz, in_cs, g, ys);
                     } else if r.cat_in {
                         be.groupnorm_silu_recompute_inplace(x, m1, r1, g1, b1, xd, g);
                         be.conv3d_forward_acc(h, x, cw(p + 2), None, in_cs);
@@ -823,7 +842,6 @@ impl<B: Backend> UNet<B> {
                         be.groupnorm_silu_forward(a, m1, r1, x, None, g1, b1, xd, g);
                         be.conv3d_forward_acc(h, a, cw(p + 2), None, in_cs);
                     }
-                    be.linear_forward(&mut r.e, &te.emb_silu, &w[p + 4], &r.b_in, n, emb, r.cout);
                     // out_layers: GroupNorm(h + e)+SiLU → Conv3 added onto the skip branch (a
                     // concatenation's skip conv ran above), or with the identity skip x as the
                     // residual: out = x + conv + bias in one call where the backend can
@@ -832,9 +850,9 @@ impl<B: Backend> UNet<B> {
                     }
                     let res = (!r.cat_in && r.b_out.is_none()).then_some(&*x);
                     let (he, st, gb) = ((&r.h, Some(&r.e)), (&mut r.mean2, &mut r.rstd2), (&w[p + 6], &w[p + 7]));
-                    if be.gn_conv_fusable(&r.h, cw(p + 8), out_cs, true, g) {
+                    if out_fused {
                         let wbz = (cw(p + 8), res.map(|_| b_out), res);
-                        be.groupnorm_silu_conv3d_fused((out, Accum::Add), he, st, true, gb, wbz, out_cs, g);
+                        be.groupnorm_silu_conv3d_fused((out, Accum::Add), he, st, !h_stats, gb, wbz, out_cs, g, None);
                     } else {
                         let [a] = scr.get([(yd.numel(), 0)]);
                         be.groupnorm_silu_forward(a, st.0, st.1, he.0, he.1, gb.0, gb.1, yd, g);
