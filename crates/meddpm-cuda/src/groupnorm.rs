@@ -160,22 +160,7 @@ pub(crate) fn finalize_stats_counted(
         mean.len(),
         rstd.len()
     );
-    let offp = off.map_or(0, |o| dev.ptr(o));
-    let (mp, rp) = (dev.ptr_mut(mean), dev.ptr_mut(rstd));
-    let args = [
-        P(pp),
-        P(offp),
-        P(mp),
-        P(rp),
-        I(x.n as i32),
-        I(x.c as i32),
-        L(x.s() as i64),
-        I(groups as i32),
-        I(0),
-        I(nchunks as i32),
-        F(EPS),
-    ];
-    dev.launch("gn_stats_finalize", (groups as u32, 1, 1), (256, 1, 1), &args);
+    finalize_launch(dev, pp, off.map_or(0, |o| dev.ptr(o)), (mean, rstd), x, groups, (0, nchunks));
 }
 
 /// Stage 2 of the statistics: mean/rstd [N·G] from the chunk partials at `pp` (kernel
@@ -191,26 +176,35 @@ fn finalize_stats(
     groups: usize,
     cl: bool,
 ) {
-    let (len, nchunks) = chunking(x, cl);
+    finalize_launch(dev, pp, offp, (mean, rstd), x, groups, chunking(x, cl));
+}
+
+/// gn_stats_finalize over the partials at `pp` (+ the offset at `offp`, 0: none): `nchunks`
+/// chunks a sample of `chunk_len` voxels, or chunk_len 0: the partials carry their counts.
+fn finalize_launch(
+    dev: &Device,
+    pp: u64,
+    offp: u64,
+    (mean, rstd): (&mut GpuBuf, &mut GpuBuf),
+    x: Dims,
+    groups: usize,
+    (chunk_len, nchunks): (usize, usize),
+) {
     let (mp, rp) = (dev.ptr_mut(mean), dev.ptr_mut(rstd));
-    dev.launch(
-        "gn_stats_finalize",
-        (groups as u32, 1, 1),
-        (256, 1, 1),
-        &[
-            P(pp),
-            P(offp),
-            P(mp),
-            P(rp),
-            I(x.n as i32),
-            I(x.c as i32),
-            L(x.s() as i64),
-            I(groups as i32),
-            I(len as i32),
-            I(nchunks as i32),
-            F(EPS),
-        ],
-    );
+    let args = [
+        P(pp),
+        P(offp),
+        P(mp),
+        P(rp),
+        I(x.n as i32),
+        I(x.c as i32),
+        L(x.s() as i64),
+        I(groups as i32),
+        I(chunk_len as i32),
+        I(nchunks as i32),
+        F(EPS),
+    ];
+    dev.launch("gn_stats_finalize", (groups as u32, 1, 1), (256, 1, 1), &args);
 }
 
 /// `out` = cat([a (+ a_bias), b]) along channels (as `elementwise::concat`) and the GroupNorm
