@@ -13,10 +13,11 @@
 //! largest per-seed change from the baseline, max_k |q_k − q_k(baseline)|, is at most the
 //! baseline's seed-to-seed standard deviation of that metric (sample std over the K seeds).
 //!
-//! This file parses the arguments, samples each configuration (with progress bars) and writes the
-//! files; loading the pairs, the report types, the metrics per sample, the comparison of the runs,
-//! the verdict rule and the Markdown live in `meddpm::eval::configs`
-//! (`crates/meddpm/src/eval/configs.rs`).
+//! This file parses the arguments, picks the checkpoint's weights, starts each configuration's
+//! backend (with a progress bar) and writes the files. The rest is the library's: which
+//! configurations run, sampling them, the report assembled and the panels in
+//! `meddpm::eval::config_runs`; loading the pairs, the report types, the metrics per sample, the
+//! comparison of the runs, the verdict rule and the Markdown in `meddpm::eval::configs`.
 //!
 //! Metric definitions are `meddpm eval`'s (MONAI's; `crates/meddpm/src/eval/`): images in
 //! [−1, 1] are mapped to [0, 1] first, so SSIM uses data_range 1 and PSNR max_val 1. SSIM uses
@@ -39,80 +40,20 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::Checkpoint;
 use meddpm::cpu::CpuBackend;
-use meddpm::data::preview::{label_position, write_png_at, Kind};
-use meddpm::data::{Convention, Volume};
-use meddpm::diffusion::{Sampler, Schedule};
-use meddpm::eval::configs::{
-    compare_runs, load_pairs, to_markdown, ConfigReport, Metrics, PairData, Report, Run, Samples, Settings,
-};
-use meddpm::model::{param_specs, UNet, UNetConfig};
-use meddpm::{Backend, Layout, Precision};
-
-/// One way of running the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Config {
-    /// The CPU reference backend (fp32, NCDHW).
-    Cpu,
-    /// The CUDA backend with this math precision and activation layout.
-    Cuda(Precision, Layout),
-}
-
-impl Config {
-    pub fn name(&self) -> String {
-        match self {
-            Config::Cpu => "cpu".into(),
-            Config::Cuda(p, l) => format!(
-                "{}/{}",
-                p.name(),
-                match l {
-                    Layout::Ncdhw => "ncdhw",
-                    Layout::Ndhwc => "ndhwc",
-                }
-            ),
-        }
-    }
-}
+use meddpm::diffusion::Schedule;
+use meddpm::eval::config_runs::{assemble, plan, sample_all, write_panels, ReportHead};
+pub use meddpm::eval::config_runs::{Config, DeviceSel};
+use meddpm::eval::configs::{load_pairs, to_markdown, Metrics, PairData, Run, Samples};
+use meddpm::model::{param_specs, UNetConfig};
+use meddpm::Backend;
 
 /// `cpu`, or `PRECISION/LAYOUT` for CUDA (`fp32|tf32|bf16` / `ncdhw|ndhwc`).
 pub fn parse_config(s: &str) -> Result<Config, String> {
-    let t = s.trim().to_ascii_lowercase();
-    if t == "cpu" {
-        return Ok(Config::Cpu);
-    }
-    let bad =
-        || format!("'{s}' is not a configuration: use cpu or PRECISION/LAYOUT with fp32|tf32|bf16 and ncdhw|ndhwc");
-    let (p, l) = t.split_once('/').ok_or_else(bad)?;
-    let p: Precision = p.parse().map_err(|_| bad())?;
-    let l = match l {
-        "ncdhw" => Layout::Ncdhw,
-        "ndhwc" => Layout::Ndhwc,
-        _ => return Err(bad()),
-    };
-    Ok(Config::Cuda(p, l))
-}
-
-/// Where the CUDA configurations run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeviceSel {
-    /// CUDA device 0 when it answers, else only the CPU reference.
-    Auto,
-    /// Everything on the CPU reference.
-    Cpu,
-    /// CUDA device N (an error if it is absent).
-    Cuda(usize),
+    s.parse()
 }
 
 fn parse_device(s: &str) -> Result<DeviceSel, String> {
-    match s {
-        "auto" => Ok(DeviceSel::Auto),
-        "cpu" => Ok(DeviceSel::Cpu),
-        "cuda" => Ok(DeviceSel::Cuda(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(DeviceSel::Cuda)
-            .ok_or_else(|| format!("'{s}' is not a device: use auto, cpu, cuda or cuda:N")),
-    }
+    s.parse()
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -170,58 +111,36 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-/// Sample every (pair, seed) with one backend: returns (samples[pair][seed], description,
-/// seconds spent sampling).
-fn sample_all<B: Backend>(
+/// [`sample_all`] with a progress bar: (samples, backend description, seconds sampling).
+fn sample_with_bar<B: Backend>(
     be: &B,
-    cfg: &UNetConfig,
-    weights: &[Vec<f32>],
-    sched: &Schedule,
+    name: &str,
+    (cfg, weights, sched): (&UNetConfig, &[Vec<f32>], &Schedule),
     pairs: &[PairData],
     seeds: &[u64],
-    name: &str,
-) -> Result<(Vec<Vec<Vec<f32>>>, f64)> {
-    let mut net = UNet::new(be, cfg, 1)?;
-    net.set_params(be, weights)?;
-    let mut s = Sampler::new(be, &net)?;
+) -> Result<(Samples, String, f64)> {
     let pb = bar((pairs.len() * seeds.len() * sched.timesteps) as u64, name);
-    let t0 = Instant::now();
-    let mut out = Vec::new();
-    for p in pairs {
-        let mut per_seed = Vec::new();
-        for &seed in seeds {
-            pb.set_message(format!("pair {} seed {seed}", p.info.index));
-            let v = s.sample(be, &mut net, sched, &p.cond, seed, |_| pb.inc(1))?;
-            per_seed.push(v);
-        }
-        out.push(per_seed);
-    }
+    let (s, secs) = sample_all(be, cfg, weights, sched, pairs, seeds, &mut |pair, seed| {
+        pb.set_message(format!("pair {pair} seed {seed}"));
+        pb.inc(1);
+    })?;
     pb.finish_and_clear();
-    Ok((out, t0.elapsed().as_secs_f64()))
+    Ok((s, be.describe(), secs))
 }
 
 /// Run one configuration; Err(reason) for a configuration that cannot start (skipped).
 fn run_config(
     c: Config,
     ordinal: usize,
-    cfg: &UNetConfig,
-    weights: &[Vec<f32>],
-    sched: &Schedule,
+    model: (&UNetConfig, &[Vec<f32>], &Schedule),
     pairs: &[PairData],
     seeds: &[u64],
 ) -> Result<std::result::Result<(Samples, String, f64), String>> {
     let name = c.name();
     Ok(match c {
-        Config::Cpu => {
-            let be = CpuBackend::new();
-            let (s, secs) = sample_all(&be, cfg, weights, sched, pairs, seeds, &name)?;
-            Ok((s, be.describe(), secs))
-        }
+        Config::Cpu => Ok(sample_with_bar(&CpuBackend::new(), &name, model, pairs, seeds)?),
         Config::Cuda(p, l) => match meddpm_cuda::CudaBackend::new(ordinal, p, l) {
-            Ok(be) => {
-                let (s, secs) = sample_all(&be, cfg, weights, sched, pairs, seeds, &name)?;
-                Ok((s, be.describe(), secs))
-            }
+            Ok(be) => Ok(sample_with_bar(&be, &name, model, pairs, seeds)?),
             Err(e) => Err(format!("the CUDA backend did not start: {e}")),
         },
     })
@@ -273,77 +192,30 @@ pub fn run(a: &EvalConfigsArgs) -> Result<()> {
             e => e.into(),
         })?;
     let seeds: Vec<u64> = (0..a.seeds).map(|k| a.seed + k).collect();
-    let mut notes: Vec<String> = ms_note.iter().cloned().collect();
-
-    // Which configurations run, in order (the first that runs is the baseline).
-    let mut wanted = a.configs.clone();
-    if wanted.is_empty() {
-        bail!("--configs: give at least one configuration");
-    }
-    if a.cpu_too && !wanted.contains(&Config::Cpu) {
-        wanted.push(Config::Cpu);
-    }
-    let mut dedup = Vec::new();
-    for c in wanted {
-        if !dedup.contains(&c) {
-            dedup.push(c);
-        }
-    }
-    let mut skipped: Vec<(Config, String)> = Vec::new();
-    let (plan, ordinal): (Vec<Config>, usize) = match &a.device {
-        DeviceSel::Cuda(i) => (dedup, *i),
-        DeviceSel::Auto if meddpm_cuda::probe().is_ok() => (dedup, 0),
-        sel => {
-            let why = match sel {
-                DeviceSel::Auto => {
-                    let e = meddpm_cuda::probe().err().unwrap_or_default();
-                    let first = e.lines().next().unwrap_or("").trim().to_string();
-                    if first.is_empty() {
-                        "no CUDA device".to_string()
-                    } else {
-                        first
-                    }
-                }
-                _ => "--device cpu: collapsed into the CPU reference (fp32, NCDHW)".to_string(),
-            };
-            let gpu: Vec<Config> = dedup.iter().copied().filter(|c| *c != Config::Cpu).collect();
-            for c in &gpu {
-                skipped.push((*c, why.clone()));
-            }
-            if !gpu.is_empty() {
-                notes.push(format!(
-                    "{}: the CUDA configurations ({}) were not run; only the CPU reference ran",
-                    why,
-                    gpu.iter().map(Config::name).collect::<Vec<_>>().join(", ")
-                ));
-            }
-            (vec![Config::Cpu], 0)
-        }
-    };
-
+    let probe = || meddpm_cuda::probe().map(|_| ());
+    let p = plan(&a.configs, a.cpu_too, &a.device, probe)?;
+    let mut skipped = p.skipped;
     eprintln!(
         "eval-configs: {} ({} parameters), T = {timesteps}, {} pair(s) × {} seed(s), configurations: {}",
         a.checkpoint.display(),
         meddpm::model::param_count(&cfg),
         pairs.len(),
         seeds.len(),
-        plan.iter().map(Config::name).collect::<Vec<_>>().join(", ")
+        p.run.iter().map(Config::name).collect::<Vec<_>>().join(", ")
     );
-    let mut ran: Vec<(Config, String, f64, f64, Samples)> = Vec::new();
-    for c in plan {
+    let n_samples = pairs.len() * seeds.len();
+    let mut runs: Vec<Run> = Vec::new();
+    for c in p.run {
         let t0 = Instant::now();
-        match run_config(c, ordinal, &cfg, &weights, &sched, &pairs, &seeds)? {
-            Ok((s, desc, secs)) => {
-                let total = t0.elapsed().as_secs_f64();
-                eprintln!(
-                    "{:>10}: {desc}: {total:.1} s ({:.2} s per sample)",
-                    c.name(),
-                    secs / (pairs.len() * seeds.len()) as f64
-                );
-                ran.push((c, desc, total, secs, s));
+        match run_config(c, p.ordinal, (&cfg, &weights, &sched), &pairs, &seeds)? {
+            Ok((samples, backend, secs)) => {
+                let seconds = t0.elapsed().as_secs_f64();
+                let per = secs / n_samples as f64;
+                eprintln!("{:>10}: {backend}: {seconds:.1} s ({per:.2} s per sample)", c.name());
+                runs.push(Run { name: c.name(), backend, seconds, seconds_per_sample: per, samples });
             }
             Err(why) => {
-                if matches!(a.device, DeviceSel::Cuda(_)) && ran.is_empty() {
+                if matches!(a.device, DeviceSel::Cuda(_)) && runs.is_empty() {
                     bail!("{}: {why}", c.name());
                 }
                 eprintln!("{:>10}: skipped: {why}", c.name());
@@ -351,76 +223,24 @@ pub fn run(a: &EvalConfigsArgs) -> Result<()> {
             }
         }
     }
-    if ran.is_empty() {
+    if runs.is_empty() {
         bail!(
             "no configuration ran: {}",
             skipped.iter().map(|(c, w)| format!("{}: {w}", c.name())).collect::<Vec<_>>().join("; ")
         );
     }
-
-    // Metrics on [0, 1].
-    let baseline_name = ran[0].0.name();
-    let n_samples = pairs.len() * seeds.len();
-    let runs: Vec<Run> = ran
-        .into_iter()
-        .map(|(c, desc, total, secs, samples)| Run {
-            name: c.name(),
-            backend: desc,
-            seconds: total,
-            seconds_per_sample: secs / n_samples as f64,
-            samples,
-        })
-        .collect();
-    let (mut configurations, spread) = compare_runs(&runs, &pairs, &seeds, &metrics, range)?;
-    if seeds.len() < 2 {
-        notes.push("one seed per mask: no seed-to-seed spread, so no verdicts (use --seeds ≥ 2)".into());
-    }
-    for (c, why) in &skipped {
-        configurations.push(ConfigReport {
-            name: c.name(),
-            status: "skipped".into(),
-            skip_reason: Some(why.clone()),
-            backend: None,
-            seconds: None,
-            seconds_per_sample: None,
-            agreement: Vec::new(),
-            quality: Vec::new(),
-            verdict: None,
-        });
-    }
-    if pairs.iter().any(|p| !p.labels.iter().any(|&l| l != 0)) {
-        notes.push(
-            "a mask has no foreground at model size: its masked PSNR/MAE are NaN (left out of the spread)".into(),
-        );
-    }
-    notes.push(format!("masks: {source}"));
-
-    let report = Report {
+    let head = ReportHead {
         tool: format!("meddpm {} eval-configs", env!("CARGO_PKG_VERSION")),
         checkpoint: a.checkpoint.display().to_string(),
         checkpoint_step: ck.step,
-        weights: if group.is_empty() { "(plain state dict)".into() } else { group.into() },
-        parameters: meddpm::model::param_count(&cfg),
+        weights: group.into(),
         model: cfg.clone(),
         timesteps,
-        seeds: seeds.clone(),
-        pairs: pairs.iter().map(|p| p.info.clone()).collect(),
-        settings: Settings {
-            intensity_range: range,
-            ssim: metrics.ssim.clone(),
-            ms_ssim_kernel: metrics.ms.as_ref().map(|m| m.ssim.kernel_size),
-            ms_ssim_note: ms_note,
-            psnr_max_val: 1.0,
-        },
-        baseline: baseline_name,
-        verdict_rule: "within spread ⇔ for every mask and quality metric, max over seeds of |metric(config) − \
-                       metric(baseline)| (same mask, same seed) ≤ the baseline's sample std of that metric over the \
-                       seeds"
-            .into(),
-        configurations,
-        spread,
-        notes,
+        source,
     };
+    let mut notes: Vec<String> = ms_note.iter().cloned().collect();
+    notes.extend(p.notes);
+    let report = assemble(head, &runs, &skipped, &pairs, &seeds, &metrics, ms_note, notes, range)?;
 
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let json = a.out.join("eval_configs.json");
@@ -429,17 +249,7 @@ pub fn run(a: &EvalConfigsArgs) -> Result<()> {
         .with_context(|| format!("writing {}", json.display()))?;
     let markdown = to_markdown(&report);
     std::fs::write(&md, &markdown).with_context(|| format!("writing {}", md.display()))?;
-
-    // Panels: mask | real | each configuration that ran (baseline first), first seed.
-    let conv = Convention::whole_head();
-    for (pi, p) in pairs.iter().enumerate() {
-        let gens: Vec<Volume> =
-            runs.iter().map(|r| conv.output_volumes(&r.samples[pi][0], 1, dims, &p.mask_vol).remove(0)).collect();
-        let mut cols: Vec<(&Volume, Kind)> = vec![(&p.mask_vol, Kind::Labels), (&p.real_vol, Kind::Intensity)];
-        cols.extend(gens.iter().map(|v| (v, Kind::Intensity)));
-        let pos = label_position(&p.mask_vol, 2.0).unwrap_or([0.5; 3]);
-        let png = a.out.join(format!("panel_pair{}.png", p.info.index));
-        write_png_at(&png, &cols, pos)?;
+    for png in write_panels(&a.out, &pairs, &runs, dims)? {
         eprintln!("eval-configs: wrote {}", png.display());
     }
     println!("{markdown}");

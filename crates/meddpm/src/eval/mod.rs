@@ -16,9 +16,12 @@
 //! - [`ssim`]    Gaussian-window SSIM / contrast-structure and multi-scale SSIM
 //! - [`stats`]   PSNR, MAE, MMD, Wasserstein-1, masked means
 //! - [`configs`] the verdict and report of `meddpm eval-configs` (configurations vs a baseline)
+//! - [`config_runs`] its running side: which configurations run, sampling them, the report
+//!   assembled, the panels
 //! - [`report`]  the evaluation of a set of generated volumes against real ones → JSON + Markdown
 //! - [`samplers`] the sampler study: `meddpm sample` timings + eval reports → table, CSV, SVG
 
+pub mod config_runs;
 pub mod configs;
 pub mod report;
 pub mod samplers;
