@@ -25,8 +25,10 @@
 //! counters not permitted, an unreadable export) is named in the report's "Not collected" section
 //! and the rest is still written.
 //!
-//! This file keeps the arguments, the ncu processes (spawn, timeout, export) and the wiring. The
-//! CUDA steps under CUPTI are `meddpm_cuda::profile_steps`; the pure parts live in the library:
+//! This file keeps the arguments, the CUDA runs (backend, graphs on/off, the ncu child) and the
+//! wiring. The CUDA steps under CUPTI are `meddpm_cuda::profile_steps`; the inputs that need no
+//! GPU backend (a program under ncu: the process, its limit, its exports; PyTorch tables; counted
+//! presets; ncu and matrix exports) are `meddpm::analysis::collect`; the pure parts live in the library:
 //! `--matrix` values, configuration names and the CUDA matrix inputs in
 //! `meddpm::analysis::matrix`; ncu argument lists, kernel selection (top kernels, regex escaping)
 //! and ncu kernels → records in `analysis::ncu`; the median, the preset line and summed passes in
@@ -34,21 +36,19 @@
 
 use crate::run::Preset;
 use anyhow::{Context, Result};
+use meddpm::analysis::collect::{self, ncu_run, CommandRun};
 use meddpm::analysis::gpus::{self, Math};
-use meddpm::analysis::kernels::short_name;
 use meddpm::analysis::matrix::{config_name, from_cuda_runs, ConfigInput, MatrixSpec, CUDA_CONFIGS};
-use meddpm::analysis::ncu::{self, NcuData};
+use meddpm::analysis::ncu;
 use meddpm::analysis::profile::{preset_config, profile_unet, Options};
 use meddpm::analysis::report::{self, Input, Pass};
-use meddpm::analysis::timed::{NullBackend, Timed};
+use meddpm::analysis::timed::Timed;
 use meddpm::cpu::CpuBackend;
 use meddpm::model::UNetConfig;
 use meddpm::{Backend, Layout, Precision};
 use meddpm_cuda::cupti;
 use meddpm_cuda::{profile_steps, CudaBackend};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
+use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProfileDevice {
@@ -175,92 +175,6 @@ fn layout_of(l: LayoutArg) -> Layout {
     }
 }
 
-// ---- Nsight Compute -----------------------------------------------------------------------------
-
-/// Run `ncu ARGS… -f -o DIR/NAME TARGET…`, export the raw and details pages next to the report
-/// and parse them. Every failure (ncu missing, counters not permitted, no kernel profiled) is an
-/// error string for the report.
-fn ncu_collect(
-    ncu: &str,
-    args: &[String],
-    target: &[String],
-    dir: &Path,
-    name: &str,
-    timeout_s: u64,
-) -> Result<NcuData, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let rep = dir.join(name);
-    let rep_file = dir.join(format!("{name}.ncu-rep"));
-    let log_path = dir.join(format!("{name}.log"));
-    let _ = std::fs::remove_file(&rep_file);
-    let log_file =
-        std::fs::File::create(&log_path).map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
-    let log_err = log_file.try_clone().map_err(|e| format!("{}: {e}", log_path.display()))?;
-    let mut cmd = Command::new(ncu);
-    cmd.args(args).arg("-f").arg("-o").arg(&rep).args(target).stdout(log_file).stderr(log_err);
-    eprintln!("profile: {ncu} {} -f -o {} {}", args.join(" "), rep.display(), target.join(" "));
-    let t0 = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| {
-        format!("Nsight Compute `{ncu}` could not be started ({e}): install Nsight Compute or pass --ncu PATH")
-    })?;
-    // ncu and its target write to the log file; poll so that a run past --ncu-timeout is stopped
-    // and reported instead of taking the whole report down with it
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break st,
-            Ok(None) if t0.elapsed().as_secs() >= timeout_s => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "ncu ran past the {timeout_s} s limit (--ncu-timeout) and was stopped; its output is in {}",
-                    log_path.display()
-                ));
-            }
-            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(200)),
-            Err(e) => return Err(format!("waiting for ncu: {e}")),
-        }
-    };
-    eprintln!("profile: ncu run {name} took {:.1} s", t0.elapsed().as_secs_f64());
-    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let out = std::process::Output { status, stdout: Vec::new(), stderr: Vec::new() };
-    if log.contains("ERR_NVGPUCTRPERM") {
-        return Err("performance counters are not permitted for this user (ncu: ERR_NVGPUCTRPERM; needs root or \
-                    NVreg_RestrictProfilingToAdminUsers=0)"
-            .into());
-    }
-    if !rep_file.exists() {
-        return Err(format!(
-            "ncu wrote no report (exit {}; no kernel matched the filters?): {}",
-            out.status.code().map_or("signal".into(), |c| c.to_string()),
-            ncu::log_tail(&log, 4)
-        ));
-    }
-    if !out.status.success() {
-        eprintln!("warning: ncu exited with {} (report written; see {name}.log)", out.status);
-    }
-    let export = |page: &str, file: &str| -> Result<PathBuf, String> {
-        let o = Command::new(ncu)
-            .arg("-i")
-            .arg(&rep_file)
-            .args(["--page", page, "--csv", "--print-units", "base"])
-            .output()
-            .map_err(|e| format!("ncu -i {} --page {page}: {e}", rep_file.display()))?;
-        if !o.status.success() {
-            return Err(format!(
-                "ncu -i {} --page {page} failed: {}",
-                rep_file.display(),
-                ncu::log_tail(&String::from_utf8_lossy(&o.stderr), 3)
-            ));
-        }
-        let p = dir.join(file);
-        std::fs::write(&p, &o.stdout).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-        Ok(p)
-    };
-    let raw = export("raw", &format!("{name}_raw.csv"))?;
-    let details = export("details", &format!("{name}_details.csv"))?;
-    NcuData::load(Some(&raw), Some(&details)).map_err(|e| e.to_string())
-}
-
 // ---- the command --------------------------------------------------------------------------------
 
 /// The arguments that make a child of this binary run the same steps (under ncu).
@@ -379,78 +293,22 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
     // another program under ncu
     if !a.command.is_empty() {
         let args = ncu::command_args(a.counters, a.nvtx_include.as_deref(), a.kernel_regex.as_deref(), a.launch_count);
-        let what = a.command.join(" ");
-        input.config = format!("`{what}` under Nsight Compute ({})", args.join(" "));
-        match ncu_collect(&a.ncu, &args, &a.command, &a.out.join("ncu"), "command", a.ncu_timeout) {
-            Ok(n) => {
-                let records = ncu::kernel_records(&n.kernels);
-                input.device = n.device_name().unwrap_or_else(|| "the GPU ncu ran on".into());
-                input.device_gpu = gpus::find(&input.device);
-                input
-                    .passes
-                    .push(Pass::summed(format!("{} (ncu, {} kernels)", short_name(&what, 60), records.len()), records));
-                input.not_collected.push(
-                    "command pass: times are Nsight Compute kernel durations under replay, kernels serialised (the \
-                     pass time is their sum, not a wall time)"
-                        .into(),
-                );
-                if a.counters {
-                    input.ncu = Some(n);
-                } else {
-                    input.not_collected.push(
-                        "hardware counters of the command: only durations, cycles, instructions and IPC were collected \
-                         (add --counters for `--set full`)"
-                            .into(),
-                    );
-                    input.ncu = Some(n);
-                }
-            }
-            Err(e) => {
-                eprintln!("warning: {e}");
-                input.not_collected.push(format!("command `{what}` under Nsight Compute: not collected because {e}"));
-            }
-        }
+        let run = CommandRun {
+            ncu: &a.ncu,
+            args,
+            command: &a.command,
+            dir: a.out.join("ncu"),
+            counters: a.counters,
+            timeout_s: a.ncu_timeout,
+        };
+        collect::command_pass(&mut input, &run);
         counters_done = true;
     }
-    // PyTorch profiler tables
-    for t in &a.torch_table {
-        match std::fs::read_to_string(t)
-            .map_err(|e| meddpm::Error::io(t, e))
-            .and_then(|s| meddpm::analysis::torch::parse_table(&s, t))
-        {
-            Ok(records) => {
-                let name = t.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-                input.passes.push(Pass::summed(format!("PyTorch {name}"), records));
-            }
-            Err(e) => {
-                eprintln!("warning: {e}");
-                input.not_collected.push(format!("PyTorch table {}: {e}", t.display()));
-            }
-        }
-    }
-    // counted-only passes for the roofline predictions
-    for &p in &a.predict {
-        let nb = Timed::new(NullBackend::default());
-        let o = Options {
-            warmup: 0,
-            repeats: 1,
-            measured: false,
-            label: format!(" ({}, counted)", preset_name(p)),
-            ..opts.clone()
-        };
-        input
-            .passes
-            .extend(profile_unet(&nb, &p.unet(), &o).with_context(|| format!("counting preset {}", preset_name(p)))?);
-    }
-    // Nsight Compute exports: a bad file is reported, not fatal
+    collect::torch_tables(&mut input, &a.torch_table);
+    let counted: Vec<(&str, UNetConfig)> = a.predict.iter().map(|&p| (preset_name(p), p.unet())).collect();
+    collect::predictions(&mut input, &counted, &opts)?;
     if a.ncu_csv.is_some() || a.ncu_details.is_some() {
-        match NcuData::load(a.ncu_csv.as_deref(), a.ncu_details.as_deref()) {
-            Ok(n) => input.ncu = Some(n),
-            Err(e) => {
-                eprintln!("warning: {e}");
-                input.not_collected.push(format!("hardware counters: {e}"));
-            }
-        }
+        collect::ncu_exports(&mut input, a.ncu_csv.as_deref(), a.ncu_details.as_deref());
     } else if !counters_done || (!a.counters && a.command.is_empty()) {
         input.not_collected.push(
             "hardware counters (Nsight Compute): not requested (add --counters, or pass --ncu-csv raw.csv \
@@ -458,28 +316,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
                 .into(),
         );
     }
-    for m in &a.matrix {
-        let MatrixSpec::Ncu { name, path, ids } = m else { continue };
-        match NcuData::load(Some(path), None) {
-            Ok(n) => {
-                let ks = ncu::select_ids(n.kernels, ids.as_deref());
-                if ks.is_empty() {
-                    input
-                        .not_collected
-                        .push(format!("matrix configuration {name}: no kernel with IDs {ids:?} in {}", path.display()));
-                } else {
-                    input.matrix.push(ConfigInput::from_ncu(name, &ks));
-                }
-            }
-            Err(e) => {
-                eprintln!("warning: {e}");
-                input.not_collected.push(format!("matrix configuration {name}: {e}"));
-            }
-        }
-    }
-    if !a.matrix.is_empty() && input.matrix.len() < 2 {
-        input.not_collected.push("optimization matrix: fewer than two configurations could be read".into());
-    }
+    collect::matrix_exports(&mut input, &a.matrix);
     let (r, files) =
         report::write(&input, &a.out).with_context(|| format!("writing the report to {}", a.out.display()))?;
     print!("{}", report::summary(&r));
@@ -564,7 +401,7 @@ fn cuda_run(
         let (mut args, how) = ncu::child_filters(cupti::nvtx_status(), a.counters_kernels, &names);
         let mut full = ncu::base_args(true);
         full.append(&mut args);
-        match ncu_collect(
+        match ncu_run(
             &a.ncu,
             &full,
             &child_args(a, precision, layout, Steps::Both)?,
@@ -610,7 +447,7 @@ fn cuda_run(
                 let mut args = ncu::matrix_args();
                 args.append(&mut ncu::child_filters(cupti::nvtx_status(), 0, &[]).0);
                 eprintln!("profile: matrix counters of {name} (every kernel of one training step)");
-                match ncu_collect(
+                match ncu_run(
                     &a.ncu,
                     &args,
                     &child_args(a, p, l, Steps::Train)?,

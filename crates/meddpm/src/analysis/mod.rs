@@ -16,12 +16,15 @@
 //! - `report`     Markdown + CSV + JSON + SVG report writer and the terminal summary
 //! - `torch`      import of PyTorch profiler kernel tables (the reference, category by category)
 //! - `csv`        the small CSV reader/writer the others use
+//! - `collect`    the report inputs that need no GPU backend: a program under Nsight Compute (the
+//!   process, its limit and exports), PyTorch tables, counted presets, ncu and matrix exports
 //!
-//! GPU collection (CUPTI activity records, NVTX ranges) lives with the CUDA backend, and running
-//! the steps or a command under ncu in the CLI (`crates/meddpm-cli/src/profile.rs`); both feed
+//! GPU collection (CUPTI activity records, NVTX ranges, the steps under CUPTI) lives with the CUDA
+//! backend; the CLI (`crates/meddpm-cli/src/profile.rs`) wires the sources together; both feed
 //! [`kernels::KernelRecord`]s and ncu exports into this module.
 
 pub mod breakdown;
+pub mod collect;
 pub mod csv;
 pub mod gpus;
 pub mod kernels;
