@@ -25,8 +25,9 @@
 //! counters not permitted, an unreadable export) is named in the report's "Not collected" section
 //! and the rest is still written.
 //!
-//! This file keeps the arguments, the CUDA runs (backend, graphs on/off, the ncu child) and the
-//! wiring. The CUDA steps under CUPTI are `meddpm_cuda::profile_steps`; the inputs that need no
+//! This file keeps the arguments, the ncu child (its command line, and the child itself: only
+//! the steps) and the wiring. The CUDA run (steps under CUPTI with and without graphs, per-call
+//! passes, counters, matrix) is `meddpm_cuda::profile_steps::cuda_report`; the inputs that need no
 //! GPU backend (a program under ncu: the process, its limit, its exports; PyTorch tables; counted
 //! presets; ncu and matrix exports) are `meddpm::analysis::collect`; the pure parts live in the library:
 //! `--matrix` values, configuration names and the CUDA matrix inputs in
@@ -36,18 +37,19 @@
 
 use crate::run::Preset;
 use anyhow::{Context, Result};
-use meddpm::analysis::collect::{self, ncu_run, CommandRun};
-use meddpm::analysis::gpus::{self, Math};
-use meddpm::analysis::matrix::{config_name, from_cuda_runs, ConfigInput, MatrixSpec, CUDA_CONFIGS};
+use meddpm::analysis::collect::{self, CommandRun};
+use meddpm::analysis::gpus::Math;
+use meddpm::analysis::matrix::MatrixSpec;
 use meddpm::analysis::ncu;
 use meddpm::analysis::profile::{preset_config, profile_unet, Options};
-use meddpm::analysis::report::{self, Input, Pass};
+use meddpm::analysis::report::{self, Input};
 use meddpm::analysis::timed::Timed;
 use meddpm::cpu::CpuBackend;
 use meddpm::model::UNetConfig;
 use meddpm::{Backend, Layout, Precision};
 use meddpm_cuda::cupti;
-use meddpm_cuda::{profile_steps, CudaBackend};
+use meddpm_cuda::profile_steps::{self, CudaRun};
+use meddpm_cuda::CudaBackend;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -283,7 +285,22 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         }
         Some(ProfileDevice::Cuda) => {
             counters_done = true;
-            cuda_run(a, &cfg, &opts, precision, layout, cuda_matrix, &mut input)?;
+            let child = |p: Precision, l: Layout, train_only: bool| {
+                let steps = if train_only { Steps::Train } else { Steps::Both };
+                child_args(a, p, l, steps).map_err(|e| format!("{e:#}"))
+            };
+            let run = CudaRun {
+                precision,
+                layout,
+                counters: a.counters,
+                counters_kernels: a.counters_kernels,
+                ncu: &a.ncu,
+                ncu_dir: a.out.join("ncu"),
+                ncu_timeout: a.ncu_timeout,
+                matrix: cuda_matrix,
+                child: &child,
+            };
+            profile_steps::cuda_report(&cfg, &opts, &run, &mut input)?;
         }
         None => {}
     }
@@ -321,161 +338,5 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         report::write(&input, &a.out).with_context(|| format!("writing the report to {}", a.out.display()))?;
     print!("{}", report::summary(&r));
     println!("report: {} ({} files)", a.out.join("report.md").display(), files.len());
-    Ok(())
-}
-
-/// `--device cuda`: the CUPTI passes of the requested configuration, the per-call passes, the
-/// counters (`--counters`) and the four-configuration matrix (`--matrix`).
-fn cuda_run(
-    a: &ProfileArgs,
-    cfg: &UNetConfig,
-    opts: &Options,
-    precision: Precision,
-    layout: Layout,
-    matrix: bool,
-    input: &mut Input,
-) -> Result<()> {
-    let cuda = match CudaBackend::new(0, precision, layout) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("warning: {e}");
-            input.not_collected.push(format!("GPU timeline: no CUDA backend ({e})"));
-            if a.counters {
-                input.not_collected.push("hardware counters: no CUDA backend".into());
-            }
-            return Ok(());
-        }
-    };
-    // Profiles attribute each kernel to its U-Net block through ranges pushed by the host, so the
-    // steps run without CUDA graphs (meddpm bench measures with them); the "(graph replay)"
-    // passes below run them as bench does, for the step's GPU idle time.
-    cuda.set_graphs(false);
-    input.not_collected.push(
-        "CUDA graphs: the per-block passes launch every kernel from the host (graphs off); the \"(graph replay)\" \
-         passes replay the steps as CUDA graphs, as `meddpm bench` times them (their kernels keep their names, \
-         not their blocks: GPU idle of the step as it runs in training and sampling)"
-            .into(),
-    );
-    input.device_gpu = gpus::find(&cuda.info().name);
-    input.math = Some(Math::from(precision));
-    input.device = cuda.describe();
-    let main_name = config_name(precision, layout);
-    input.config.push_str(&format!("; configuration {main_name}"));
-    let mut notes = Vec::new();
-    let mut raw = Vec::new();
-    // 1) the CUPTI timeline (also leaves the cuDNN algorithms in the on-disk cache for the ncu child)
-    let passes = profile_steps::unet_steps(&cuda, cfg, opts, true, true, false, &mut notes, &mut raw)
-        .context("CUDA steps under CUPTI")?;
-    let mut matrix_rows = Vec::new();
-    if matrix {
-        let train = passes.iter().find(|p| p.name.starts_with("train"));
-        matrix_rows.push((precision, layout, train.filter(|p| !p.records.is_empty()).map(|p| p.records.clone())));
-    }
-    input.passes.extend(passes);
-    // 1b) the same steps replayed as CUDA graphs (issue 12's "GPU idle" is of this step)
-    cuda.set_graphs(true);
-    let mut replay_notes = Vec::new();
-    match profile_steps::unet_steps(&cuda, cfg, opts, true, true, false, &mut replay_notes, &mut Vec::new()) {
-        Ok(ps) => input.passes.extend(ps.into_iter().map(|p| Pass { name: format!("{} (graph replay)", p.name), ..p })),
-        Err(e) => input.not_collected.push(format!("steps as CUDA graph replays: {e:#}")),
-    }
-    // kernels launched by a graph carry no host range: only notes other than that one are kept
-    notes.extend(
-        replay_notes
-            .into_iter()
-            .filter(|n| !n.contains("could not be attributed"))
-            .map(|n| format!("graph replay: {n}")),
-    );
-    cuda.set_graphs(false);
-    if let Err(e) = cupti::nvtx_status() {
-        notes.push(format!("NVTX ranges: not emitted because {e} (ncu then selects kernels by name only)"));
-    }
-    // 2) the per-call view: every backend call between two syncs
-    let timed = Timed::new(cuda);
-    let o = Options { label: " (per call, synced)".into(), ..opts.clone() };
-    input.passes.extend(profile_unet(&timed, cfg, &o).context("per-call profile on the CUDA backend")?);
-    drop(timed);
-    // 3) counters: this binary again, under ncu (`--set full` on the top kernels, or on all of them)
-    if a.counters {
-        let names = if a.counters_kernels == 0 { Vec::new() } else { ncu::top_raw_names(&raw, a.counters_kernels) };
-        let (mut args, how) = ncu::child_filters(cupti::nvtx_status(), a.counters_kernels, &names);
-        let mut full = ncu::base_args(true);
-        full.append(&mut args);
-        match ncu_run(
-            &a.ncu,
-            &full,
-            &child_args(a, precision, layout, Steps::Both)?,
-            &a.out.join("ncu"),
-            &main_name,
-            a.ncu_timeout,
-        ) {
-            Ok(n) => {
-                input.config.push_str(&format!("; counters: {how}"));
-                input.ncu = Some(n);
-            }
-            Err(e) => {
-                eprintln!("warning: {e}");
-                input.not_collected.push(format!("hardware counters (Nsight Compute): not collected because {e}"));
-            }
-        }
-    }
-    // 4) the optimisation matrix: every configuration's training step through CUPTI, and with
-    //    --counters every kernel of that step under ncu with the matrix metrics
-    if matrix {
-        let mut ncu_by_config: Vec<(String, ConfigInput)> = Vec::new();
-        for (p, l) in CUDA_CONFIGS {
-            let name = config_name(p, l);
-            if (p, l) != (precision, layout) {
-                eprintln!("profile: matrix configuration {name}");
-                match CudaBackend::new(0, p, l) {
-                    Ok(be) => {
-                        be.set_graphs(false);
-                        let mut n = Vec::new();
-                        let ps = profile_steps::unet_steps(&be, cfg, opts, false, true, false, &mut n, &mut Vec::new())
-                            .with_context(|| format!("matrix configuration {name}"))?;
-                        notes.extend(n.into_iter().map(|s| format!("{name}: {s}")));
-                        let recs = ps.into_iter().find(|p| p.name.starts_with("train")).map(|p| p.records);
-                        matrix_rows.push((p, l, recs.filter(|r| !r.is_empty())));
-                    }
-                    Err(e) => {
-                        input.not_collected.push(format!("matrix configuration {name}: {e}"));
-                        continue;
-                    }
-                }
-            }
-            if a.counters {
-                let mut args = ncu::matrix_args();
-                args.append(&mut ncu::child_filters(cupti::nvtx_status(), 0, &[]).0);
-                eprintln!("profile: matrix counters of {name} (every kernel of one training step)");
-                match ncu_run(
-                    &a.ncu,
-                    &args,
-                    &child_args(a, p, l, Steps::Train)?,
-                    &a.out.join("ncu"),
-                    &format!("matrix-{name}"),
-                    a.ncu_timeout,
-                ) {
-                    Ok(n) => ncu_by_config.push((name.clone(), ConfigInput::from_ncu(&name, &n.kernels))),
-                    Err(e) => input.not_collected.push(format!("matrix counters of {name}: {e}")),
-                }
-            }
-        }
-        // baseline first; time and time by category from the CUPTI records (ncu's otherwise)
-        input.matrix.extend(from_cuda_runs(matrix_rows, &ncu_by_config));
-        input.config.push_str(
-            "; matrix = one training step per configuration: time = Σ kernel durations through CUPTI, SM cycles / \
-             instructions / tensor pipes / IPC = every kernel of the step under ncu (matrix metrics)",
-        );
-        if !a.counters {
-            input.not_collected.push(
-                "matrix SM cycles / instructions / tensor-pipe / IPC: need --counters (every kernel of one training \
-                 step of each configuration under ncu)"
-                    .into(),
-            );
-        }
-    }
-    for n in notes {
-        input.not_collected.push(n);
-    }
     Ok(())
 }

@@ -171,7 +171,7 @@ pub fn predictions(input: &mut Input, models: &[(&str, UNetConfig)], opts: &Opti
         let nb = Timed::new(NullBackend::default());
         let o =
             Options { warmup: 0, repeats: 1, measured: false, label: format!(" ({name}, counted)"), ..opts.clone() };
-        let passes = profile_unet(&nb, cfg, &o).map_err(|e| Error::Config(format!("counting preset {name}: {e}")))?;
+        let passes = profile_unet(&nb, cfg, &o).map_err(|e| Error::Backend(format!("counting preset {name}: {e}")))?;
         input.passes.extend(passes);
     }
     Ok(())
