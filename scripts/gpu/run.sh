@@ -26,6 +26,11 @@
 #   ncu      Nsight Compute (--set full) on the kernels matching $NCU_KERNELS (regex), the first
 #            $NCU_COUNT (default 4) launches, over one whole-head bf16 NDHWC bench step without
 #            graphs ($NCU_ENV: extra environment, e.g. MEDDPM_SMALL_CONV=0); details page as CSV
+#   quick    a fused path's check in about two minutes (the twentieth session's one call): the
+#            parity_bf16 tests named in $TESTS (default: the fused-conv and U-Net ones), then
+#            whole-head bf16 NDHWC bench alternated twice with $AB_ENV set (e.g.
+#            MEDDPM_CONV_STATS=0) and without, then eval-configs shortened to 30 s of training,
+#            fp32/ncdhw against bf16/ndhwc with MEDDPM_WGMMA=1 (the quality verdict)
 #   prof     the CUPTI breakdown of one training and sampling step for each preset in PROF_PRESETS
 #            (default whole-head) and precision in PROF_MATH (default bf16), layout PROF_LAYOUT
 #            (default ndhwc), no counters
@@ -101,6 +106,18 @@ for part in "$@"; do
             --precision bf16 --layout ndhwc $it 2>&1 | grep -E '^cuda:0' | sed "s/^/[$preset $e] /"
         done; done
       done ;;
+    quick)
+      tests=${TESTS:-wgmma_gn_conv_bf16_parity cat_free_bf16_parity gn_head_bf16_parity unet_}
+      timeout 150 "$BIN/parity_bf16" --test-threads 1 --nocapture $tests >"$RES/parity_bf16.log" 2>&1
+      echo "parity_bf16 ($tests): exit $?"; grep -E "^test |test result|panicked|rel L2|skipped" "$RES/parity_bf16.log"
+      for i in 1 2; do for e in env all; do
+        env $([ $e = env ] && echo "${AB_ENV:?set AB_ENV, e.g. MEDDPM_CONV_STATS=0}") timeout 70 "$BIN/meddpm" bench \
+          --device cuda --preset whole-head --precision bf16 --layout ndhwc --iters 9 2>&1 | grep -E '^cuda:0' \
+          | sed "s/^/[whole-head $([ $e = env ] && echo "$AB_ENV" || echo default)] /"
+      done; done
+      TRAIN_SECONDS=30 EVAL_SECONDS=60 CONFIGS=fp32/ncdhw,bf16/ndhwc MEDDPM_WGMMA=1 BIN="$BIN/meddpm" RES="$RES/ev" \
+        timeout 110 bash scripts/gpu/evalcfg.sh >/dev/null 2>&1
+      grep -E "^\| (fp32|bf16)/" "$RES/ev/eval_configs.md" | head -2 ;;
     brats)
       "$BIN/meddpm" bench --device cuda --preset brats --precision bf16 --layout ndhwc --iters 7 --warmup 2 \
         --json "$RES/bench-brats.json" 2>&1 | grep -E '^cuda:0|^device' ;;
