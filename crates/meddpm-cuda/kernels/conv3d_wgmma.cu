@@ -334,6 +334,9 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
 // ms a sampling forward). The transform inside the MMA warpgroup's loop (the first version: ~280
 // instructions, 48 MUFU a tap between the MMAs) was slower still: 18.2 against 14.3 ms
 // (docs/perf/h200-2026-12-02c). MEDDPM_WGMMA_GN=0 switches the fusion off (A/B).
+// With WmGn::ys the epilogue also takes the GroupNorm statistics of the output as stored (the
+// next GroupNorm's, so that no pass reads the output for them): per tile and channel shifted sums
+// over the 256 voxels, merged over a column item's planes (MEDDPM_CONV_STATS=0 for A/B).
 #define WS_FULL(b) (1 + (b))
 #define WS_EMPTY(b) (1 + WM_NS + (b))
 #define WS_EPI (1 + 2 * WM_NS)

@@ -352,7 +352,7 @@ pub(crate) struct ConvCache {
     /// Calls of `cat_skip_stats_ndhwc` (tests).
     pub(crate) cat_free_runs: u64,
     /// The GroupNorm statistics of a fused conv's output from its epilogue where the model asks
-    /// (true, the default: `Backend::gn_conv_stats_fusable`), or a statistics pass
+    /// (true, the default: `Backend::fused_conv_out_stats`), or a statistics pass
     /// (`MEDDPM_CONV_STATS=0`, A/B benchmarks and the bit-for-bit tests).
     pub(crate) conv_stats: bool,
     /// `conv3d_wgmma_fwd_gn` calls that took their output's statistics (tests).
