@@ -41,11 +41,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::Checkpoint;
 use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::Schedule;
+pub use meddpm::eval::config_runs::Config;
 use meddpm::eval::config_runs::{assemble, plan, sample_all, write_panels, ReportHead};
-pub use meddpm::eval::config_runs::{Config, DeviceSel};
 use meddpm::eval::configs::{load_pairs, to_markdown, Metrics, PairData, Run, Samples};
 use meddpm::model::{param_specs, UNetConfig};
 use meddpm::Backend;
+pub use meddpm::DeviceSel;
 
 /// `cpu`, or `PRECISION/LAYOUT` for CUDA (`fp32|tf32|bf16` / `ncdhw|ndhwc`).
 pub fn parse_config(s: &str) -> Result<Config, String> {

@@ -64,26 +64,11 @@ impl Preset {
     }
 }
 
-/// Where the compute happens.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Device {
-    /// CUDA if a device is present, else CPU.
-    Auto,
-    Cpu,
-    Cuda(usize),
-}
+/// Where the compute happens (`auto`: CUDA if a device is present, else CPU).
+pub use meddpm::DeviceSel as Device;
 
 fn parse_device(s: &str) -> Result<Device, String> {
-    match s {
-        "auto" => Ok(Device::Auto),
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Device::Cuda)
-            .ok_or_else(|| format!("'{s}' is not a device: use auto, cpu, cuda or cuda:N")),
-    }
+    s.parse()
 }
 
 #[derive(clap::Args, Clone, Debug)]

@@ -88,6 +88,32 @@ impl std::str::FromStr for Precision {
     }
 }
 
+/// Where the compute happens (`--device`): CUDA device 0 when one answers, else the CPU
+/// (`auto`); the CPU reference; CUDA device N (an error where it is absent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceSel {
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceSel {
+    type Err = String;
+    /// `auto`, `cpu`, `cuda` (device 0) or `cuda:N`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(DeviceSel::Auto),
+            "cpu" => Ok(DeviceSel::Cpu),
+            "cuda" => Ok(DeviceSel::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceSel::Cuda)
+                .ok_or_else(|| format!("'{s}' is not a device: use auto, cpu, cuda or cuda:N")),
+        }
+    }
+}
+
 /// Element type a buffer stores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -32,6 +32,6 @@ pub mod run;
 pub mod shape;
 pub mod testing;
 
-pub use backend::{Accum, Backend, DType, Layout, LossKind, Precision};
+pub use backend::{Accum, Backend, DType, DeviceSel, Layout, LossKind, Precision};
 pub use error::{Error, Result};
 pub use shape::{ConvShape, Dims};

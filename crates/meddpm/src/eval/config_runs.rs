@@ -15,7 +15,7 @@ use crate::data::preview::{label_position, write_png_at, Kind};
 use crate::data::{Convention, Volume};
 use crate::diffusion::{Sampler, Schedule};
 use crate::model::{UNet, UNetConfig};
-use crate::{Backend, Error, Layout, Precision, Result};
+use crate::{Backend, DeviceSel, Error, Layout, Precision, Result};
 
 /// One way of running the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,34 +61,6 @@ impl FromStr for Config {
             _ => return Err(bad()),
         };
         Ok(Config::Cuda(p, l))
-    }
-}
-
-/// Where the CUDA configurations run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeviceSel {
-    /// CUDA device 0 when it answers, else only the CPU reference.
-    Auto,
-    /// Everything on the CPU reference.
-    Cpu,
-    /// CUDA device N (an error if it is absent).
-    Cuda(usize),
-}
-
-impl FromStr for DeviceSel {
-    type Err = String;
-    /// `auto`, `cpu`, `cuda` (device 0) or `cuda:N`.
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(DeviceSel::Auto),
-            "cpu" => Ok(DeviceSel::Cpu),
-            "cuda" => Ok(DeviceSel::Cuda(0)),
-            _ => s
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(DeviceSel::Cuda)
-                .ok_or_else(|| format!("'{s}' is not a device: use auto, cpu, cuda or cuda:N")),
-        }
     }
 }
 
