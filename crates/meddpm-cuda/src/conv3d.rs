@@ -1123,7 +1123,7 @@ pub(crate) fn cat_free_chosen(
 /// conv + b + z) through `conv3d_wgmma_fwd_gn`, the statistics given: where
 /// [`gn_wgmma_chosen`] said so. With `x2` = (b, ca) the input is cat(inp, b) at channel ca, read
 /// from the two parts ([`cat_free_chosen`]). With `ystats` = (mean, rstd, off, groups) also the
-/// GroupNorm statistics of out + off as stored (an overwritten output only), from the epilogue's
+/// GroupNorm statistics of out + off as stored (the final values, accumulated or not), from the epilogue's
 /// per-item partials ([`crate::groupnorm::finalize_stats_counted`]): no pass reads `out` for them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gn_wgmma_forward(
@@ -1194,7 +1194,6 @@ pub(crate) fn gn_wgmma_forward(
     match ystats {
         None => crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), T_WPF),
         Some((ym, yr, yoff, yg)) => {
-            assert!(acc == Accum::Overwrite, "conv3d_wgmma_fwd_gn {cs:?}: output statistics of an overwritten output");
             let items = crate::conv_wgmma::items(dev, x);
             let part = dev.scratch(items * cs.cout * 3);
             let gn = crate::conv_wgmma::GnPro { ys: dev.ptr(&*part), ..gn };

@@ -803,6 +803,7 @@ impl Backend for CudaBackend {
         out: &mut Self::Buf,
         act: &mut Self::Buf,
         (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
+        fresh: bool,
         inp: &Self::Buf,
         (gamma, beta): (&Self::Buf, &Self::Buf),
         (w, b): (&Self::Buf, &Self::Buf),
@@ -811,11 +812,17 @@ impl Backend for CudaBackend {
     ) {
         let fits = self.conv.lock().unwrap_or_else(|e| e.into_inner()).gn_head_fits(cs, groups, inp.bf() == 1);
         if !fits {
-            self.groupnorm_silu_forward(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
+            if fresh {
+                self.groupnorm_silu_forward(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
+            } else {
+                self.groupnorm_silu_recompute(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
+            }
             self.conv3d_forward(out, act, w, b, cs);
             return;
         }
-        groupnorm::stats(&self.dev, inp, None, mean, rstd, cs.x, groups, self.cl());
+        if fresh {
+            groupnorm::stats(&self.dev, inp, None, mean, rstd, cs.x, groups, self.cl());
+        }
         conv3d::gn_head_forward(&self.dev, out, inp, (mean, rstd), (gamma, beta), (w, b), cs, groups);
     }
     fn gn_conv_fusable(&self, inp: &Self::Buf, w: &Self::Buf, cs: ConvShape, add: bool, groups: usize) -> bool {

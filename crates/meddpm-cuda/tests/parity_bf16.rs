@@ -533,9 +533,8 @@ fn wgmma_gn_conv_bf16_parity() {
                 None,
             );
             assert_eq!((g.wgmma_runs() - runs, g.wgmma_gn_runs() - gn_runs), (1, 1), "{what}: ran conv3d_wgmma_fwd_gn");
-            if mode == Accum::Overwrite {
-                ystats_case(g, &what, (&one, o), (&xg, offo), (&mg, &rg), (&gg, &bg), &wg, cs, groups, seed + 8);
-            }
+            let out = (&one, o, &y0[..], mode);
+            ystats_case(g, &what, out, (&xg, offo), (&mg, &rg), (&gg, &bg), (&wg, bgo, zgo), cs, groups, seed + 8);
             if fresh {
                 assert_eq!(get_raw(g, &mf), get_raw(g, &mg), "{what}: fresh statistics = groupnorm_silu_forward's");
                 assert_eq!(get_raw(g, &rf), get_raw(g, &rg), "{what}: fresh statistics = groupnorm_silu_forward's");
@@ -585,18 +584,19 @@ fn out_stats_vs_pass(
     check(&format!("{what}: output rstd from the epilogue"), &get_raw(g, yr), &get_raw(g, &pr), 1e-5);
 }
 
-/// [`wgmma_gn_conv_bf16_parity`]'s Overwrite form again with the output's GroupNorm statistics
-/// taken by the epilogue (`ystats`): the same output bit for bit as `one` (the call without),
-/// and the statistics as a pass over the output computes them.
+/// A form of [`wgmma_gn_conv_bf16_parity`] (output `one` from `y0` in `mode`) again with the
+/// output's GroupNorm statistics taken by the epilogue (`ystats`, of the final values whether
+/// overwritten or accumulated): the same output bit for bit as `one` (the call without), and the
+/// statistics as a pass over the output computes them.
 #[allow(clippy::too_many_arguments)]
 fn ystats_case(
     g: &CudaBackend,
     what: &str,
-    (one, o): (&Buf, Dims),
+    (one, o, y0, mode): (&Buf, Dims, &[f32], Accum),
     inp: (&Buf, Option<&Buf>),
     (mg, rg): (&Buf, &Buf),
     gb: (&Buf, &Buf),
-    wg: &Buf,
+    wbz: (&Buf, Option<&Buf>, Option<&Buf>),
     cs: ConvShape,
     groups: usize,
     seed: u64,
@@ -609,20 +609,10 @@ fn ystats_case(
         g.copy(&mut m, mg);
         g.copy(&mut r, rg);
         let (mut ym, mut yr) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
-        let mut y = g.alloc_act(o.numel()).unwrap();
+        let mut y = act(g, y0, o);
         let runs = g.conv_stats_runs();
         let ys = Some((&mut ym, &mut yr, off));
-        g.groupnorm_silu_conv3d_fused(
-            (&mut y, Accum::Overwrite),
-            inp,
-            (&mut m, &mut r),
-            false,
-            gb,
-            (wg, None, None),
-            cs,
-            groups,
-            ys,
-        );
+        g.groupnorm_silu_conv3d_fused((&mut y, mode), inp, (&mut m, &mut r), false, gb, wbz, cs, groups, ys);
         assert_eq!(g.conv_stats_runs() - runs, 1, "{what}: the epilogue took them");
         assert_eq!(get_act(g, &y, o), get_act(g, one, o), "{what}: the same output");
         out_stats_vs_pass(g, &what, (&y, o), off, (&ym, &yr), groups);
@@ -936,6 +926,7 @@ fn gn_head_bf16_parity() {
             &mut y_c,
             &mut a_c,
             (&mut m_c, &mut r_c),
+            true,
             &xin,
             (&gamma, &beta),
             (&w, &b),
@@ -965,6 +956,7 @@ fn gn_head_bf16_parity() {
                     &mut yg,
                     &mut ag,
                     (&mut mg, &mut rg),
+                    true,
                     &xg,
                     (&gg, &bg),
                     (&wg, &bb),
@@ -972,6 +964,25 @@ fn gn_head_bf16_parity() {
                     groups,
                 );
                 check(&format!("{tag} y"), &get_act(g, &yg, o), &y_c, BF);
+                // the statistics given (a producing conv's epilogue took them): the same output
+                // bit for bit, the statistics left as they were
+                let mut y2 = if i % 2 == 0 { g.alloc(o.numel()).unwrap() } else { g.alloc_act(o.numel()).unwrap() };
+                let mut a2 = act(g, &sentinel, x);
+                let given = (get_raw(g, &mg), get_raw(g, &rg));
+                let (gam, bet) = (&gg, &bg);
+                g.groupnorm_silu_conv3d_forward(
+                    &mut y2,
+                    &mut a2,
+                    (&mut mg, &mut rg),
+                    false,
+                    &xg,
+                    (gam, bet),
+                    (&wg, &bb),
+                    cs,
+                    groups,
+                );
+                assert_eq!(get_act(g, &y2, o), get_act(g, &yg, o), "{tag}: the output from given statistics");
+                assert_eq!((get_raw(g, &mg), get_raw(g, &rg)), given, "{tag}: given statistics rewritten");
                 if fused && g.layout() == Layout::Ndhwc {
                     assert_eq!(get_act(g, &ag, x), sentinel, "{tag}: the fused head wrote its scratch");
                 } else {
@@ -1305,10 +1316,11 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
     // ResBlocks: 2 down, 2 middle, 4 up (over concatenations of 128 + 128, 128 + 64, 128 + 64
     // and 64 + 64 channels); two fused convs each; the 4 up blocks' concatenations never stored
     // in the third run (the first with tiles of 96 voxels, its shared memory being W's 64 KB);
-    // in the fourth every block's in_layers conv also takes out_layers' statistics
+    // in the fourth every block's in_layers conv also takes out_layers' statistics, and the last
+    // block's out_layers conv the output head's (9 convs with output statistics)
     assert_eq!(
         (*n2, *n1, *n3, *n4),
-        ((0, 0, 0), (16, 0, 0), (16, 4, 0), (16, 4, 8)),
+        ((0, 0, 0), (16, 0, 0), (16, 4, 0), (16, 4, 9)),
         "fused convs, parts-read blocks and epilogue statistics in one forward"
     );
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -1345,6 +1357,73 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
     let (med, max) = (rels[rels.len() / 2], rels[rels.len() - 1]);
     println!("U-Net with epilogue statistics: gradients rel L2 median {med:.2e}, max {max:.2e}");
     assert!(med <= 2e-2, "U-Net gradients with epilogue statistics: median relative L2 {med:.3e} > 2e-2");
+}
+
+/// The statistics a ResBlock's out_layers conv takes for the layer that reads its output: two
+/// ResBlocks a level (the second's in_layers statistics from the first's epilogue, and the
+/// middle block's from the encoder's last), the output head's from the last decoder block.
+/// Against the same fused network with the statistics passes: forward and gradients within the
+/// bounds of the test above (the sums in another order), and the epilogue statistics counted:
+/// 12 ResBlocks' h (2 + 2 encoder, 2 middle, 3 + 3 decoder; 24 fused convs), plus encoder
+/// L0 1 → 2, L1 1 → 2, L1 2 → middle 0, decoder's last → head.
+#[test]
+fn unet_epilogue_stats_feed_the_next_layer() {
+    use meddpm::model::{UNet, UNetConfig};
+    let Some(gs) = gpus() else { return };
+    let g = &gs[1];
+    let cfg = UNetConfig {
+        depth: 6,
+        size: 10,
+        in_channels: 2,
+        out_channels: 1,
+        model_channels: 64,
+        channel_mult: vec![1, 2],
+        num_res_blocks: 2,
+        attention_ds: vec![],
+        num_heads: 1,
+        groups: 32,
+    };
+    let batch = 2;
+    g.set_wgmma(Some(true));
+    g.set_wgmma_gn(true);
+    g.set_cat_free(true);
+    let mut runs = Vec::new();
+    for conv_stats in [false, true] {
+        g.set_conv_stats(conv_stats);
+        let mut net = UNet::new(g, &cfg, batch).unwrap();
+        let host: Vec<Vec<f32>> =
+            net.specs.iter().enumerate().map(|(i, s)| rnd(s.numel(), 3500 + i as u64, 0.2)).collect();
+        net.set_params(g, &host).unwrap();
+        let (xd, od) = (net.input_dims(), net.output_dims());
+        g.upload_act(&rnd(xd.numel(), 35, 1.0), xd, net.input_mut());
+        let (gn0, ys0) = (g.wgmma_gn_runs(), g.conv_stats_runs());
+        net.forward(g, &[7.0, 300.0]);
+        let counts = (g.wgmma_gn_runs() - gn0, g.conv_stats_runs() - ys0);
+        let out = get_act(g, net.output(), od);
+        g.upload_act(&rnd(od.numel(), 36, 1.0), od, net.output_and_grad().1);
+        net.zero_grads(g);
+        net.backward(g);
+        runs.push((out, net.host_tensors(g, true), counts));
+    }
+    g.set_conv_stats(true);
+    g.set_wgmma(None);
+    let ((o0, g0, n0), (o1, g1, n1)) = (&runs[0], &runs[1]);
+    if n0.0 == 0 {
+        println!("skipped: conv3d_wgmma_fwd_gn needs an sm_90 GPU ({})", name(g));
+        return;
+    }
+    assert_eq!((*n0, *n1), ((24, 0), (24, 16)), "fused convs and epilogue statistics in one forward");
+    let rel = rel_l2(o1, o0);
+    println!("U-Net (2 blocks a level) with epilogue statistics: forward rel L2 {rel:.2e} vs the passes");
+    assert!(rel <= 2e-2, "forward with epilogue statistics: relative L2 {rel:.3e} > 2e-2");
+    let mut rels: Vec<f64> = g1.iter().zip(g0).map(|(a, b)| rel_l2(a, b)).collect();
+    for (i, r) in rels.iter().enumerate() {
+        assert!(*r <= 0.1, "gradient tensor {i} with epilogue statistics: relative L2 {r:.3e} > 0.1");
+    }
+    rels.sort_by(f64::total_cmp);
+    let (med, max) = (rels[rels.len() / 2], rels[rels.len() - 1]);
+    println!("U-Net (2 blocks a level) with epilogue statistics: gradients rel L2 median {med:.2e}, max {max:.2e}");
+    assert!(med <= 2e-2, "gradients with epilogue statistics: median relative L2 {med:.3e} > 2e-2");
 }
 
 #[test]

@@ -396,20 +396,27 @@ pub trait Backend {
     /// the statistics saved in mean/rstd for the backward (which recomputes silu(GN(inp))). `act`
     /// is scratch of `inp`'s size for silu(GN(inp)); a backend that fuses the convolution's
     /// prologue need not write it (CUDA: `conv3d_fwd_gn_small_cout`, one pass over `inp` for Cout
-    /// ≤ 4). This default is the two calls.
+    /// ≤ 4). With `fresh` false the statistics are given in mean/rstd (the producing conv's
+    /// epilogue took them: [`Backend::groupnorm_silu_conv3d_fused`]'s `ystats`). This default is
+    /// the two calls.
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_conv3d_forward(
         &self,
         out: &mut Self::Buf,
         act: &mut Self::Buf,
         (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
+        fresh: bool,
         inp: &Self::Buf,
         (gamma, beta): (&Self::Buf, &Self::Buf),
         (w, b): (&Self::Buf, &Self::Buf),
         cs: ConvShape,
         groups: usize,
     ) {
-        self.groupnorm_silu_forward(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
+        if fresh {
+            self.groupnorm_silu_forward(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
+        } else {
+            self.groupnorm_silu_recompute(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
+        }
         self.conv3d_forward(out, act, w, b, cs);
     }
     /// Whether [`Backend::groupnorm_silu_conv3d_fused`] computes conv `cs` (3×3×3 forward,
@@ -433,9 +440,9 @@ pub trait Backend {
     /// inp + off are computed into mean/rstd first (as [`Backend::groupnorm_silu_forward`] saves
     /// them), else they are given (a concatenation's, [`Backend::concat_channels_stats`]).
     ///
-    /// `ystats` = (mean, rstd, off): also the GroupNorm statistics of out + off as stored (an
-    /// overwritten output; as [`Backend::groupnorm_silu_forward`] would compute them from `out`,
-    /// up to the order of the sums), where [`Backend::fused_conv_out_stats`] said so.
+    /// `ystats` = (mean, rstd, off): also the GroupNorm statistics of out + off as stored (the
+    /// final values, accumulated or not; as [`Backend::groupnorm_silu_forward`] would compute them
+    /// from `out`, up to the order of the sums), where [`Backend::fused_conv_out_stats`] said so.
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_conv3d_fused(
         &self,

@@ -286,6 +286,7 @@ impl<B: Backend> Backend for Timed<B> {
         out: &mut Self::Buf,
         act: &mut Self::Buf,
         (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
+        fresh: bool,
         inp: &Self::Buf,
         (gamma, beta): (&Self::Buf, &Self::Buf),
         (w, b): (&Self::Buf, &Self::Buf),
@@ -303,7 +304,17 @@ impl<B: Backend> Backend for Timed<B> {
             + self.l(w)
             + self.l(b);
         self.rec("groupnorm_silu_conv3d_forward", Category::ConvForward, Some(cs.flops()), e, || {
-            self.inner.groupnorm_silu_conv3d_forward(out, act, (mean, rstd), inp, (gamma, beta), (w, b), cs, groups)
+            self.inner.groupnorm_silu_conv3d_forward(
+                out,
+                act,
+                (mean, rstd),
+                fresh,
+                inp,
+                (gamma, beta),
+                (w, b),
+                cs,
+                groups,
+            )
         })
     }
     fn gn_conv_fusable(&self, inp: &Self::Buf, w: &Self::Buf, cs: ConvShape, add: bool, groups: usize) -> bool {

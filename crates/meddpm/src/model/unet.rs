@@ -89,6 +89,14 @@ pub struct ResBlock<B: Backend> {
     /// the conv's weight gradient) and the skip conv's data gradient, and delivers the sum to the
     /// two parts; a backend may read x from the parts there rather than rebuild it.
     cat_in: bool,
+    /// The layer that reads this block's output and needs its GroupNorm statistics (a ResBlock
+    /// over it, not a concatenation, or the output head), where out_layers' fused conv takes them
+    /// in its epilogue straight into that layer's buffers (`Backend::fused_conv_out_stats`);
+    /// decided at the start of every forward.
+    y_to: Option<usize>,
+    /// in_layers' statistics of x are in mean1/rstd1 already, taken by the producing ResBlock
+    /// (its `y_to` is this layer); decided with it.
+    x_stats: bool,
 }
 
 /// An AttentionBlock's saved activations. `p` indexes norm.weight.
@@ -117,6 +125,8 @@ pub struct OutHead<B: Backend> {
     cout: usize,
     mean: B::Buf,
     rstd: B::Buf,
+    /// The statistics of the input are in mean/rstd already (the producing ResBlock's `y_to`).
+    stats_given: bool,
 }
 
 pub enum Op<B: Backend> {
@@ -469,6 +479,8 @@ impl<B: Backend> UNet<B> {
                         mean2: alloc(&mut mem.small, n * g)?,
                         rstd2: alloc(&mut mem.small, n * g)?,
                         cat_in,
+                        y_to: None,
+                        x_stats: false,
                     };
                     (Op::Res(r), y, prev)
                 }
@@ -515,6 +527,7 @@ impl<B: Backend> UNet<B> {
                         cout,
                         mean: alloc(&mut mem.small, n * g)?,
                         rstd: alloc(&mut mem.small, n * g)?,
+                        stats_given: false,
                     };
                     (Op::Out(o), x.with_c(cout), prev)
                 }
@@ -743,6 +756,35 @@ impl<B: Backend> UNet<B> {
                 *bias = free;
             }
         }
+        // which ResBlocks' out_layers convs take the GroupNorm statistics of their output for the
+        // layer that reads it (both fused: the producer's epilogue, the reader's given statistics)
+        let fused_stats = be.fused_conv_out_stats();
+        for i in 1..layers.len() {
+            let k = layers.iter().position(|l| l.input == i);
+            let take = fused_stats
+                && match (&layers[i].op, k.map(|k| &layers[k].op)) {
+                    (Op::Res(r), Some(reader @ (Op::Res(_) | Op::Out(_)))) => {
+                        let out_cs = ConvShape::new(r.x.with_c(r.cout), r.cout, 3, 1);
+                        be.gn_conv_fusable(&r.h, cw(r.p + 8), out_cs, true, g)
+                            && match reader {
+                                Op::Res(c) => {
+                                    let in_cs = ConvShape::new(c.x, c.cout, 3, 1);
+                                    !c.cat_in && be.gn_conv_fusable(&acts[layers[i].out], cw(c.p + 2), in_cs, false, g)
+                                }
+                                _ => true,
+                            }
+                    }
+                    _ => false,
+                };
+            if let Op::Res(r) = &mut layers[i].op {
+                r.y_to = k.filter(|_| take);
+            }
+            match k.map(|k| &mut layers[k].op) {
+                Some(Op::Res(c)) => c.x_stats = take,
+                Some(Op::Out(o)) => o.stats_given = take,
+                _ => {}
+            }
+        }
         for i in 1..layers.len() {
             let (oi, xi) = (layers[i].out, layers[layers[i].input].out);
             // a skip concatenation is built by the ResBlock that reads it (with its statistics)
@@ -757,7 +799,18 @@ impl<B: Backend> UNet<B> {
                 }
                 _ => None,
             };
-            let l = &mut layers[i];
+            // a ResBlock that takes its reader's statistics holds that layer's buffers too
+            let y_to = match &layers[i].op {
+                Op::Res(r) => r.y_to,
+                _ => None,
+            };
+            let (l, reader) = match y_to {
+                Some(k) => {
+                    let [l, c] = layers.get_disjoint_mut([i, k]).expect("distinct layers");
+                    (l, Some(c))
+                }
+                None => (&mut layers[i], None),
+            };
             be.push_range(&l.name);
             // the output and the input; where the input is a concatenation, its two parts
             let (out, x, parts) = match cat {
@@ -833,7 +886,8 @@ impl<B: Backend> UNet<B> {
                         // concatenation's statistics are given; it keeps its values, which its
                         // backward rebuilds anyway)
                         let wbz = (cw(p + 2), None, None);
-                        be.groupnorm_silu_conv3d_fused(h, (x, None), (m1, r1), !r.cat_in, (g1, b1), wbz, in_cs, g, ys);
+                        let fresh = !r.cat_in && !r.x_stats;
+                        be.groupnorm_silu_conv3d_fused(h, (x, None), (m1, r1), fresh, (g1, b1), wbz, in_cs, g, ys);
                     } else if r.cat_in {
                         be.groupnorm_silu_recompute_inplace(x, m1, r1, g1, b1, xd, g);
                         be.conv3d_forward_acc(h, x, cw(p + 2), None, in_cs);
@@ -850,9 +904,16 @@ impl<B: Backend> UNet<B> {
                     }
                     let res = (!r.cat_in && r.b_out.is_none()).then_some(&*x);
                     let (he, st, gb) = ((&r.h, Some(&r.e)), (&mut r.mean2, &mut r.rstd2), (&w[p + 6], &w[p + 7]));
+                    // the reader's statistics of out where it takes them (`y_to`)
+                    let ys = reader.map(|c| match &mut c.op {
+                        Op::Res(c) => (&mut c.mean1, &mut c.rstd1, None),
+                        Op::Out(o) => (&mut o.mean, &mut o.rstd, None),
+                        _ => unreachable!("y_to names a ResBlock or the head"),
+                    });
+                    assert!(out_fused || ys.is_none(), "{}: y_to set, out_layers not fused", l.name);
                     if out_fused {
                         let wbz = (cw(p + 8), res.map(|_| b_out), res);
-                        be.groupnorm_silu_conv3d_fused((out, Accum::Add), he, st, !h_stats, gb, wbz, out_cs, g, None);
+                        be.groupnorm_silu_conv3d_fused((out, Accum::Add), he, st, !h_stats, gb, wbz, out_cs, g, ys);
                     } else {
                         let [a] = scr.get([(yd.numel(), 0)]);
                         be.groupnorm_silu_forward(a, st.0, st.1, he.0, he.1, gb.0, gb.1, yd, g);
@@ -882,7 +943,8 @@ impl<B: Backend> UNet<B> {
                     let (p, xd) = (o.p, o.x);
                     let [a] = scr.get([(xd.numel(), 0)]);
                     let (stats, gb, wb) = ((&mut o.mean, &mut o.rstd), (&w[p], &w[p + 1]), (cw(p + 2), &w[p + 3]));
-                    be.groupnorm_silu_conv3d_forward(out, a, stats, x, gb, wb, ConvShape::new(xd, o.cout, 3, 1), g);
+                    let cs = ConvShape::new(xd, o.cout, 3, 1);
+                    be.groupnorm_silu_conv3d_forward(out, a, stats, !o.stats_given, x, gb, wb, cs, g);
                 }
             }
             be.pop_range();
