@@ -54,7 +54,7 @@ use crate::device::{cudnn_ck, Arg, Device};
 /// Milliseconds that `f`'s work takes on the stream, between two events with timing enabled
 /// (cudarc's `record_event(None)` creates them with timing disabled, which made every such
 /// measurement fail until 2026-12-01 and each timed choice fall to its first option).
-fn stream_ms(dev: &Device, f: impl FnOnce()) -> f32 {
+pub(crate) fn stream_ms(dev: &Device, f: impl FnOnce()) -> f32 {
     let ev =
         || dev.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("cuEventRecord");
     let e0 = ev();
@@ -357,6 +357,12 @@ pub(crate) struct ConvCache {
     pub(crate) conv_stats: bool,
     /// `conv3d_wgmma_fwd_gn` calls that took their output's statistics (tests).
     pub(crate) wgmma_ystats_runs: u64,
+    /// A decoder ResBlock's backward from the parts adds its skip conv's data gradient in the
+    /// GroupNorm+SiLU backward's pass (`gn_bwd_apply_split_skip`, true, the default) or runs it as
+    /// GEMMs onto the parts after (`MEDDPM_SKIP_APPLY=0`, A/B benchmarks).
+    pub(crate) skip_apply: bool,
+    /// Calls of `gn_bwd_apply_split_skip` (tests).
+    pub(crate) skip_apply_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel.
@@ -448,6 +454,8 @@ impl ConvCache {
             cat_free_runs: 0,
             conv_stats: std::env::var("MEDDPM_CONV_STATS").map_or(true, |v| v != "0"),
             wgmma_ystats_runs: 0,
+            skip_apply: std::env::var("MEDDPM_SKIP_APPLY").map_or(true, |v| v != "0"),
+            skip_apply_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -1531,7 +1539,7 @@ fn run_forward_beta(dev: &Device, cache: &mut ConvCache, a: Algo, cs: ConvShape,
     );
 }
 
-fn ws_ptr(dev: &Device, ws: &cudarc::driver::CudaSlice<u8>) -> u64 {
+pub(crate) fn ws_ptr(dev: &Device, ws: &cudarc::driver::CudaSlice<u8>) -> u64 {
     use cudarc::driver::DevicePtr;
     let (p, _g) = ws.device_ptr(&dev.stream);
     p

@@ -81,6 +81,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "gn_bwd_finalize",
     "gn_bwd_apply",
     "gn_bwd_apply_split",
+    "gn_bwd_apply_split_skip",
     "silu_fwd",
     "silu_bwd",
     "add_assign",

@@ -628,7 +628,7 @@ pub(crate) fn backward_inplace_act_split(
     let ap = dev.ptr_mut(x);
     let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
     let ip = (&*x, 0);
-    let split = Some((sp, ms_, ca, [0; 3]));
+    let split = Some((sp, ms_, ca, [0; 3], None));
     backward_ptrs(
         dev,
         (hp, mh),
@@ -653,7 +653,10 @@ pub(crate) fn backward_inplace_act_split(
 /// parts rather than from a built concatenation: the sums (`chan_gnbwd_cat_ndhwc*`) and the
 /// elementwise pass read each value from its part and round it as the concatenation would store
 /// it, so dγ, dβ, `act` (= silu(GN(x)), a separate buffer here) and the parts' gradients are bit
-/// for bit those of the built concatenation. Only where [`parts_ok`].
+/// for bit those of the built concatenation. Only where [`parts_ok`]. With `skip` = (dout, w, Cout)
+/// the pass also adds the decoder ResBlock's skip conv data gradient, Σ_o dout[o]·w[o, c] (w the
+/// 1×1×1 conv's (Cout, C) bf16 weight) to the parts, rounded once (`gn_bwd_apply_split_skip`:
+/// where [`skip_apply_fits`]); act, dγ and dβ stay bit for bit.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward_act_split_from_parts(
     dev: &Device,
@@ -668,9 +671,22 @@ pub(crate) fn backward_act_split_from_parts(
     gamma: &GpuBuf,
     xd: Dims,
     groups: usize,
+    skip: Option<(&GpuBuf, &GpuBuf, usize)>,
 ) {
     check(xd, groups, act.len(), gamma.len(), mean.len());
     let (sa, sb) = (xd.n * ca * xd.s(), xd.n * (xd.c - ca) * xd.s());
+    if let Some((dout, w, co)) = skip {
+        assert!(
+            skip_apply_fits(xd.c, co, ca)
+                && [dout.dtype(), w.dtype(), d.dtype()].iter().all(|&t| t == meddpm::DType::Bf16)
+                && dout.len() == xd.n * xd.s() * co
+                && w.len() == co * xd.c,
+            "gn_bwd_apply_split_skip {xd} at channel {ca} → {co}: bf16 operands of matching lengths (dout {}, w {}), \
+             C and Cout multiples of 64",
+            dout.len(),
+            w.len()
+        );
+    }
     assert!(
         d.len() == xd.numel() && [ph.len(), h.len()] == [sa; 2] && [ps.len(), s.len()] == [sb; 2],
         "groupnorm backward from and into the parts of {xd} at channel {ca}: lengths d {} parts {} {} grads {} {}",
@@ -689,9 +705,35 @@ pub(crate) fn backward_act_split_from_parts(
     let ap = dev.ptr_mut(act);
     let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
     let xs = [dev.ptr(h), dev.ptr(s), h_bias.map_or(0, |b| dev.ptr(b))];
-    let split = Some((sp, ms_, ca, xs));
+    let skip = skip.map(|(dout, w, co)| (dev.ptr(dout), dev.ptr(w), co));
+    let split = Some((sp, ms_, ca, xs, skip));
     let (b, ip) = (Some(beta), (&*act, 0));
     backward_ptrs(dev, (hp, mh), dgamma, dbeta, dp, b, ip, mean, rstd, gamma, xd, groups, true, bf, (0, ap), split);
+}
+
+/// `gn_bwd_apply_split_skip`'s tile for C concatenated channels and `co` skip-conv outputs: 64
+/// voxels, or fewer (16 at least) where its shared memory would pass 100 KB (two blocks an SM).
+fn skip_apply_tile(c: usize, co: usize) -> Option<usize> {
+    [64, 32, 16].into_iter().find(|&t| skip_apply_bytes(c, co, t) <= 100 * 1024)
+}
+
+/// Bytes of shared memory `gn_bwd_apply_split_skip` takes: W^T (C rows of co + 32 bf16), two dout
+/// tiles (t rows of co + 32 bf16 each), the tile's sums (t rows of C + 4 floats).
+fn skip_apply_bytes(c: usize, co: usize, t: usize) -> usize {
+    (c + 2 * t) * (co + 32) * 2 + t * (c + 4) * 4
+}
+
+/// Whether [`backward_act_split_from_parts`] can add a decoder ResBlock's skip conv data gradient
+/// in its pass (`gn_bwd_apply_split_skip`): C and Cout multiples of 64, the parts of 8-channel
+/// multiples, at most 256 lanes of 8 channels, the shared memory within two blocks an SM.
+pub(crate) fn skip_apply_fits(c: usize, co: usize, ca: usize) -> bool {
+    c.is_multiple_of(64)
+        && co.is_multiple_of(64)
+        && ca.is_multiple_of(8)
+        && ca > 0
+        && ca < c
+        && c / 8 <= 256
+        && skip_apply_tile(c, co).is_some()
 }
 
 /// Whether [`backward_act_split_from_parts`] takes a concatenation of `x` at channel `ca` with
@@ -711,6 +753,10 @@ pub(crate) fn split_ok(x: Dims, ca: usize, cl: bool, bf: i32) -> bool {
     let v = row_vec(x, cl, bf);
     !cl || (ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v))
 }
+
+/// [`backward_ptrs`]'s concatenation split: (dx2, its Accum, ca, [xh, xs, xbias], and where the
+/// skip conv's data gradient is added in the pass (dout, w, Cout)).
+type Split = (u64, Accum, usize, [u64; 3], Option<(u64, u64, usize)>);
 
 /// The three backward stages on raw gradient pointers (`dx.0` may be `dp`); `inp` with its input
 /// offset's pointer (0: none); `dsum` ≠ 0: dx's channel sums too; `act` ≠ 0: silu(GN(inp)) too
@@ -734,7 +780,7 @@ fn backward_ptrs(
     cl: bool,
     bf: i32,
     (dsum, act): (u64, u64),
-    split: Option<(u64, Accum, usize, [u64; 3])>,
+    split: Option<Split>,
 ) {
     let (_, nchunks) = chunking(x, cl);
     let stride = if dsum != 0 { 3 } else { 2 };
@@ -799,7 +845,42 @@ fn backward_ptrs(
     let smem = 16 * if cl { x.c as u32 } else { 1 };
     match split {
         None => dev.launch_shared("gn_bwd_apply", grid, block, smem, &args),
-        Some((dx2, _, ca, [xh, xs, xb])) => {
+        Some((dx2, _, ca, [xh, xs, xb], Some((doutp, wp, co)))) => {
+            // from the parts, with the skip conv's data gradient added (gn_bwd_apply_split_skip)
+            assert!(xh != 0 && bp != 0 && offp == 0 && bf == 1, "gn_bwd_apply_split_skip: bf16, from the parts, SiLU");
+            let t = skip_apply_tile(x.c, co).expect("skip_apply_fits was checked");
+            let want = (2 * dev.info.sms as usize).div_ceil(x.n).max(1);
+            let len = x.s().div_ceil(want).div_ceil(t) * t;
+            let nchunks = x.s().div_ceil(len);
+            let acc = args[14];
+            let a = [
+                P(dp),
+                P(mp),
+                P(rp),
+                P(gp),
+                P(bp),
+                P(coef),
+                P(dx.0),
+                P(dx2),
+                P(act),
+                I(x.c as i32),
+                L(x.s() as i64),
+                I(groups as i32),
+                acc,
+                I(ca as i32),
+                P(xh),
+                P(xs),
+                P(xb),
+                P(doutp),
+                P(wp),
+                I(co as i32),
+                I(len as i32),
+                I(t as i32),
+            ];
+            let smem = skip_apply_bytes(x.c, co, t) as u32;
+            dev.launch_shared("gn_bwd_apply_split_skip", (nchunks as u32, x.n as u32, 1), (256, 1, 1), smem, &a)
+        }
+        Some((dx2, _, ca, [xh, xs, xb], None)) => {
             let mut a = args.to_vec();
             a.extend([P(dx2), I(ca as i32), P(xh), P(xs), P(xb)]);
             dev.launch_shared("gn_bwd_apply_split", grid, block, smem, &a)

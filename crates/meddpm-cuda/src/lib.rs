@@ -359,6 +359,19 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).conv_stats = on;
     }
 
+    /// A decoder ResBlock's backward from the parts adds its skip conv's data gradient in the
+    /// GroupNorm+SiLU backward's pass (true, the default: `gn_bwd_apply_split_skip`) or runs it
+    /// as GEMMs after (false). For tests and benchmarks; `MEDDPM_SKIP_APPLY=0` sets false at
+    /// start-up.
+    pub fn set_skip_apply(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).skip_apply = on;
+    }
+
+    /// Calls of `gn_bwd_apply_split_skip` so far.
+    pub fn skip_apply_runs(&self) -> u64 {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).skip_apply_runs
+    }
+
     /// Fused convs that took their output's statistics from the epilogue so far.
     pub fn conv_stats_runs(&self) -> u64 {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_ystats_runs
@@ -1074,8 +1087,20 @@ impl Backend for CudaBackend {
             conv3d::backward_filter_1x1_from_parts(&self.dev, dw, dout, cat, dsum, cs, ca);
             let ((ph, mh), (ps, msk)) = parts;
             let pm = ((&mut *ph, mh), (&mut *ps, msk));
-            groupnorm::backward_act_split_from_parts(&self.dev, d, x, cat, pm, ca, dgb, beta, ms, gamma, xd, groups);
-            conv3d::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
+            // the skip conv's data gradient in the GroupNorm+SiLU backward's pass where it fits
+            let fused = {
+                let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+                let on = conv.skip_apply && dt == DType::Bf16 && groupnorm::skip_apply_fits(xd.c, cs.cout, ca);
+                conv.skip_apply_runs += on as u64;
+                on
+            };
+            let skip = fused.then_some((dout, w, cs.cout));
+            groupnorm::backward_act_split_from_parts(
+                &self.dev, d, x, cat, pm, ca, dgb, beta, ms, gamma, xd, groups, skip,
+            );
+            if !fused {
+                conv3d::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
+            }
             return;
         }
         if !(shaped && self.cat_in_fused(xd, ca, w.dtype())) {

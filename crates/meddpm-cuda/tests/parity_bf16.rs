@@ -1064,6 +1064,91 @@ fn gn_cat_in_bf16_parity() {
     }
 }
 
+/// A decoder ResBlock's backward from its concatenation's parts with the skip conv's data
+/// gradient added in the GroupNorm+SiLU backward's pass (`gn_bwd_apply_split_skip`) against the
+/// same call with it switched off (the pass, then cuBLAS GEMMs with β = 1 onto the parts): odd
+/// volumes (a chunk's last tile cut short; chunks of one and of three tiles), batch 2, parts of 64 + 64, 64 + 128, 128 + 64
+/// channels, 64 and 128 outputs, every accumulation of the two parts, with and without the first
+/// part's bias. The parts' gradients within `BF` (rounded once instead of twice), silu(GN(x))
+/// written into x, dγ, dβ and the skip conv's weight gradient bit for bit; the kernel counted.
+#[test]
+fn skip_apply_bf16_parity() {
+    use Accum::{Add, Overwrite};
+    let Some(gs) = gpus() else { return };
+    let g = &gs[1];
+    let groups = 32;
+    let cases = [
+        (Dims::new(1, 0, 5, 9, 35), 64, 64, 64, (Overwrite, Add), true),
+        (Dims::new(2, 0, 3, 7, 10), 64, 128, 128, (Add, Overwrite), false),
+        (Dims::new(1, 0, 4, 6, 6), 128, 64, 64, (Add, Add), true),
+        (Dims::new(2, 0, 2, 33, 9), 64, 64, 128, (Overwrite, Overwrite), true),
+        // 36000 voxels: chunks of three 64-voxel tiles (the next tile's rows prefetched while
+        // one is applied), the last chunk's last tile cut short
+        (Dims::new(1, 0, 20, 40, 45), 64, 64, 64, (Add, Overwrite), true),
+    ];
+    for (i, (x, ca, cb, cout, (mh, msk), with_bias)) in cases.into_iter().enumerate() {
+        let (xo, xa, xb, xy) = (x.with_c(ca + cb), x.with_c(ca), x.with_c(cb), x.with_c(cout));
+        let c = ca + cb;
+        let s = 9100 + 10 * i as u64;
+        let t = format!("skip apply {xo} ({ca} + {cb}) → {cout} {mh:?}/{msk:?} bias {with_bias} [{}]", name(g));
+        let rnd_b = |len: usize, seed: u64, scale: f32| rb(&rnd(len, seed, scale));
+        let (hg, sg) = (act(g, &rnd_b(xa.numel(), s, 1.0), xa), act(g, &rnd_b(xb.numel(), s + 10, 1.0), xb));
+        let bg_ = raw(g, &rnd(ca, s + 11, 0.5));
+        let hb = with_bias.then_some(&bg_);
+        let (dy, dout) = (rnd_b(xo.numel(), s + 1, 1.0), rnd_b(xy.numel(), s + 2, 1.0));
+        let gam: Vec<f32> = rnd(c, s + 3, 0.5).iter().map(|v| v + 1.0).collect();
+        let (gg, bg) = (raw(g, &gam), raw(g, &rnd(c, s + 4, 0.5)));
+        let (dg0, db0) = (rnd(c, s + 5, 1.0), rnd(c, s + 6, 1.0));
+        let (ph0, ps0) = (rnd_b(xa.numel(), s + 7, 1.0), rnd_b(xb.numel(), s + 8, 1.0));
+        let dw0 = rnd(cout * c, s + 12, 1.0);
+        let mut wg = g.alloc_act(cout * c).unwrap();
+        g.cast(&mut wg, &param(g, &rnd(cout * c, s + 9, 0.3), &[cout, c, 1, 1, 1]));
+        let doutg = act(g, &dout, xy);
+        let mut dsum = raw(g, &vec![0.0; x.n * cout]);
+        g.channel_sum(&mut dsum, &doutg, xy);
+        let ng = x.n * groups;
+        let mut xin = act(g, &vec![0.0; xo.numel()], xo);
+        g.concat_channels_bias(&mut xin, &hg, hb, &sg, xo, ca, cb);
+        let (mut a, mut mg, mut rg) =
+            (act(g, &vec![0.0; xo.numel()], xo), raw(g, &vec![0.0; ng]), raw(g, &vec![0.0; ng]));
+        g.groupnorm_silu_forward(&mut a, &mut mg, &mut rg, &xin, None, &gg, &bg, xo, groups);
+        let cs = ConvShape::new(xo, cout, 1, 1);
+        assert!(g.cat_in_parts(xo, ca, wg.dtype()), "{t}: the backward reads the parts");
+        let mut outs = Vec::new();
+        for on in [false, true] {
+            g.set_skip_apply(on);
+            let runs = g.skip_apply_runs();
+            let (mut d, mut xx) = (act(g, &dy, xo), act(g, &dy, xo));
+            let (mut dga, mut dba) = (raw(g, &dg0), raw(g, &db0));
+            let (mut ph, mut ps, mut dw) = (act(g, &ph0, xa), act(g, &ps0, xb), raw(g, &dw0));
+            let parts = ((&mut ph, mh), (&mut ps, msk));
+            let skip = (&doutg, &dsum, &wg, &mut dw, cs);
+            let (ms, gb) = ((&mg, &rg), (&gg, &bg));
+            g.groupnorm_silu_backward_cat_in(
+                &mut d,
+                &mut xx,
+                (&hg, hb, &sg),
+                parts,
+                (&mut dga, &mut dba),
+                ms,
+                gb,
+                skip,
+                (ca, cb),
+                groups,
+            );
+            assert_eq!(g.skip_apply_runs() - runs, on as u64, "{t}: gn_bwd_apply_split_skip ran (on = {on})");
+            let got = [get_act(g, &ph, xa), get_act(g, &ps, xb), get_act(g, &xx, xo)];
+            outs.push((got, [get_raw(g, &dga), get_raw(g, &dba), get_raw(g, &dw)]));
+        }
+        g.set_skip_apply(true);
+        let ((off, offr), (on, onr)) = (&outs[0], &outs[1]);
+        check(&format!("{t} dh"), &on[0], &off[0], BF);
+        check(&format!("{t} ds"), &on[1], &off[1], BF);
+        assert!(on[2] == off[2] && on[2] == get_act(g, &a, xo), "{t}: x is not silu(GN(x)) bit for bit");
+        assert!(onr == offr, "{t}: dgamma, dbeta or the skip conv's weight gradient changed");
+    }
+}
+
 #[test]
 fn upsample_bf16_parity() {
     let Some(gs) = gpus() else { return };

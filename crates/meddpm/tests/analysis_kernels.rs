@@ -131,6 +131,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("gn_bwd_finalize", Normalization),
     ("gn_bwd_apply", Normalization),
     ("gn_bwd_apply_split", Normalization),
+    ("gn_bwd_apply_split_skip", Normalization),
     // channel sums (conv bias gradient) and row sums
     ("chan_sum_ncdhw", Reduction),
     ("chan_sum_ndhwc1", Reduction),

@@ -249,6 +249,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_wgmma_fwd", Category::ConvForward),
     ("conv3d_wgmma_fwd_gn", Category::ConvForward),
     ("cat_skip_stats_ndhwc", Category::ConvForward),
+    ("gn_bwd_apply_split_skip", Category::Normalization),
     ("conv3d_wgmma_dgrad", Category::ConvDgrad),
     ("conv3d_wgmma_pack", Category::Layout),
 ];
