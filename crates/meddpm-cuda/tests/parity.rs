@@ -475,6 +475,7 @@ fn groupnorm_parity() {
         (Dims::new(1, 16, 64, 64, 64), 8, true, Accum::Add), // ~1024 chunks in NDHWC, 256 per channel in NCDHW
         (Dims::new(2, 32, 40, 40, 40), 32, false, Accum::Overwrite),
         (Dims::new(1, 576, 3, 4, 5), 32, true, Accum::Add), // decoder concat wider than 512
+        (Dims::new(3, 320, 2, 3, 4), 1, true, Accum::Add),  // gn_bwd_finalize in rounds: 960 items a group
     ];
     for (i, (x, groups, fused, acc)) in cases.into_iter().enumerate() {
         groupnorm_case(&gs, x, groups, fused, acc, 300 + 10 * i as u64);
