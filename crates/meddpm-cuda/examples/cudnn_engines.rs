@@ -2,7 +2,8 @@
 //! convolutions (bf16 NDHWC, 128³ and 64³, k = 3): each configuration's median time, against
 //! the 2·MACs FLOP count (TFLOP/s). Usage: cudnn_engines [REPS] [SHAPES] where SHAPES is a
 //! comma list of `cin:cout:size` (default 64:64:128,128:64:128,128:128:64,256:128:64).
-//! Prints a table per shape and direction, fastest first, then one summary line each.
+//! Prints a table per shape and direction, fastest first (the plan column: the tail of cuDNN's
+//! JSON for the plan, the engine and its knobs), then one summary line each.
 
 use meddpm::{Backend, ConvShape, Dims, Layout, Precision};
 use meddpm_cuda::{ConvDir, CudaBackend};
@@ -49,7 +50,10 @@ fn main() {
             println!("| ms | TFLOP/s | source | engine | workspace MiB | plan |");
             println!("|---|---|---|---|---|---|");
             for (ms, r) in &ok {
-                let j: String = r.json.chars().take(160).collect();
+                // the plan's JSON opens with the operation graph (the same for every row); the
+                // engine and its knob choices come last
+                let n = r.json.chars().count();
+                let j: String = r.json.chars().skip(n.saturating_sub(200)).collect();
                 println!(
                     "| {ms:.3} | {:.0} | {} | {} | {:.1} | {j} |",
                     flops / (*ms as f64 * 1e-3) / 1e12,

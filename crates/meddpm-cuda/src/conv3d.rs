@@ -16,6 +16,9 @@
 //!   kept in a per-backend map and in an on-disk cache per GPU and cuDNN version
 //!   (`$MEDDPM_CACHE_DIR`, else `$XDG_CACHE_HOME/meddpm`, else `~/.cache/meddpm`;
 //!   `MEDDPM_CUDNN_CACHE=0` disables it). The workspace grows to the chosen algorithm's need.
+//!   The timed choice between our wide-conv kernels (`conv3d_wgmma_*`) and cuDNN per shape is
+//!   kept in the same file (keyed by a hash of our kernels' sources), so every later process
+//!   runs the same kernels.
 //! - Bias: fused into cuDNN (`cudnnConvolutionBiasActivationForward`, identity activation) when the
 //!   algorithm is IMPLICIT_PRECOMP_GEMM and timing on first use says it is faster, else our
 //!   `add_channel_bias` kernel; under bf16 the fused call takes the bias rounded to bf16 (cuDNN
@@ -406,6 +409,32 @@ fn key(dir: Dir, cs: &ConvShape, layout: Layout, precision: Precision) -> String
     .replace(' ', "_")
 }
 
+/// The disk cache's key of a timed choice between our `kind` of kernel and cuDNN for (dir, cs)
+/// (accumulated where `add`): the sources' hash in it, so a changed kernel is timed again.
+fn choice_key(kind: &str, dir: Dir, cs: &ConvShape, (layout, precision): (Layout, Precision), add: bool) -> String {
+    let acc = if add { "_add" } else { "" };
+    format!("choice-{kind}-{:016x}_{}{acc}", crate::device::sources_key(), key(dir, cs, layout, precision))
+}
+
+/// One line of the disk cache: key, algorithm id, math type, workspace bytes.
+fn disk_line(k: &str, a: &Algo) -> String {
+    format!("{k} {} {} {}\n", a.id, a.math, a.ws)
+}
+
+/// The disk cache's lines (`disk_line`); others (a torn last line, an older format) are skipped.
+fn parse_disk(text: &str) -> HashMap<String, Algo> {
+    let mut disk = HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() == 4 {
+            if let (Ok(id), Ok(math), Ok(ws)) = (f[1].parse(), f[2].parse(), f[3].parse()) {
+                disk.insert(f[0].to_string(), Algo { id, math, ws, ms: -1.0 });
+            }
+        }
+    }
+    disk
+}
+
 impl ConvCache {
     pub(crate) fn new(dev: &Device, layout: Layout, precision: Precision) -> ConvCache {
         let disk_path = cache_dir().map(|d| {
@@ -415,19 +444,10 @@ impl ConvCache {
                 dev.info.cc.0, dev.info.cc.1, dev.info.cudnn_version
             ))
         });
-        let mut disk = HashMap::new();
-        if let Some(p) = &disk_path {
-            if let Ok(text) = std::fs::read_to_string(p) {
-                for line in text.lines() {
-                    let f: Vec<&str> = line.split_whitespace().collect();
-                    if f.len() == 4 {
-                        if let (Ok(id), Ok(math), Ok(ws)) = (f[1].parse(), f[2].parse(), f[3].parse()) {
-                            disk.insert(f[0].to_string(), Algo { id, math, ws, ms: -1.0 });
-                        }
-                    }
-                }
-            }
-        }
+        let disk = disk_path
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map_or_else(HashMap::new, |t| parse_disk(&t));
         ConvCache {
             layout,
             precision,
@@ -507,13 +527,23 @@ impl ConvCache {
 
     fn remember(&mut self, k: String, a: Algo) {
         if let Some(p) = &self.disk_path {
-            let line = format!("{k} {} {} {}\n", a.id, a.math, a.ws);
+            let line = disk_line(&k, &a);
             let _ = std::fs::create_dir_all(p.parent().unwrap_or(p));
             if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(p) {
                 let _ = f.write_all(line.as_bytes());
             }
         }
         self.disk.insert(k, a);
+    }
+
+    /// A timed kernel choice (`choice_key`) an earlier process kept in the disk cache.
+    fn disk_choice(&self, k: &str) -> Option<bool> {
+        self.disk.get(k).map(|a| a.id == 1)
+    }
+
+    /// Keep a timed kernel choice in the disk cache (a line like an algorithm's: id 1 = ours).
+    fn remember_choice(&mut self, k: String, on: bool) {
+        self.remember(k, Algo { id: on as u32, math: 0, ws: 0, ms: -1.0 });
     }
 
     /// The algorithm for (dir, cs): from the plan, the disk cache, or cudnnFind on the given
@@ -985,7 +1015,10 @@ fn cudnn_forward_acc(
 /// `force_wgmma`, else, where the volume is large enough (`worth`), timed against cuDNN on first
 /// use (`run(cache, ours, target)` computes the direction one way or the other into a scratch
 /// bf16 target of `len` elements, accumulated onto it where `add`; the best of five runs each,
-/// interleaved) and the faster kept for the shape, direction and `add`.
+/// interleaved) and the faster kept for the shape, direction and `add`, in this process and in the
+/// disk cache (keyed by our kernels' sources): later processes take it from there. Timed afresh
+/// in every process, the choice flipped between processes where the two are within a few per
+/// cent, one source of the ±0.5 ms spread of the whole-head training step between runs.
 #[allow(clippy::too_many_arguments)]
 fn wgmma_decided(
     dev: &Device,
@@ -1001,6 +1034,22 @@ fn wgmma_decided(
     }
     if !worth {
         return false;
+    }
+    let k = choice_key("wgmma", dir, &cs, (cache.layout, cache.precision), add);
+    if let Some(on) = cache.disk_choice(&k) {
+        if conv_log() {
+            eprintln!(
+                "meddpm-cuda conv {} -> {} k{} s{} {dir:?}{}: conv3d_wgmma {} (timed by an earlier process, disk cache)",
+                cs.x,
+                cs.cout,
+                cs.k,
+                cs.stride,
+                if add { " accumulated" } else { "" },
+                if on { "kept" } else { "not kept" }
+            );
+        }
+        cache.wgmma.insert((cs, dir, add), on);
+        return on;
     }
     let mut tmp = dev.alloc(len, DType::Bf16).unwrap_or_else(|e| panic!("{e}"));
     let tp = dev.ptr_mut(&mut tmp);
@@ -1021,6 +1070,7 @@ fn wgmma_decided(
         );
     }
     cache.wgmma.insert((cs, dir, add), on);
+    cache.remember_choice(k, on);
     on
 }
 
@@ -2443,6 +2493,29 @@ mod tests {
 
     fn cs(n: usize, cin: usize, d: usize, h: usize, w: usize, cout: usize, k: usize, stride: usize) -> ConvShape {
         ConvShape::new(Dims::new(n, cin, d, h, w), cout, k, stride)
+    }
+
+    #[test]
+    fn disk_cache_lines_round_trip_algorithms_and_choices() {
+        let c = cs(1, 64, 128, 128, 128, 64, 3, 1);
+        let lp = (Layout::Ndhwc, Precision::Bf16);
+        let (k0, k1) =
+            (choice_key("wgmma", Dir::BwdData, &c, lp, false), choice_key("wgmma", Dir::BwdData, &c, lp, true));
+        assert_ne!(k0, k1, "accumulated and overwritten outputs are timed apart");
+        assert_ne!(k0, choice_key("wgmma", Dir::Fwd, &c, lp, false));
+        assert!(!k0.contains(char::is_whitespace), "{k0}");
+        let algo = key(Dir::BwdFilter, &c, lp.0, lp.1);
+        let text = [
+            disk_line(&k0, &Algo { id: 1, math: 0, ws: 0, ms: 0.5 }),
+            disk_line(&k1, &Algo { id: 0, math: 0, ws: 0, ms: 0.5 }),
+            disk_line(&algo, &Algo { id: 1, math: 1, ws: 1 << 20, ms: 0.5 }),
+            "torn line 1\n".into(),
+        ]
+        .concat();
+        let d = parse_disk(&text);
+        assert_eq!(d.len(), 3, "the torn line is skipped");
+        assert_eq!((d[&k0].id, d[&k1].id), (1, 0));
+        assert_eq!((d[&algo].id, d[&algo].math, d[&algo].ws), (1, 1, 1 << 20));
     }
 
     #[test]

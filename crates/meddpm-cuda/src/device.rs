@@ -335,6 +335,22 @@ fn compile_unit(arch: &str, i: usize, unit: &[(&str, &str)]) -> std::result::Res
     out
 }
 
+/// A hash of our kernels' sources and the NVRTC version: names the compiled cubins on disk, and
+/// keys the timed kernel-vs-cuDNN choices kept there (conv3d.rs), so a changed kernel is compiled
+/// and timed again.
+pub(crate) fn sources_key() -> u64 {
+    use std::hash::{Hash, Hasher};
+    static KEY: OnceLock<u64> = OnceLock::new();
+    *KEY.get_or_init(|| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        KERNEL_UNITS.hash(&mut h);
+        // (no NVRTC library, as in the CPU tests: no version; cudarc panics on the missing library)
+        let present = std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false);
+        present.then(|| nvrtc_version().ok()).flatten().hash(&mut h);
+        h.finish()
+    })
+}
+
 /// Compiled cubins (one per unit): kept per process, and on disk next to the cuDNN algorithm cache
 /// (keyed by a hash of the sources, the architecture and the NVRTC version) so later processes
 /// skip NVRTC.
@@ -346,11 +362,7 @@ fn cubin_for(arch: &str) -> std::result::Result<Vec<Vec<u8>>, String> {
         return Ok(b.clone());
     }
     let file = crate::conv3d::cache_dir().map(|d| {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        KERNEL_UNITS.hash(&mut h);
-        nvrtc_version().ok().hash(&mut h);
-        let key = h.finish();
+        let key = sources_key();
         (0..KERNEL_UNITS.len()).map(|i| d.join(format!("kernels-{arch}-{key:016x}-{i}.cubin"))).collect::<Vec<_>>()
     });
     let cached: Option<Vec<Vec<u8>>> =
