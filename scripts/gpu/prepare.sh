@@ -8,7 +8,7 @@ rm -rf "$DEST" && mkdir -p "$DEST"
 cargo build --release -p meddpm-cli
 cp target/release/meddpm "$DEST/"
 cargo build --release -p meddpm-cuda --examples
-for e in doctor bench_primitives cudnn_engines; do cp "target/release/examples/$e" "$DEST/"; done
+for e in doctor bench_primitives; do cp "target/release/examples/$e" "$DEST/"; done
 cargo test --release --no-run -p meddpm-cuda --message-format=json 2>/dev/null | python3 -c '
 import json, shutil, sys
 for line in sys.stdin:

@@ -57,7 +57,7 @@ use crate::device::{cudnn_ck, Arg, Device};
 /// Milliseconds that `f`'s work takes on the stream, between two events with timing enabled
 /// (cudarc's `record_event(None)` creates them with timing disabled, which made every such
 /// measurement fail until 2026-12-01 and each timed choice fall to its first option).
-pub(crate) fn stream_ms(dev: &Device, f: impl FnOnce()) -> f32 {
+fn stream_ms(dev: &Device, f: impl FnOnce()) -> f32 {
     let ev =
         || dev.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("cuEventRecord");
     let e0 = ev();
@@ -1589,7 +1589,7 @@ fn run_forward_beta(dev: &Device, cache: &mut ConvCache, a: Algo, cs: ConvShape,
     );
 }
 
-pub(crate) fn ws_ptr(dev: &Device, ws: &cudarc::driver::CudaSlice<u8>) -> u64 {
+fn ws_ptr(dev: &Device, ws: &cudarc::driver::CudaSlice<u8>) -> u64 {
     use cudarc::driver::DevicePtr;
     let (p, _g) = ws.device_ptr(&dev.stream);
     p

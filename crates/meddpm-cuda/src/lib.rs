@@ -24,7 +24,6 @@ pub mod buf;
 pub mod collective;
 mod conv3d;
 mod conv_wgmma;
-mod cudnn_engines;
 pub mod cupti;
 pub mod device;
 mod diffusion;
@@ -51,7 +50,6 @@ use meddpm::{Accum, Backend, ConvShape, DType, Dims, Error, Layout, LossKind, Pr
 
 pub use buf::GpuBuf;
 pub use conv3d::Algo;
-pub use cudnn_engines::{ConvDir, EngineTiming};
 pub use device::{compile_kernels, kernel_arch, DeviceInfo};
 pub use doctor::{doctor, MIN_CUDNN_TF32};
 
@@ -367,36 +365,6 @@ impl CudaBackend {
     /// start-up.
     pub fn set_skip_apply(&self, on: bool) {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).skip_apply = on;
-    }
-
-    /// cuDNN's backend-API engine configurations for convolution `dir` over `cs` (bf16 NDHWC,
-    /// this backend's precision and layout must be those), each built and timed on random data:
-    /// the median of `reps` runs (cudnn_engines.rs). For the `cudnn_engines` example, which
-    /// compares them with the algorithm the legacy API (and so the engine) picks.
-    pub fn conv_engine_survey(
-        &self,
-        cs: ConvShape,
-        dir: ConvDir,
-        reps: usize,
-    ) -> std::result::Result<Vec<EngineTiming>, String> {
-        if self.precision != Precision::Bf16 || self.layout != Layout::Ndhwc {
-            return Err(format!(
-                "engine survey: bf16 NDHWC only, this backend is {:?}/{:?}",
-                self.precision, self.layout
-            ));
-        }
-        let rng = Philox::new(17, 5);
-        let buf = |len: usize, seed: u64| -> std::result::Result<GpuBuf, String> {
-            let mut b = self.alloc_act(len).map_err(|e| e.to_string())?;
-            let mut h = vec![0.0f32; len];
-            rng.fill_normal(seed << 40, &mut h);
-            self.upload_act(&h, Dims::new(1, 1, 1, 1, len), &mut b);
-            Ok(b)
-        };
-        let (x, w, y) = (buf(cs.x.numel(), 1)?, buf(cs.w_len(), 2)?, buf(cs.out().numel(), 3)?);
-        let ptrs = [self.dev.ptr(&x), self.dev.ptr(&w), self.dev.ptr(&y)];
-        let (free, _) = self.dev.ctx.mem_get_info().unwrap_or((usize::MAX, 0));
-        cudnn_engines::survey(&self.dev, &cs, dir, ptrs, reps, (free / 4).min(4 << 30), 32)
     }
 
     /// Calls of `gn_bwd_apply_split_skip` so far.
