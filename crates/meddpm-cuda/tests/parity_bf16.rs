@@ -1340,6 +1340,25 @@ fn unet_bf16_forward_backward_parity() {
     }
 }
 
+/// A re-run of a U-Net whose sums changed order against the run before it (`what`: which run,
+/// against which): rounding-level differences, which a random bf16 network amplifies (bf16
+/// against its fp32 emulation: up to 0.2 above), so the forward within 2e-2 relative L2, every
+/// gradient within 0.1 and their median within 2e-2; a part, a bias or a statistic gone wrong
+/// moves them by O(1).
+fn check_rerun(what: &str, (out, grads): (&[f32], &[Vec<f32>]), (out0, grads0): (&[f32], &[Vec<f32>])) {
+    let rel = rel_l2(out, out0);
+    println!("{what}: forward rel L2 {rel:.2e}");
+    assert!(rel <= 2e-2, "{what}: forward relative L2 {rel:.3e} > 2e-2");
+    let mut rels: Vec<f64> = grads.iter().zip(grads0).map(|(a, b)| rel_l2(a, b)).collect();
+    for (i, r) in rels.iter().enumerate() {
+        assert!(*r <= 0.1, "{what}: gradient tensor {i} relative L2 {r:.3e} > 0.1");
+    }
+    rels.sort_by(f64::total_cmp);
+    let (med, max) = (rels[rels.len() / 2], rels[rels.len() - 1]);
+    println!("{what}: gradients rel L2 median {med:.2e}, max {max:.2e} over {} tensors", rels.len());
+    assert!(med <= 2e-2, "{what}: gradients' median relative L2 {med:.3e} > 2e-2");
+}
+
 /// The U-Net with its ResBlocks' GroupNorm+SiLU → conv fused (`conv3d_wgmma_fwd_gn`, forced on
 /// with `conv3d_wgmma`) against the same GPU making the two calls: the forward output and every
 /// gradient bit for bit (the prologue computes what gn_apply stores). A 64-channel model, so every
@@ -1415,33 +1434,10 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
         assert_eq!(d, 0, "U-Net gradient tensor {i}: {d} of {} values differ (fused vs two calls)", a.len());
     }
     // From the parts: the skip conv sums in another order (mma, not cuBLAS) and the upsampling
-    // conv rounds once with its bias instead of twice: rounding-level differences, which this
-    // random bf16 network amplifies (bf16 against its fp32 emulation: up to 0.2, above). A part,
-    // a bias or a statistic gone wrong moves the output and the gradients by O(1).
-    let rel = rel_l2(o3, o2);
-    println!("U-Net from the parts: forward rel L2 {rel:.2e} vs the two calls");
-    assert!(rel <= 2e-2, "U-Net forward from the parts: relative L2 {rel:.3e} > 2e-2");
-    let mut rels: Vec<f64> = g3.iter().zip(g2).map(|(a, b)| rel_l2(a, b)).collect();
-    for (i, r) in rels.iter().enumerate() {
-        assert!(*r <= 0.1, "U-Net gradient tensor {i} from the parts: relative L2 {r:.3e} > 0.1");
-    }
-    rels.sort_by(f64::total_cmp);
-    let (med, max) = (rels[rels.len() / 2], rels[rels.len() - 1]);
-    println!("U-Net from the parts: gradients rel L2 median {med:.2e}, max {max:.2e} over {} tensors", rels.len());
-    assert!(med <= 2e-2, "U-Net gradients from the parts: median relative L2 {med:.3e} > 2e-2");
-    // Statistics from the epilogue: the same sums in another order (~1e-7 relative), so again
-    // rounding-level differences, amplified the same way; held to the same bounds
-    let rel = rel_l2(o4, o3);
-    println!("U-Net with epilogue statistics: forward rel L2 {rel:.2e} vs the statistics pass");
-    assert!(rel <= 2e-2, "U-Net forward with epilogue statistics: relative L2 {rel:.3e} > 2e-2");
-    let mut rels: Vec<f64> = g4.iter().zip(g3).map(|(a, b)| rel_l2(a, b)).collect();
-    for (i, r) in rels.iter().enumerate() {
-        assert!(*r <= 0.1, "U-Net gradient tensor {i} with epilogue statistics: relative L2 {r:.3e} > 0.1");
-    }
-    rels.sort_by(f64::total_cmp);
-    let (med, max) = (rels[rels.len() / 2], rels[rels.len() - 1]);
-    println!("U-Net with epilogue statistics: gradients rel L2 median {med:.2e}, max {max:.2e}");
-    assert!(med <= 2e-2, "U-Net gradients with epilogue statistics: median relative L2 {med:.3e} > 2e-2");
+    // conv rounds once with its bias instead of twice
+    check_rerun("U-Net from the parts vs the two calls", (o3, g3), (o2, g2));
+    // Statistics from the epilogue: the same sums in another order (~1e-7 relative)
+    check_rerun("U-Net with epilogue statistics vs the statistics pass", (o4, g4), (o3, g3));
 }
 
 /// The statistics a ResBlock's out_layers conv takes for the layer that reads its output: two
@@ -1498,17 +1494,7 @@ fn unet_epilogue_stats_feed_the_next_layer() {
         return;
     }
     assert_eq!((*n0, *n1), ((24, 0), (24, 16)), "fused convs and epilogue statistics in one forward");
-    let rel = rel_l2(o1, o0);
-    println!("U-Net (2 blocks a level) with epilogue statistics: forward rel L2 {rel:.2e} vs the passes");
-    assert!(rel <= 2e-2, "forward with epilogue statistics: relative L2 {rel:.3e} > 2e-2");
-    let mut rels: Vec<f64> = g1.iter().zip(g0).map(|(a, b)| rel_l2(a, b)).collect();
-    for (i, r) in rels.iter().enumerate() {
-        assert!(*r <= 0.1, "gradient tensor {i} with epilogue statistics: relative L2 {r:.3e} > 0.1");
-    }
-    rels.sort_by(f64::total_cmp);
-    let (med, max) = (rels[rels.len() / 2], rels[rels.len() - 1]);
-    println!("U-Net (2 blocks a level) with epilogue statistics: gradients rel L2 median {med:.2e}, max {max:.2e}");
-    assert!(med <= 2e-2, "gradients with epilogue statistics: median relative L2 {med:.3e} > 2e-2");
+    check_rerun("U-Net (2 blocks a level) with epilogue statistics vs the passes", (o1, g1), (o0, g0));
 }
 
 #[test]
