@@ -1340,6 +1340,53 @@ fn unet_bf16_forward_backward_parity() {
     }
 }
 
+/// The fused-path tests' U-Net: 64 channels (every ResBlock's convs fit the wide kernels), two
+/// levels (64, 128) on a 6 × 10 × 10 volume, `nrb` ResBlocks a level, attention at `att`.
+fn unet64(nrb: usize, att: Vec<usize>) -> meddpm::model::UNetConfig {
+    meddpm::model::UNetConfig {
+        depth: 6,
+        size: 10,
+        in_channels: 2,
+        out_channels: 1,
+        model_channels: 64,
+        channel_mult: vec![1, 2],
+        num_res_blocks: nrb,
+        attention_ds: att,
+        num_heads: 1,
+        groups: 32,
+    }
+}
+
+/// A U-Net run: output, gradients, the forward's counts (fused convs, parts-read blocks, epilogue
+/// statistics).
+type UNetRun = (Vec<f32>, Vec<Vec<f32>>, (u64, u64, u64));
+
+/// One forward and backward of a U-Net of `cfg` with random parameters (seeds from `seeds.0`),
+/// input (`seeds.1`) and output gradient (`seeds.2`) at timesteps `t`: the output, every
+/// gradient, and the forward's counts of fused convs, parts-read blocks and epilogue statistics.
+fn unet_run(
+    g: &CudaBackend,
+    cfg: &meddpm::model::UNetConfig,
+    batch: usize,
+    seeds: (u64, u64, u64),
+    t: &[f32],
+) -> UNetRun {
+    let mut net = meddpm::model::UNet::new(g, cfg, batch).unwrap();
+    let host: Vec<Vec<f32>> =
+        net.specs.iter().enumerate().map(|(i, s)| rnd(s.numel(), seeds.0 + i as u64, 0.2)).collect();
+    net.set_params(g, &host).unwrap();
+    let (xd, od) = (net.input_dims(), net.output_dims());
+    g.upload_act(&rnd(xd.numel(), seeds.1, 1.0), xd, net.input_mut());
+    let (gn0, cf0, ys0) = (g.wgmma_gn_runs(), g.cat_free_runs(), g.conv_stats_runs());
+    net.forward(g, t);
+    let counts = (g.wgmma_gn_runs() - gn0, g.cat_free_runs() - cf0, g.conv_stats_runs() - ys0);
+    let out = get_act(g, net.output(), od);
+    g.upload_act(&rnd(od.numel(), seeds.2, 1.0), od, net.output_and_grad().1);
+    net.zero_grads(g);
+    net.backward(g);
+    (out, net.host_tensors(g, true), counts)
+}
+
 /// A re-run of a U-Net whose sums changed order against the run before it (`what`: which run,
 /// against which): rounding-level differences, which a random bf16 network amplifies (bf16
 /// against its fp32 emulation: up to 0.2 above), so the forward within 2e-2 relative L2, every
@@ -1367,21 +1414,9 @@ fn check_rerun(what: &str, (out, grads): (&[f32], &[Vec<f32>]), (out0, grads0): 
 /// backward to rebuild).
 #[test]
 fn unet_wgmma_gn_fused_matches_two_calls() {
-    use meddpm::model::{UNet, UNetConfig};
     let Some(gs) = gpus() else { return };
     let g = &gs[1];
-    let cfg = UNetConfig {
-        depth: 6,
-        size: 10,
-        in_channels: 2,
-        out_channels: 1,
-        model_channels: 64,
-        channel_mult: vec![1, 2],
-        num_res_blocks: 1,
-        attention_ds: vec![2],
-        num_heads: 1,
-        groups: 32,
-    };
+    let cfg = unet64(1, vec![2]);
     let batch = 2;
     g.set_wgmma(Some(true));
     let mut runs = Vec::new();
@@ -1393,20 +1428,7 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
         g.set_wgmma_gn(fused);
         g.set_cat_free(cat_free);
         g.set_conv_stats(conv_stats);
-        let mut net = UNet::new(g, &cfg, batch).unwrap();
-        let host: Vec<Vec<f32>> =
-            net.specs.iter().enumerate().map(|(i, s)| rnd(s.numel(), 3000 + i as u64, 0.2)).collect();
-        net.set_params(g, &host).unwrap();
-        let (xd, od) = (net.input_dims(), net.output_dims());
-        g.upload_act(&rnd(xd.numel(), 31, 1.0), xd, net.input_mut());
-        let (gn0, cf0, ys0) = (g.wgmma_gn_runs(), g.cat_free_runs(), g.conv_stats_runs());
-        net.forward(g, &[5.0, 400.0]);
-        let fwd_gn = (g.wgmma_gn_runs() - gn0, g.cat_free_runs() - cf0, g.conv_stats_runs() - ys0);
-        let out = get_act(g, net.output(), od);
-        g.upload_act(&rnd(od.numel(), 32, 1.0), od, net.output_and_grad().1);
-        net.zero_grads(g);
-        net.backward(g);
-        runs.push((out, net.host_tensors(g, true), fwd_gn));
+        runs.push(unet_run(g, &cfg, batch, (3000, 31, 32), &[5.0, 400.0]));
     }
     g.set_wgmma_gn(true);
     g.set_cat_free(true);
@@ -1449,21 +1471,9 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
 /// L0 1 → 2, L1 1 → 2, L1 2 → middle 0, decoder's last → head.
 #[test]
 fn unet_epilogue_stats_feed_the_next_layer() {
-    use meddpm::model::{UNet, UNetConfig};
     let Some(gs) = gpus() else { return };
     let g = &gs[1];
-    let cfg = UNetConfig {
-        depth: 6,
-        size: 10,
-        in_channels: 2,
-        out_channels: 1,
-        model_channels: 64,
-        channel_mult: vec![1, 2],
-        num_res_blocks: 2,
-        attention_ds: vec![],
-        num_heads: 1,
-        groups: 32,
-    };
+    let cfg = unet64(2, vec![]);
     let batch = 2;
     g.set_wgmma(Some(true));
     g.set_wgmma_gn(true);
@@ -1471,20 +1481,8 @@ fn unet_epilogue_stats_feed_the_next_layer() {
     let mut runs = Vec::new();
     for conv_stats in [false, true] {
         g.set_conv_stats(conv_stats);
-        let mut net = UNet::new(g, &cfg, batch).unwrap();
-        let host: Vec<Vec<f32>> =
-            net.specs.iter().enumerate().map(|(i, s)| rnd(s.numel(), 3500 + i as u64, 0.2)).collect();
-        net.set_params(g, &host).unwrap();
-        let (xd, od) = (net.input_dims(), net.output_dims());
-        g.upload_act(&rnd(xd.numel(), 35, 1.0), xd, net.input_mut());
-        let (gn0, ys0) = (g.wgmma_gn_runs(), g.conv_stats_runs());
-        net.forward(g, &[7.0, 300.0]);
-        let counts = (g.wgmma_gn_runs() - gn0, g.conv_stats_runs() - ys0);
-        let out = get_act(g, net.output(), od);
-        g.upload_act(&rnd(od.numel(), 36, 1.0), od, net.output_and_grad().1);
-        net.zero_grads(g);
-        net.backward(g);
-        runs.push((out, net.host_tensors(g, true), counts));
+        let (out, grads, (gn, _, ys)) = unet_run(g, &cfg, batch, (3500, 35, 36), &[7.0, 300.0]);
+        runs.push((out, grads, (gn, ys)));
     }
     g.set_conv_stats(true);
     g.set_wgmma(None);
