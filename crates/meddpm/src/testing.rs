@@ -1,6 +1,6 @@
 //! Test helpers shared by this crate's tests, the gradient checks and the CUDA parity tests:
 //! tolerance comparison with an llm.c-style report, deterministic random inputs from Philox, and
-//! central finite differences.
+//! central finite differences; fresh scratch folders for file-writing tests.
 //!
 //! A pair (got, want) is within tolerance when |got − want| ≤ abs + rel·|want| (numpy `allclose`).
 //! [`compare`] prints, per tensor: its name, the first 5 pairs, OK / NOT OK, the largest absolute
@@ -8,6 +8,7 @@
 //! the worst element (100 % = exactly at the limit).
 
 use crate::rng::Philox;
+use std::path::PathBuf;
 
 /// Allowed difference: |got − want| ≤ abs + rel·|want|.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -147,6 +148,15 @@ pub fn central_diff(x: &mut [f64], h: f64, mut f: impl FnMut(&[f64]) -> f64) -> 
 pub fn dot(r: &[f64], y: &[f64]) -> f64 {
     assert_eq!(r.len(), y.len(), "dot: lengths differ");
     r.iter().zip(y).map(|(a, b)| a * b).sum()
+}
+
+/// A fresh, empty, absolute (symbolic links resolved) folder for a test that writes files:
+/// `meddpm-{tag}-{pid}` under the system's temporary folder, emptied first.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("meddpm-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
+    d.canonicalize().unwrap_or_else(|e| panic!("resolving {}: {e}", d.display()))
 }
 
 #[cfg(test)]

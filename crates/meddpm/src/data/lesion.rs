@@ -153,9 +153,7 @@ mod tests {
 
     #[test]
     fn written_pairs_pair_by_name() {
-        let dir = std::env::temp_dir().join(format!("meddpm-lesion-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::testing::scratch_dir("lesion");
         let dims = [6, 5, 4];
         let t1 = vol(dims, (0..120).map(|i| i as f32).collect());
         let mut paths = Vec::new();

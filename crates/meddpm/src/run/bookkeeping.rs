@@ -167,10 +167,7 @@ mod tests {
 
     /// A fresh, absolute (symbolic links resolved) scratch folder.
     fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("meddpm-bookkeeping-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d.canonicalize().unwrap()
+        crate::testing::scratch_dir(&format!("bookkeeping-{name}"))
     }
 
     fn plan(start: u64, target: u64, checkpoint_every: u64, grad_accum: u64, staged_at_start: bool) -> StepPlan {
