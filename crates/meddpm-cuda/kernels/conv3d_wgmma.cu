@@ -33,6 +33,9 @@
 // first version staged f32 sums 32 channels at a time, with four barriers a plane).
 // Work items: columns of WM_TH x WM_TW voxels cut into chunks of DC planes (col_grid / col_item of
 // conv3d.cu, the host's col_items), persistent blocks, one a SM (WM_SMEM bytes of shared memory).
+// conv3d_wgmma_wgrad (at the end of the file) is the weight gradient of the same convs, its own
+// GEMM view (voxels on K, both operands transposed in shared memory); its twin is the CPU
+// reference conv's weight gradient.
 // Compiled for sm_90a only (wgmma); elsewhere the kernels are empty and the host never runs them.
 // Layout note: x (N, D, H, W, CI), y (N, D, H, W, CO), CI and CO multiples of 64.
 
@@ -692,4 +695,189 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G, x2, CA, ys});
 #endif
+}
+
+// -- conv3d_wgmma_wgrad: the weight gradient of the same convs (cuDNN's wgrad of 64 -> 64 at 128^3
+// ran at ~48 % of the bf16 peak, 0.96-0.99 ms, five of them a whole-head training step):
+//   dW[co, t, ci] = sum over n and voxels v of dy[n, v, co] * x[n, v + off(t), ci]
+// GEMM view: M = 64 output channels (slice blockIdx.z), N = the three taps kw x 64 input channels
+// (group cg), K = voxels; blockIdx.y = kd * CG + cg. Three warpgroups a block, warpgroup g the
+// taps kh = g, each wgmma.m64n192k16 with both operands in shared memory, both M/N-major:
+//   A = dy^T: a tile's 256 voxel rows (the forward's 32 x 8 tile) of 64 channels, 128 bytes each,
+//     128-byte swizzled as the forward's stages; a k step of 16 voxels is two tile rows of 8, the
+//     second 1024 bytes on (the stride byte offset);
+//   B = halo plane d + kd - 1 of x, the forward's stage; the k step's 16 voxels shifted by (kh, kw)
+//     start at halo row (2s + kh) * WM_PW + kw, the second 8 one halo row (WM_PW * 128 bytes, the
+//     stride byte offset) on, and N's three kw blocks of 64 channels are one row (128 bytes, the
+//     leading byte offset) apart: one MMA reads all three taps.
+// The sums stay in registers over the block's whole run of tiles (no per-plane epilogue: the MMAs
+// stream); ring of WW_NS stages (dy tile + x halo plane) loaded with cp.async two tiles ahead by
+// all 384 threads. At the end each block writes its partial dW in f32 (dW's (CO, 27, CI) layout, one
+// chunk per blockIdx.x); conv3d_wgmma_wgrad_sum adds the chunks onto dW in a fixed order.
+// grid (P chunks, 3 * CI / 64, CO / 64), block 384, dynamic shared memory WW_NS * WW_STAGE.
+#define WW_DY (WM_TH * WM_TW * 128)     // a tile of dy: 256 voxel rows of 64 channels (32768 bytes)
+#define WW_STAGE (WW_DY + WM_STAGE)     // + the halo plane of x (76800 bytes, a multiple of 1 KB)
+#define WW_NS 3
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// shared-memory descriptor, 128-byte swizzle, with leading and stride byte offsets
+__device__ __forceinline__ u64 ww_desc(u32 a, u32 lbo, u32 sbo) {
+    return (u64)((a >> 4) & 0x3FFF) | ((u64)((lbo >> 4) & 0x3FFF) << 16) | ((u64)((sbo >> 4) & 0x3FFF) << 32) |
+           ((u64)1 << 62);
+}
+#define WW_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WW_R96 WW_R8(0), WW_R8(8), WW_R8(16), WW_R8(24), WW_R8(32), WW_R8(40), WW_R8(48), WW_R8(56), WW_R8(64), \
+               WW_R8(72), WW_R8(80), WW_R8(88)
+// d (+)= A * B, m64n192k16, A and B from shared memory, both transposed (M-major, N-major); acc = 0
+// overwrites
+__device__ __forceinline__ void ww_mma(float* d, u64 da, u64 db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 1, 1;\n}\n"
+        : WW_R96
+        : "l"(da), "l"(db), "r"(acc));
+}
+template <int N>
+__device__ __forceinline__ void ww_wait(float* d) {
+    asm volatile("wgmma.wait_group.sync.aligned %96;\n" : WW_R96 : "n"(N) : "memory");
+}
+#undef WW_R96
+#undef WW_R8
+#endif
+extern "C" __global__ void __launch_bounds__(384, 1)
+    conv3d_wgmma_wgrad(const bf16* x, const bf16* dy, float* part, int N, int CI, int CO, int D, int H, int W) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char wm_smem[];
+    const int CG = CI / 64, kd = blockIdx.y / CG, cg = blockIdx.y - kd * CG, ms = blockIdx.z;
+    const int tid = threadIdx.x, kh = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int hb = (H + WM_TH - 1) / WM_TH, wb = (W + WM_TW - 1) / WM_TW;
+    // this block's run of tiles (n, d, h0, w0), w fastest: the same for every (kd, cg, ms), so the
+    // blocks reading one tile of dy run at the same time (L2)
+    const i64 T = (i64)N * D * hb * wb;
+    const i64 i0 = T * blockIdx.x / gridDim.x;
+    const int cnt = (int)(T * (blockIdx.x + 1) / gridDim.x - i0);
+    const u32 sbase = (u32)__cvta_generic_to_shared(wm_smem);
+    // Copies: this thread's 16-byte chunk c of rows r0 + 48 j: dy rows v (tile row (r0 >> 3) + 6 j,
+    // column r0 & 7; j < 6), x halo rows (j < 8). 48 rows are 0 mod 8, so every row's swizzle
+    // phase is r0 & 7: the destinations are one offset + 6144 j. Per tile only the bases and the
+    // bounds change (the first version did 64-bit index arithmetic per copy and tile: ~900
+    // instructions a warp per tile, ncu).
+    const int c = tid & 7, r0 = tid >> 3;
+    const u32 dst0 = r0 * 128 + ((c ^ (r0 & 7)) << 4);
+    const int yh = r0 >> 3, yw = r0 & 7;
+    // x halo rows of this thread, (row / WM_PW, row % WM_PW) packed as h * 16 + w: rows r0 + 48 j
+    // for j < 7 are inside the plane (r0 + 288 < WM_PL), j = 7 for r0 < 4 only (warp 0); dy's j = 5
+    // for r0 < 16 only (warps 0 and 1): warp-uniform branches
+    u32 xhw[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int r = min(r0 + 48 * j, WM_PL - 1);
+        xhw[j] = (u32)((r / WM_PW) * 16 + r % WM_PW);
+    }
+    // the load cursor: the tile (n, d, hh, ww) it points at, stepped one tile a load
+    int lw, lh, ld, ln;
+    {
+        const i64 it = i0;
+        lw = (int)(it % wb);
+        lh = (int)((it / wb) % hb);
+        const i64 nd = it / ((i64)wb * hb);
+        ld = (int)(nd % D);
+        ln = (int)(nd / D);
+    }
+    auto load = [&](int i, int buf) {
+        if (i < cnt) {
+            const int w0 = lw * WM_TW, h0 = lh * WM_TH, dd = ld + kd - 1;
+            const bool pin = dd >= 0 && dd < D;
+            const u32 sa = sbase + buf * WW_STAGE + dst0, sx = sa + WW_DY;
+            const bf16* yb = dy + ((((i64)ln * D + ld) * H + h0 + yh) * W + w0 + yw) * CO + ms * 64 + c * 8;
+            const bool wok = w0 + yw < W;
+            auto ycopy = [&](int j) {
+                const bool ok = wok && h0 + yh + 6 * j < H;
+                wm_cp16(sa + 6144 * j, ok ? yb + 6 * j * W * CO : dy, ok);
+            };
+#pragma unroll
+            for (int j = 0; j < 5; j++) ycopy(j);
+            if (r0 < 16) ycopy(5);
+            const bf16* xb = x + ((((i64)ln * D + dd) * H + h0 - 1) * W + w0 - 1) * CI + cg * 64 + c * 8;
+            auto xcopy = [&](int j) {
+                const int hh = (int)(xhw[j] >> 4), ww = (int)(xhw[j] & 15);
+                const bool ok = pin && (unsigned)(h0 - 1 + hh) < (unsigned)H && (unsigned)(w0 - 1 + ww) < (unsigned)W;
+                wm_cp16(sx + 6144 * j, ok ? xb + (hh * W + ww) * CI : x, ok);
+            };
+#pragma unroll
+            for (int j = 0; j < 7; j++) xcopy(j);
+            if (r0 < 4) xcopy(7);
+            if (++lw == wb) {
+                lw = 0;
+                if (++lh == hb) {
+                    lh = 0;
+                    if (++ld == D) {
+                        ld = 0;
+                        ln++;
+                    }
+                }
+            }
+        }
+        wm_cp_commit();
+    };
+    // descriptors of stage 0's first k step; a stage and a k step are offsets added to the start
+    // address field (addresses stay below 256 KB: no carry out of its 14 bits)
+    const u64 da0 = ww_desc(sbase, 8192, 1024), db0 = ww_desc(sbase + WW_DY + kh * WM_PW * 128, 128, WM_PW * 128);
+    float d[96];  // set by the first MMA (scale-d 0); cnt >= 1 (the host gives no block an empty run)
+    load(0, 0);
+    load(1, 1);
+    int buf = 0, lbuf = 2;
+    for (int i = 0; i < cnt; i++) {
+        wm_cp_wait<1>();  // tile i landed (tile i + 1's copies may still fly)
+        __syncthreads();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const u64 so = (u64)((buf * WW_STAGE) >> 4);
+        wm_fence();
+#pragma unroll
+        for (int s = 0; s < 16; s++)
+            ww_mma(d, da0 + so + (s * 2048 >> 4), db0 + so + (2 * s * WM_PW * 128 >> 4), i > 0 || s > 0);
+        wm_commit();
+        ww_wait<1>(d);    // this warpgroup's MMAs of tile i - 1 are done
+        __syncthreads();  // everyone's: tile i - 1's buffer is free
+        load(i + 2, lbuf);
+        buf = buf == WW_NS - 1 ? 0 : buf + 1;
+        lbuf = lbuf == WW_NS - 1 ? 0 : lbuf + 1;
+    }
+    ww_wait<0>(d);
+    wm_cp_wait<0>();
+    // the partial sums: D[co][kw * 64 + ci] of m64n192 at d[4 j + 2 i + e] = (row 16 warp + lane / 4
+    // + 8 i, column 8 j + 2 (lane % 4) + e)
+    const int gq = lane >> 2;
+    float* pb = part + (i64)blockIdx.x * CO * 27 * CI;
+#pragma unroll
+    for (int j = 0; j < 24; j++) {
+        const int kw = j >> 3, ci = cg * 64 + (j & 7) * 8 + 2 * (lane & 3), t = kd * 9 + kh * 3 + kw;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int co = ms * 64 + 16 * warp + gq + 8 * i;
+            *reinterpret_cast<float2*>(pb + ((i64)co * 27 + t) * CI + ci) = make_float2(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+        }
+    }
+#endif
+}
+// dw[i] += sum over chunks k < P of part[k * L + i] (k in order), float4 at a time; L a multiple of 4
+extern "C" __global__ void conv3d_wgmma_wgrad_sum(const float* part, float* dw, i64 L, int P) {
+    const i64 L4 = L / 4;
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < L4; i += (i64)gridDim.x * blockDim.x) {
+        float4 s = reinterpret_cast<const float4*>(part)[i];
+        for (int k = 1; k < P; k++) {
+            const float4 v = reinterpret_cast<const float4*>(part + (i64)k * L)[i];
+            s.x += v.x;
+            s.y += v.y;
+            s.z += v.z;
+            s.w += v.w;
+        }
+        float4 o = reinterpret_cast<float4*>(dw)[i];
+        o.x += s.x;
+        o.y += s.y;
+        o.z += s.z;
+        o.w += s.w;
+        reinterpret_cast<float4*>(dw)[i] = o;
+    }
 }

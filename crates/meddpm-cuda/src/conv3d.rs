@@ -347,6 +347,12 @@ pub(crate) struct ConvCache {
     pub(crate) wgmma_gn: bool,
     /// Of `wgmma_runs`, those with the GroupNorm+SiLU prologue (tests).
     pub(crate) wgmma_gn_runs: u64,
+    /// The weight gradients of the wide convs may run on `conv3d_wgmma_wgrad` (true, the default:
+    /// timed against cuDNN's as the other directions, or forced by `force_wgmma`), or never
+    /// (`MEDDPM_WGMMA_WGRAD=0`, A/B benchmarks).
+    pub(crate) wgmma_wgrad: bool,
+    /// Weight gradients `conv3d_wgmma_wgrad` computed, timing runs aside (tests).
+    pub(crate) wgmma_wgrad_runs: u64,
     /// The decoder ResBlocks without their concatenation stored (the skip conv and the
     /// statistics from the parts, `cat_skip_stats_ndhwc`; in_layers' conv reading the parts)
     /// where in_layers' conv runs on `conv3d_wgmma_fwd_gn` (true, the default), or the
@@ -472,6 +478,8 @@ impl ConvCache {
             wgmma_runs: 0,
             wgmma_gn: std::env::var("MEDDPM_WGMMA_GN").map_or(true, |v| v != "0"),
             wgmma_gn_runs: 0,
+            wgmma_wgrad: std::env::var("MEDDPM_WGMMA_WGRAD").map_or(true, |v| v != "0"),
+            wgmma_wgrad_runs: 0,
             cat_free: std::env::var("MEDDPM_CAT_FREE").map_or(true, |v| v != "0"),
             cat_free_runs: 0,
             conv_stats: std::env::var("MEDDPM_CONV_STATS").map_or(true, |v| v != "0"),
@@ -2207,11 +2215,13 @@ fn best_of_five(dev: &Device, cache: &mut ConvCache, mut run: impl FnMut(&mut Co
 
 /// dW += the weight gradient through cuDNN: beta = 1 into the f32 gradient, or (bf16) beta = 0 into
 /// a bf16 temporary then added to it.
-fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: &mut GpuBuf, xp: u64, dyp: u64, cs: ConvShape) {
+/// dW (f32 at `dw`) += cuDNN's weight gradient (in a lower compute type: into a temporary, then
+/// added).
+fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: u64, xp: u64, dyp: u64, cs: ConvShape) {
     let cdt = compute_type(cache.precision);
     let one = 1.0f32;
     let beta = if cdt == DType::F32 { 1.0f32 } else { 0.0 };
-    let dwp = if cdt == DType::F32 { dev.ptr_mut(dw) } else { dev.temp(cs.w_len(), cdt, T_DW) };
+    let dwp = if cdt == DType::F32 { dw } else { dev.temp(cs.w_len(), cdt, T_DW) };
     // cudnnFind writes its output, so it gets a scratch dw.
     let a = if cache.plan(cs).algo[2].is_some() {
         cache.algo(dev, Dir::BwdFilter, cs, xp, 0, dyp)
@@ -2250,8 +2260,28 @@ fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: &mut GpuBuf, xp: u64, dy
         );
     }
     if cdt != DType::F32 {
-        dev.cast(dev.ptr_mut(dw), DType::F32, dwp, cdt, cs.w_len(), true);
+        dev.cast(dw, DType::F32, dwp, cdt, cs.w_len(), true);
     }
+}
+
+/// Whether `conv3d_wgmma_wgrad` computes the weight gradient of `cs` (bf16 operands, NDHWC): it
+/// fits ([`crate::conv_wgmma::fits`]), is allowed (`wgmma_wgrad`), and is forced or timed faster
+/// than cuDNN's ([`wgmma_decided`], a scratch f32 dW of the weight's length).
+fn wgmma_wgrad_chosen(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u64, dyp: u64) -> bool {
+    let cl = cache.layout == Layout::Ndhwc;
+    let bf = compute_type(cache.precision) == DType::Bf16;
+    if !(cache.wgmma_wgrad && crate::conv_wgmma::fits(dev, cs.x, cs.k, cs.stride, cs.cout, cl, bf)) {
+        return false;
+    }
+    let worth = crate::conv_wgmma::worth(dev, cs.x, cs.cout);
+    // the scratch target: 2 · w_len bf16 elements are w_len f32
+    wgmma_decided(dev, cache, cs, (Dir::BwdFilter, false), worth, 2 * cs.w_len(), |cache, ours, tp| {
+        if ours {
+            crate::conv_wgmma::wgrad(dev, (xp, dyp, tp), cs.x, cs.cout);
+        } else {
+            cudnn_wgrad(dev, cache, tp, xp, dyp, cs);
+        }
+    })
 }
 
 /// dinp (per Accum) = the data gradient, dw += the weight gradient, db += the bias gradient
@@ -2286,8 +2316,11 @@ pub(crate) fn backward(
         wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, ly);
     } else if small_cin_wgrad(cs, cdt, ly) {
         wgrad_small_cin(dev, dw, xp, dyp, cs);
+    } else if wgmma_wgrad_chosen(dev, cache, cs, xp, dyp) {
+        crate::conv_wgmma::wgrad(dev, (xp, dyp, dev.ptr_mut(dw)), cs.x, cs.cout);
+        cache.wgmma_wgrad_runs += 1;
     } else {
-        cudnn_wgrad(dev, cache, dw, xp, dyp, cs);
+        cudnn_wgrad(dev, cache, dev.ptr_mut(dw), xp, dyp, cs);
     }
     if let Some(d) = dinp {
         data_grad(dev, cache, d, dyp, cdt, w, cs, ly);

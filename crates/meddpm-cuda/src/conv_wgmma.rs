@@ -7,6 +7,8 @@
 //! fills the GPU; `MEDDPM_WGMMA=0/1` forbids/forces it).
 //! `conv3d_wgmma_fwd_gn` is the forward with the input's GroupNorm+SiLU as its prologue (the
 //! ResBlocks' convs: `Backend::groupnorm_silu_conv3d_fused`), no pass that stores silu(GN(x)).
+//! `conv3d_wgmma_wgrad` is the weight gradient of the same convs ([`wgrad`]), timed against
+//! cuDNN's in the same way.
 //! Twin: the CPU reference convolution (`meddpm::cpu::conv3d`), through the parity tests (after
 //! the CPU GroupNorm+SiLU for the prologue).
 
@@ -160,6 +162,36 @@ fn gn_table(x: Dims) -> u32 {
 /// 227 KB of shared memory a block may have, groups dividing Cin.
 pub(crate) fn gn_fits(x: Dims, groups: usize) -> bool {
     groups > 0 && x.c.is_multiple_of(groups) && (SMEM + YSUMS) as usize + x.n * x.c * 8 <= 232_448
+}
+
+/// Dynamic shared memory of `conv3d_wgmma_wgrad` (WW_NS · WW_STAGE): three stages of a 32 × 8
+/// tile of dy (256 voxel rows of 128 bytes) and x's halo plane (44 032 bytes).
+const WGRAD_SMEM: u32 = 3 * (256 * 128 + 44_032);
+
+/// dW (f32 at `dwp`, (co, 27, x.c) as NDHWC weights are) += the weight gradient of the conv over
+/// the volume `x` (bf16 NDHWC at `xp`, its channels the conv's inputs) with `co` outputs, from the
+/// output gradient (bf16 NDHWC at `dyp`): `conv3d_wgmma_wgrad` (a block per SM over the
+/// (kd, 64-input-channel group, 64-output slice) triples, each summing a run of tiles into f32
+/// registers) writes one partial dW per chunk of tiles into the scratch, then
+/// `conv3d_wgmma_wgrad_sum` adds the chunks onto dW in order. [`fits`] must hold for
+/// (x, 3, 1, co).
+pub(crate) fn wgrad(dev: &Device, (xp, dyp, dwp): (u64, u64, u64), x: Dims, co: usize) {
+    use Arg::{I, L, P};
+    let ci = x.c;
+    let tiles = x.n * x.d * x.h.div_ceil(TILE.0) * x.w.div_ceil(TILE.1);
+    let triples = 3 * (ci / 64) * (co / 64);
+    // every block gets at least one tile (the kernel's first MMA sets its sums)
+    let chunks = (dev.info.sms as usize / triples).clamp(1, tiles);
+    let len = co * 27 * ci;
+    let part = dev.scratch(chunks * len);
+    let pp = dev.ptr(&*part);
+    let dims = [x.n, ci, co, x.d, x.h, x.w].map(|v| I(v as i32));
+    let args = [P(xp), P(dyp), P(pp), dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]];
+    let grid = (chunks as u32, (3 * ci / 64) as u32, (co / 64) as u32);
+    dev.launch_shared("conv3d_wgmma_wgrad", grid, (384, 1, 1), WGRAD_SMEM, &args);
+    let blocks = (len / 4).div_ceil(256).min(dev.info.sms as usize * 8).max(1);
+    let sum_args = [P(pp), P(dwp), L(len as i64), I(chunks as i32)];
+    dev.launch("conv3d_wgmma_wgrad_sum", (blocks as u32, 1, 1), (256, 1, 1), &sum_args);
 }
 
 /// [`fits`] for the forward of `cs` (its input volume and output channels).

@@ -138,6 +138,8 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_wgmma_fwd_gn",
     "conv3d_wgmma_dgrad",
     "conv3d_wgmma_pack",
+    "conv3d_wgmma_wgrad",
+    "conv3d_wgmma_wgrad_sum",
 ];
 
 /// One kernel argument. Pointers are raw device addresses; `Raw` passes a `#[repr(C)]` struct by

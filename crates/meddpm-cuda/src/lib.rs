@@ -339,6 +339,18 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_gn = on;
     }
 
+    /// How many weight gradients `conv3d_wgmma_wgrad` has computed, first-use timing runs aside.
+    pub fn wgmma_wgrad_runs(&self) -> u64 {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_wgrad_runs
+    }
+
+    /// Allow (true, the default: timed against cuDNN, or forced with [`CudaBackend::set_wgmma`])
+    /// or forbid `conv3d_wgmma_wgrad` for the wide convs' weight gradients
+    /// (`MEDDPM_WGMMA_WGRAD=0`).
+    pub fn set_wgmma_wgrad(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_wgrad = on;
+    }
+
     /// Of [`CudaBackend::wgmma_runs`], the convolutions with the GroupNorm+SiLU prologue.
     pub fn wgmma_gn_runs(&self) -> u64 {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_gn_runs

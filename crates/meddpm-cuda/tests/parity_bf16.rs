@@ -404,7 +404,7 @@ fn wgmma_conv_bf16_parity() {
             let mut want = dx0.clone();
             let (mut dw_c, mut db_c) = (vec![0f32; cs.w_len()], vec![0f32; co]);
             cpu.conv3d_backward(Some((&mut want, acc)), &mut dw_c, Some(&mut db_c), &dy, &x, &w, cs);
-            let runs = g.wgmma_runs();
+            let (runs, wruns) = (g.wgmma_runs(), g.wgmma_wgrad_runs());
             let mut dxg = act(g, &dx0, xd);
             g.conv3d_backward_data((&mut dxg, acc), &dyg, &wg, cs);
             check(&format!("{tag} dx {acc:?} (data only)"), &get_act(g, &dxg, xd), &want, BF);
@@ -413,6 +413,7 @@ fn wgmma_conv_bf16_parity() {
             check(&format!("{tag} dx {acc:?}"), &get_act(g, &dxg, xd), &want, BF);
             check(&format!("{tag} dw {acc:?}"), &get_param(g, &dwg, &wshape), &dw_c, BF);
             assert_eq!(g.wgmma_runs() - runs, 2, "{tag}: the data gradients ran conv3d_wgmma_dgrad");
+            assert_eq!(g.wgmma_wgrad_runs() - wruns, 1, "{tag}: the weight gradient ran conv3d_wgmma_wgrad");
         }
     }
     g.set_wgmma(None);
@@ -430,6 +431,59 @@ fn wgmma_conv_bf16_parity() {
     check(&format!("wgmma forced, NCDHW [{}]", name(n)), &get_act(n, &yg, cs.out()), &want, BF);
     assert_eq!(n.wgmma_runs(), 0, "NCDHW must not run conv3d_wgmma");
     n.set_wgmma(None);
+}
+
+/// The wide convs' weight gradient on the warpgroup MMA (`conv3d_wgmma_wgrad`, forced on) against
+/// the fp32 CPU reference on the same bf16 operands within 2e-4 (the same f32 sums in another
+/// order; the bf16-emulating CPU rounds dW's contribution to bf16 as cuDNN writes it, this kernel
+/// does not),
+/// added onto a dW holding values: runs of tiles that cross planes and samples (batch 2, 72
+/// tiles in 44 chunks), runs of five tiles that go round the ring of three stages (Cin 128, Cout
+/// 128: two input groups and two output slices, 11 chunks), tiles cut by H and W, a single plane
+/// of tiles; the run counter proves the kernel computed each, an A/B with cuDNN's (the kernel
+/// switched off) agrees within bf16 rounding (cuDNN rounds dW to bf16 before it is added).
+#[test]
+fn wgmma_wgrad_bf16_parity() {
+    let Some(gs) = gpus() else { return };
+    let g = &gs[1];
+    let cpu = CpuBackend::new();
+    let cases =
+        [(Dims::new(2, 64, 6, 40, 20), 64), (Dims::new(1, 128, 9, 33, 17), 128), (Dims::new(1, 64, 1, 64, 24), 64)];
+    g.set_wgmma(Some(true));
+    for (i, (xd, co)) in cases.into_iter().enumerate() {
+        let cs = ConvShape::new(xd, co, 3, 1);
+        let seed = 7600 + 10 * i as u64;
+        let o = cs.out();
+        let wshape = [co, xd.c, 3, 3, 3];
+        let x = rb(&rnd(xd.numel(), seed, 1.0));
+        let w = rnd(cs.w_len(), seed + 1, 1.0 / ((xd.c * 27) as f32).sqrt());
+        let dy = rb(&rnd(o.numel(), seed + 2, 1.0));
+        let dw0 = rnd(cs.w_len(), seed + 3, 50.0);
+        let (xg, wg, dyg) = (act(g, &x, xd), param(g, &w, &wshape), act(g, &dy, o));
+        let tag = format!("wgmma wgrad {xd} -> {co} [{}]", name(g));
+        let mut want = dw0.clone();
+        cpu.conv3d_backward(None, &mut want, None, &dy, &x, &w, cs);
+        let runs = g.wgmma_wgrad_runs();
+        let mut dwg = param(g, &dw0, &wshape);
+        g.conv3d_backward(None, &mut dwg, None, &dyg, &xg, &wg, cs);
+        if g.wgmma_wgrad_runs() == runs {
+            println!("skipped: conv3d_wgmma_wgrad needs an sm_90 GPU ({})", name(g));
+            g.set_wgmma(None);
+            return;
+        }
+        assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: one run");
+        let got = get_param(g, &dwg, &wshape);
+        check(&format!("{tag} dw (+= onto dW)"), &got, &want, 2e-4);
+        // cuDNN's on the same operands
+        g.set_wgmma_wgrad(false);
+        let mut dwc = param(g, &dw0, &wshape);
+        g.conv3d_backward(None, &mut dwc, None, &dyg, &xg, &wg, cs);
+        g.set_wgmma_wgrad(true);
+        assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: cuDNN's run did not take conv3d_wgmma_wgrad");
+        let grad = |v: &[f32]| v.iter().zip(&dw0).map(|(a, b)| a - b).collect::<Vec<_>>();
+        check(&format!("{tag} dw vs cuDNN's"), &grad(&get_param(g, &dwc, &wshape)), &grad(&got), BF);
+    }
+    g.set_wgmma(None);
 }
 
 /// `conv3d_wgmma_fwd_gn` (`groupnorm_silu_conv3d_fused`): the conv over silu(GN(x + off)) with the

@@ -248,6 +248,8 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_fwd_gn_small_cout", Category::ConvForward),
     ("conv3d_wgmma_fwd", Category::ConvForward),
     ("conv3d_wgmma_fwd_gn", Category::ConvForward),
+    ("conv3d_wgmma_wgrad", Category::ConvWgrad),
+    ("conv3d_wgmma_wgrad_sum", Category::ConvWgrad),
     ("cat_skip_stats_ndhwc", Category::ConvForward),
     ("gn_bwd_apply_split_skip", Category::Normalization),
     ("conv3d_wgmma_dgrad", Category::ConvDgrad),
