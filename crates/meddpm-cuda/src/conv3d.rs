@@ -2273,9 +2273,11 @@ fn wgmma_wgrad_chosen(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u6
     if !(cache.wgmma_wgrad && crate::conv_wgmma::fits(dev, cs.x, cs.k, cs.stride, cs.cout, cl, bf)) {
         return false;
     }
-    let worth = crate::conv_wgmma::worth(dev, cs.x, cs.cout);
+    // Timed at every size: the kernel's blocks are (kd, input group, output slice) triples times
+    // chunks of tiles, so small volumes with wide channels still fill the GPU (the forward's
+    // `worth` counts output tiles only).
     // the scratch target: 2 · w_len bf16 elements are w_len f32
-    wgmma_decided(dev, cache, cs, (Dir::BwdFilter, false), worth, 2 * cs.w_len(), |cache, ours, tp| {
+    wgmma_decided(dev, cache, cs, (Dir::BwdFilter, false), true, 2 * cs.w_len(), |cache, ours, tp| {
         if ours {
             crate::conv_wgmma::wgrad(dev, (xp, dyp, tp), cs.x, cs.cout);
         } else {
