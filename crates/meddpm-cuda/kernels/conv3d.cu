@@ -777,25 +777,10 @@ __device__ __forceinline__ void mma_plane_store(uint2* xs, int plane, const u32 
         xs[((plane + 1) & (MMA_RING - 1)) * MMA_PL + threadIdx.x] =
             make_uint2(pack_bf2(raw_f(r[0], t), raw_f(r[1], t)), pack_bf2(raw_f(r[2], t), raw_f(r[3], t)));
 }
-// Chan et al.'s merge of a group of nb values (mean mb, sum of squared deviations Mb) into the
-// running (count, mean, M2) at r; r[0] = 0 takes the group as it is.
-__device__ __forceinline__ void chan_merge(float* r, float nb, float mb, float Mb) {
-    const float na = r[0];
-    if (na == 0.0f) {
-        r[0] = nb;
-        r[1] = mb;
-        r[2] = Mb;
-        return;
-    }
-    const float n = na + nb, d = mb - r[1];
-    r[1] += d * (nb / n);
-    r[2] += Mb + d * d * (na * nb / n);
-    r[0] = n;
-}
 template <typename TX>
-__device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, float* ss, const void* xv, const void* w,
-                                   int wbf, const float* bias, void* y, int ybf, int N, int CI, int CO, int D, int H,
-                                   int W, int DC, int accum, int tw, float* ys) {
+__device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, const void* xv, const void* w, int wbf,
+                                   const float* bias, void* y, int ybf, int N, int CI, int CO, int D, int H, int W,
+                                   int DC, int accum, int tw) {
     const TX* x = (const TX*)xv;
     // W'(n, k) for k = tap*4 + ci: 0 past the 27 taps, CI or CO
     auto wk = [&](int n, int k) -> float {
@@ -821,10 +806,6 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, f
         const ColItem ci = col_item(cg, it, D, DC);
         const int n = ci.n, d0 = ci.d0, d1 = ci.d1, h0 = ci.h0, w0 = ci.w0;
         __syncthreads();  // the weights are arranged / the previous item's reads of the ring are done
-        if (ys) {         // this warp's running (count, mean, M2) of its lanes' channels: none yet
-            ss[(wi * 64 + lane) * 3] = 0.0f;
-            ss[(wi * 64 + 32 + lane) * 3] = 0.0f;
-        }
         u32 r[4];
 #pragma unroll 1
         for (int p = d0 - 1; p <= d0 + 1; p++) {
@@ -915,20 +896,6 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, f
                         *p = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]), pack_bf2(f[4], f[5]),
                                         pack_bf2(f[6], f[7]));
                     }
-                    if (ys && lane < ch) {
-                        // the output's statistics as stored (bf16, overwritten: the host asks only
-                        // then): lane = channel hf * 32 + lane; the row's nv values of this plane
-                        // (mean, then M2 around it), merged into the warp's running ones (Chan)
-                        float pm = 0.0f, pq = 0.0f;
-                        for (int v = 0; v < nv; v++) pm += __uint_as_float(pack_bf2(sw[v * MMA_SROW + lane], 0.0f) << 16);
-                        pm /= (float)nv;
-                        for (int v = 0; v < nv; v++) {
-                            const float d = __uint_as_float(pack_bf2(sw[v * MMA_SROW + lane], 0.0f) << 16) - pm;
-                            pq += d * d;
-                        }
-                        float* r3 = ss + (wi * 64 + hf * 32 + lane) * 3;
-                        chan_merge(r3, (float)nv, pm, pq);
-                    }
                 } else if (h < H) {
                     const int q = lane & 7;
                     float* yr = (float*)y + row + hf * 32 + q * 4;
@@ -952,43 +919,26 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, f
             }
             __syncthreads();  // the next plane is stored; this plane's reads of the ring are done
         }
-        if (ys) {  // the item's (mean, M2, count) per channel: the 8 rows' merged in order
-            for (int c = threadIdx.x; c < CO; c += blockDim.x) {
-                float acc3[3] = {0.0f, 0.0f, 0.0f};
-                for (int r8 = 0; r8 < 8; r8++) {
-                    const float* q = ss + (r8 * 64 + c) * 3;
-                    if (q[0] > 0.0f) chan_merge(acc3, q[0], q[1], q[2]);
-                }
-                float* o = ys + (it * CO + c) * 3;
-                o[0] = acc3[1];
-                o[1] = acc3[2];
-                o[2] = acc3[0];
-            }
-        }
     }
 }
 
 // The two entry points (one profiler category each): the forward of a Cin <= 4 conv (bias b, f32
 // CO) and the data gradient of a Cout <= 4 conv (CI = that conv's Cout, CO = its Cin; no bias).
 // dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. NDHWC only; CO % 8 == 0, CO <= 64, CI <= 4. DC:
-// planes of d a work item. ys (may be null; the forward with a bf16 y, overwritten): also the
-// output's statistics as stored, (mean, M2, count) per work item and channel at
-// ys[(item * CO + c) * 3] (the counted partials gn_stats_finalize takes with chunk_len 0, items
-// numbered sample-major as col_item does), for the GroupNorm of the layer that reads y.
+// planes of d a work item.
 #define SMALL_MMA_ENTRY(NAME, TW)                                                                          \
     extern "C" __global__ void __launch_bounds__(256, 3)                                                   \
         NAME(const void* x, const void* w, const float* b, void* y, int N, int CI, int CO, int D, int H, int W, \
-             int DC, int dt, int accum, float* ys) {                                                       \
+             int DC, int dt, int accum) {                                                                  \
         __shared__ uint2 wf[7 * 8 * 32];                                                                   \
         __shared__ uint2 xs[MMA_RING * MMA_PL];                                                            \
         __shared__ __align__(16) float st[8 * 16 * MMA_SROW];                                              \
         __shared__ __align__(16) float sb[64];                                                             \
-        __shared__ float ss[8 * 64 * 3];                                                                   \
         const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;                                                \
         if (dt & 1)                                                                                        \
-            small_cin_mma_body<bf16>(wf, xs, st, sb, ss, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, TW, ys); \
+            small_cin_mma_body<bf16>(wf, xs, st, sb, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, TW); \
         else                                                                                               \
-            small_cin_mma_body<float>(wf, xs, st, sb, ss, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, TW, ys); \
+            small_cin_mma_body<float>(wf, xs, st, sb, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, TW); \
     }
 SMALL_MMA_ENTRY(conv3d_fwd_small_cin_mma, 0)
 SMALL_MMA_ENTRY(conv3d_dgrad_small_cout_mma, 1)

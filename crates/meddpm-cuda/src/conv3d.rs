@@ -366,8 +366,6 @@ pub(crate) struct ConvCache {
     pub(crate) conv_stats: bool,
     /// `conv3d_wgmma_fwd_gn` calls that took their output's statistics (tests).
     pub(crate) wgmma_ystats_runs: u64,
-    /// `conv3d_fwd_small_cin_mma` calls that took their output's statistics (tests).
-    pub(crate) small_ystats_runs: u64,
     /// A decoder ResBlock's backward from the parts adds its skip conv's data gradient in the
     /// GroupNorm+SiLU backward's pass (`gn_bwd_apply_split_skip`, true, the default) or runs it as
     /// GEMMs onto the parts after (`MEDDPM_SKIP_APPLY=0`, A/B benchmarks).
@@ -484,7 +482,6 @@ impl ConvCache {
             cat_free_runs: 0,
             conv_stats: std::env::var("MEDDPM_CONV_STATS").map_or(true, |v| v != "0"),
             wgmma_ystats_runs: 0,
-            small_ystats_runs: 0,
             skip_apply: std::env::var("MEDDPM_SKIP_APPLY").map_or(true, |v| v != "0"),
             skip_apply_runs: 0,
             small: HashMap::new(),
@@ -903,57 +900,6 @@ pub(crate) fn forward(
         }
     }
     cudnn_forward(dev, cache, out, inp, w, b, cs);
-}
-
-/// Whether [`forward_stats`] takes the forward of `cs` from `inp` (weights `w`) into a bf16
-/// output: the tensor-core few-input-channel kernel (`conv3d_fwd_small_cin_mma`: NDHWC, bf16
-/// compute, Cin ≤ 4, Cout a multiple of 8 up to 64, 3×3×3 stride 1; the whole-head first conv),
-/// with the epilogue statistics on (`conv_stats`). The input may be f32 (the network input is)
-/// or bf16: the kernel rounds it to bf16 as it loads it.
-pub(crate) fn small_cin_stats_fits(cache: &ConvCache, cs: ConvShape, inp: &GpuBuf, out_bf16: bool) -> bool {
-    let cl = cache.layout == Layout::Ndhwc;
-    cache.conv_stats
-        && out_bf16
-        && matches!(inp.dtype(), DType::Bf16 | DType::F32)
-        && small_fwd_kind(cs) == Some(SmallFwd::Cin)
-        && mma_fits(cl, cache.mma_on(), cs.x.c, cs.cout)
-}
-
-/// out = conv(inp, w) + b on `conv3d_fwd_small_cin_mma` where [`small_cin_stats_fits`], with the
-/// GroupNorm statistics (`groups` groups) of out as stored into (mean, rstd): the kernel's
-/// per-item (mean, M2, count) partials, then `gn_stats_finalize` with the counts. Our kernel
-/// runs whatever the timed choice for the plain forward says (it wins it in bf16 on the H200 and
-/// the statistics pass it saves is a whole read of the output).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_stats(
-    dev: &Device,
-    cache: &mut ConvCache,
-    out: &mut GpuBuf,
-    inp: &GpuBuf,
-    w: &GpuBuf,
-    b: &GpuBuf,
-    cs: ConvShape,
-    groups: usize,
-    (mean, rstd): (&mut GpuBuf, &mut GpuBuf),
-) {
-    check_lens(cs, inp.len(), w.len(), out.len(), b.len());
-    require_f32("conv3d bias", &[b]);
-    assert!(
-        small_cin_stats_fits(cache, cs, inp, out.dtype() == DType::Bf16),
-        "conv3d forward with statistics {cs:?}: not a shape of conv3d_fwd_small_cin_mma (small_cin_stats_fits)"
-    );
-    *cache.fwd_calls.entry(cs).or_insert(0) += 1;
-    let x = cs.x;
-    let (dc, _) = small_mma_items(x, dev.info.sms as usize * SMALL_MMA_BLOCKS);
-    let nchunks = x.h.div_ceil(8) * x.w.div_ceil(16) * x.d.div_ceil(dc);
-    let scratch = dev.scratch(x.n * nchunks * cs.cout * 3);
-    let pp = dev.ptr(&*scratch);
-    let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
-    let ptrs = (dev.ptr(inp), dev.ptr(w), dev.ptr(b), dev.ptr_mut(out));
-    small_mma_run(dev, ptrs, x, x.c, cs.cout, dt, Accum::Overwrite, false, pp);
-    crate::groupnorm::finalize_stats_counted(dev, pp, None, (mean, rstd), cs.out(), groups, nchunks);
-    cache.small_used.insert((cs, Dir::Fwd), true);
-    cache.small_ystats_runs += 1;
 }
 
 /// out = conv(inp, w) + b + z (`Backend::conv3d_forward_res`): cuDNN's conv-bias-activation call
@@ -1869,7 +1815,6 @@ fn small_mma_run(
     dt: i32,
     acc: Accum,
     tw: bool,
-    ys: u64,
 ) {
     use Arg::{I, P};
     let (dc, grid) = small_mma_items(x, dev.info.sms as usize * SMALL_MMA_BLOCKS);
@@ -1887,7 +1832,6 @@ fn small_mma_run(
         I(dc as i32),
         I(dt),
         I((acc == Accum::Add) as i32),
-        P(ys),
     ];
     let name = if tw { "conv3d_dgrad_small_cout_mma" } else { "conv3d_fwd_small_cin_mma" };
     dev.launch(name, (grid as u32, 1, 1), (256, 1, 1), &args);
@@ -2063,7 +2007,7 @@ fn small_forward(
     let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
     if kind == SmallFwd::Cin && mma_fits(cl, mma, x.c, cs.cout) {
         let ptrs = (dev.ptr(inp), dev.ptr(w), dev.ptr(b), dev.ptr_mut(out));
-        small_mma_run(dev, ptrs, x, x.c, cs.cout, dt, Accum::Overwrite, false, 0);
+        small_mma_run(dev, ptrs, x, x.c, cs.cout, dt, Accum::Overwrite, false);
         return;
     }
     let args = [
@@ -2150,7 +2094,7 @@ fn small_dgrad_run(
     let x = cs.x;
     if mma_fits(cl, mma, cs.cout, x.c) {
         let dt = small_dt(dydt, w.dtype(), dxdt);
-        small_mma_run(dev, (dyp, dev.ptr(w), 0, dxp), x, cs.cout, x.c, dt, acc, true, 0);
+        small_mma_run(dev, (dyp, dev.ptr(w), 0, dxp), x, cs.cout, x.c, dt, acc, true);
         return;
     }
     let (grid, block) = small_cin_launch(x, x.c, dev.info.sms);

@@ -384,11 +384,9 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).skip_apply_runs
     }
 
-    /// Convs that took their output's statistics in their epilogue so far (the fused wide convs
-    /// and the first conv, `Backend::conv3d_forward_stats`).
+    /// Fused convs that took their output's statistics from the epilogue so far.
     pub fn conv_stats_runs(&self) -> u64 {
-        let c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
-        c.wgmma_ystats_runs + c.small_ystats_runs
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_ystats_runs
     }
 
     /// Calls of `cat_skip_stats_ndhwc` (a decoder ResBlock's skip conv and statistics from the
@@ -858,23 +856,6 @@ impl Backend for CudaBackend {
     }
     fn fused_conv_out_stats(&self) -> bool {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).conv_stats
-    }
-    fn conv_out_stats_fusable(&self, inp: &Self::Buf, _w: &Self::Buf, cs: ConvShape) -> bool {
-        let conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
-        conv3d::small_cin_stats_fits(&conv, cs, inp, self.precision == Precision::Bf16)
-    }
-    fn conv3d_forward_stats(
-        &self,
-        out: &mut Self::Buf,
-        inp: &Self::Buf,
-        w: &Self::Buf,
-        b: &Self::Buf,
-        cs: ConvShape,
-        groups: usize,
-        stats: (&mut Self::Buf, &mut Self::Buf),
-    ) {
-        let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
-        conv3d::forward_stats(&self.dev, &mut conv, out, inp, w, b, cs, groups, stats);
     }
     fn groupnorm_silu_conv3d_fused(
         &self,

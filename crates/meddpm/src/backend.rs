@@ -433,31 +433,6 @@ pub trait Backend {
     fn fused_conv_out_stats(&self) -> bool {
         false
     }
-    /// Whether [`Backend::conv3d_forward_stats`] takes the plain forward `cs` (input `inp`,
-    /// weight `w`, bias, output overwritten) with the GroupNorm statistics of its output for the
-    /// layer that reads it, so that no pass reads the output for them. The default: no. CUDA: the
-    /// few-input-channel first conv on the tensor cores (`conv3d_fwd_small_cin_mma`, bf16 NDHWC),
-    /// `MEDDPM_CONV_STATS=0` switches it off with the others.
-    fn conv_out_stats_fusable(&self, _inp: &Self::Buf, _w: &Self::Buf, _cs: ConvShape) -> bool {
-        false
-    }
-    /// Where [`Backend::conv_out_stats_fusable`] said so: [`Backend::conv3d_forward`] (out =
-    /// conv3d(inp, w) + b) and the GroupNorm statistics of out as stored (`groups` groups) into
-    /// (mean, rstd), as [`Backend::groupnorm_silu_forward`] would save them from `out`, up to the
-    /// order of the sums.
-    #[allow(clippy::too_many_arguments)]
-    fn conv3d_forward_stats(
-        &self,
-        _out: &mut Self::Buf,
-        _inp: &Self::Buf,
-        _w: &Self::Buf,
-        _b: &Self::Buf,
-        cs: ConvShape,
-        _groups: usize,
-        _stats: (&mut Self::Buf, &mut Self::Buf),
-    ) {
-        panic!("conv3d_forward_stats {cs:?}: this backend does not (conv_out_stats_fusable is false)")
-    }
     /// A ResBlock's GroupNorm+SiLU → Conv3 forward as one pass where
     /// [`Backend::gn_conv_fusable`] said so (only then: a backend without it panics):
     /// `out` (= or += per the mode) = conv3d(silu(GN(inp + off)), w) (+ b) (+ z, with

@@ -323,25 +323,6 @@ impl<B: Backend> Backend for Timed<B> {
     fn fused_conv_out_stats(&self) -> bool {
         self.inner.fused_conv_out_stats()
     }
-    fn conv_out_stats_fusable(&self, inp: &Self::Buf, w: &Self::Buf, cs: ConvShape) -> bool {
-        self.inner.conv_out_stats_fusable(inp, w, cs)
-    }
-    fn conv3d_forward_stats(
-        &self,
-        out: &mut Self::Buf,
-        inp: &Self::Buf,
-        w: &Self::Buf,
-        b: &Self::Buf,
-        cs: ConvShape,
-        groups: usize,
-        (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
-    ) {
-        // one record: inp read, out written once (its statistics from the epilogue)
-        let e = self.l(inp) + self.l(out) + self.l(w) + self.l(b) + self.l(mean) + self.l(rstd);
-        self.rec("conv3d_forward_stats", Category::ConvForward, Some(cs.flops()), e, || {
-            self.inner.conv3d_forward_stats(out, inp, w, b, cs, groups, (mean, rstd))
-        })
-    }
     fn groupnorm_silu_conv3d_fused(
         &self,
         (out, mode): (&mut Self::Buf, Accum),

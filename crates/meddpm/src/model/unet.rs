@@ -132,13 +132,10 @@ pub struct OutHead<B: Backend> {
 pub enum Op<B: Backend> {
     /// The network input cat([x_t, cond]) (N, in, D, H, W), written by the caller.
     Input,
-    /// input_blocks.0.0 and Downsample: one convolution. `y_to`: the ResBlock that reads its
-    /// output and takes its GroupNorm statistics from this conv
-    /// (`Backend::conv_out_stats_fusable`; decided at the start of every forward).
+    /// input_blocks.0.0 and Downsample: one convolution.
     Conv {
         p: usize,
         cs: ConvShape,
-        y_to: Option<usize>,
     },
     Res(ResBlock<B>),
     Attn(AttnBlock<B>),
@@ -447,12 +444,12 @@ impl<B: Backend> UNet<B> {
                 Node::ConvIn { cin, cout, sp, .. } => {
                     let cs = ConvShape::new(sp_dims(cin, sp), cout, 3, 1);
                     conv_w.push(p);
-                    (Op::Conv { p, cs, y_to: None }, cs.out(), prev)
+                    (Op::Conv { p, cs }, cs.out(), prev)
                 }
                 Node::Down { c, sp, .. } => {
                     let cs = ConvShape::new(sp_dims(c, sp), c, 3, 2);
                     conv_w.push(p);
-                    (Op::Conv { p, cs, y_to: None }, cs.out(), prev)
+                    (Op::Conv { p, cs }, cs.out(), prev)
                 }
                 Node::Res { cin, cout, sp, .. } => {
                     let x = sp_dims(cin, sp);
@@ -766,14 +763,6 @@ impl<B: Backend> UNet<B> {
             let k = layers.iter().position(|l| l.input == i);
             let take = fused_stats
                 && match (&layers[i].op, k.map(|k| &layers[k].op)) {
-                    // the first conv (few input channels) for the first ResBlock
-                    (Op::Conv { p, cs, .. }, Some(Op::Res(c))) => {
-                        let in_cs = ConvShape::new(c.x, c.cout, 3, 1);
-                        let x = &acts[layers[layers[i].input].out];
-                        !c.cat_in
-                            && be.conv_out_stats_fusable(x, cw(*p), *cs)
-                            && be.gn_conv_fusable(&acts[layers[i].out], cw(c.p + 2), in_cs, false, g)
-                    }
                     (Op::Res(r), Some(reader @ (Op::Res(_) | Op::Out(_)))) => {
                         let out_cs = ConvShape::new(r.x.with_c(r.cout), r.cout, 3, 1);
                         be.gn_conv_fusable(&r.h, cw(r.p + 8), out_cs, true, g)
@@ -787,10 +776,8 @@ impl<B: Backend> UNet<B> {
                     }
                     _ => false,
                 };
-            match &mut layers[i].op {
-                Op::Res(r) => r.y_to = k.filter(|_| take),
-                Op::Conv { y_to, .. } => *y_to = k.filter(|_| take),
-                _ => {}
+            if let Op::Res(r) = &mut layers[i].op {
+                r.y_to = k.filter(|_| take);
             }
             match k.map(|k| &mut layers[k].op) {
                 Some(Op::Res(c)) => c.x_stats = take,
@@ -812,10 +799,9 @@ impl<B: Backend> UNet<B> {
                 }
                 _ => None,
             };
-            // a ResBlock or conv that takes its reader's statistics holds that layer's buffers too
+            // a ResBlock that takes its reader's statistics holds that layer's buffers too
             let y_to = match &layers[i].op {
                 Op::Res(r) => r.y_to,
-                Op::Conv { y_to, .. } => *y_to,
                 _ => None,
             };
             let (l, reader) = match y_to {
@@ -839,13 +825,7 @@ impl<B: Backend> UNet<B> {
             };
             match &mut l.op {
                 Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
-                Op::Conv { p, cs, .. } => match reader.map(|c| &mut c.op) {
-                    // the reader's in_layers statistics of out, from the conv's epilogue
-                    Some(Op::Res(c)) => {
-                        be.conv3d_forward_stats(out, x, cw(*p), &w[*p + 1], *cs, g, (&mut c.mean1, &mut c.rstd1))
-                    }
-                    _ => be.conv3d_forward(out, x, cw(*p), &w[*p + 1], *cs),
-                },
+                Op::Conv { p, cs } => be.conv3d_forward(out, x, cw(*p), &w[*p + 1], *cs),
                 Op::Res(r) => {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     // the skip conv, in_layers' conv, out_layers' conv
@@ -1039,7 +1019,7 @@ impl<B: Backend> UNet<B> {
             let dout = &*dout;
             match &mut layers[i].op {
                 Op::Input | Op::Concat { .. } => unreachable!("the input is layer 0; concatenations are above"),
-                Op::Conv { p, cs, .. } => {
+                Op::Conv { p, cs } => {
                     let [gw, gb] = dw.get_disjoint_mut([*p, *p + 1]).expect("distinct");
                     let dinp = if inp == 0 { None } else { Some((dx, mode)) };
                     be.conv3d_backward(dinp, gw, Some(gb), dout, x, cw(*p), *cs);
