@@ -2157,10 +2157,8 @@ fn best_of_five(dev: &Device, cache: &mut ConvCache, mut run: impl FnMut(&mut Co
     t
 }
 
-/// dW += the weight gradient through cuDNN: beta = 1 into the f32 gradient, or (bf16) beta = 0 into
-/// a bf16 temporary then added to it.
-/// dW (f32 at `dw`) += cuDNN's weight gradient (in a lower compute type: into a temporary, then
-/// added).
+/// dW (f32 at `dw`) += the weight gradient through cuDNN: beta = 1 into the f32 gradient, or
+/// (bf16) beta = 0 into a bf16 temporary then added to it.
 fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: u64, xp: u64, dyp: u64, cs: ConvShape) {
     let cdt = compute_type(cache.precision);
     let one = 1.0f32;

@@ -7,7 +7,9 @@
 //! their gradients (dP, dZ, dqkv), upsampling,
 //! residual adds, bias broadcasts, concat/split — and convolutions first round their inputs,
 //! weights and output gradients (the GPU converts them to bf16 before cuDNN) and round each
-//! weight-gradient contribution before adding it to the f32 gradient (cuDNN writes it in bf16).
+//! weight-gradient contribution before adding it to the f32 gradient (cuDNN writes it in bf16;
+//! meddpm's own wide-conv weight gradient on sm_90, `conv3d_wgmma_wgrad`, adds f32 sums, which
+//! the bf16 tests' tolerances cover).
 //! Statistics, the time embedding (linear, SiLU), the loss, diffusion and optimizer ops stay f32.
 //! GPU bf16 parity tests compare against this mode with tolerances of a few bf16 ulps.
 //!
