@@ -194,9 +194,12 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_small_cout_wfrag", ConvForward),
     ("conv3d_fwd_small_cout_mma", ConvForward),
     ("conv3d_fwd_gn_small_cout", ConvForward),
-    // the wide 3x3x3 convs on the warpgroup MMA, and their weights packed into fragment order
+    // the wide 3x3x3 convs on the warpgroup MMA (forward, weight gradient and its sum over chunks;
+    // data gradient below), and their weights packed into fragment order
     ("conv3d_wgmma_fwd", ConvForward),
     ("conv3d_wgmma_fwd_gn", ConvForward),
+    ("conv3d_wgmma_wgrad", ConvWgrad),
+    ("conv3d_wgmma_wgrad_sum", ConvWgrad),
     // a decoder ResBlock's skip conv and statistics from its concatenation's parts
     ("cat_skip_stats_ndhwc", ConvForward),
     ("conv3d_wgmma_dgrad", ConvDgrad),
