@@ -74,11 +74,15 @@ __device__ __forceinline__ void wm_wait(float* d) {
                  : "n"(N)
                  : "memory");
 }
-// shared-memory descriptor of a 128-byte-swizzled K-major operand at byte address a: rows of 128
-// bytes, 8-row groups WM_PW rows apart; the leading byte offset is unused (1)
-__device__ __forceinline__ u64 wm_desc(u32 a) {
-    return (u64)((a >> 4) & 0x3FFF) | ((u64)1 << 16) | ((u64)((WM_PW * 128) >> 4) << 32) | ((u64)1 << 62);
+// shared-memory descriptor of a 128-byte-swizzled operand at byte address a with leading and
+// stride byte offsets lbo, sbo (the weight gradient's transposed operands use both)
+__device__ __forceinline__ u64 wm_desc_at(u32 a, u32 lbo, u32 sbo) {
+    return (u64)((a >> 4) & 0x3FFF) | ((u64)((lbo >> 4) & 0x3FFF) << 16) | ((u64)((sbo >> 4) & 0x3FFF) << 32) |
+           ((u64)1 << 62);
 }
+// a K-major stage operand: rows of 128 bytes, 8-row groups WM_PW rows apart; the leading byte
+// offset is unused (16 bytes, encoded 1)
+__device__ __forceinline__ u64 wm_desc(u32 a) { return wm_desc_at(a, 16, WM_PW * 128); }
 // d (+)= A * B, m64n256k16, A from registers (a), B from shared memory (desc); acc = 0 overwrites
 __device__ __forceinline__ void wm_mma(float* d, const uint4& a, u64 desc, int acc) {
     asm volatile(
@@ -96,7 +100,6 @@ __device__ __forceinline__ void wm_mma(float* d, const uint4& a, u64 desc, int a
         : WM_R8(0), WM_R8(8), WM_R8(16), WM_R8(24), WM_R8(32), WM_R8(40), WM_R8(48), WM_R8(56), WM_R8(64),
           WM_R8(72), WM_R8(80), WM_R8(88), WM_R8(96), WM_R8(104), WM_R8(112), WM_R8(120)
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(acc));
-#undef WM_R8
 }
 
 // A cursor over a block's stages: work item it (col_item c), output plane d, stage k of the plane
@@ -719,15 +722,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 #define WW_STAGE (WW_DY + WM_STAGE)     // + the halo plane of x (76800 bytes, a multiple of 1 KB)
 #define WW_NS 3
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// shared-memory descriptor, 128-byte swizzle, with leading and stride byte offsets
-__device__ __forceinline__ u64 ww_desc(u32 a, u32 lbo, u32 sbo) {
-    return (u64)((a >> 4) & 0x3FFF) | ((u64)((lbo >> 4) & 0x3FFF) << 16) | ((u64)((sbo >> 4) & 0x3FFF) << 32) |
-           ((u64)1 << 62);
-}
-#define WW_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-                 "+f"(d[i + 6]), "+f"(d[i + 7])
-#define WW_R96 WW_R8(0), WW_R8(8), WW_R8(16), WW_R8(24), WW_R8(32), WW_R8(40), WW_R8(48), WW_R8(56), WW_R8(64), \
-               WW_R8(72), WW_R8(80), WW_R8(88)
+#define WW_R96 WM_R8(0), WM_R8(8), WM_R8(16), WM_R8(24), WM_R8(32), WM_R8(40), WM_R8(48), WM_R8(56), WM_R8(64), \
+               WM_R8(72), WM_R8(80), WM_R8(88)
 // d (+)= A * B, m64n192k16, A and B from shared memory, both transposed (M-major, N-major); acc = 0
 // overwrites
 __device__ __forceinline__ void ww_mma(float* d, u64 da, u64 db, int acc) {
@@ -743,7 +739,7 @@ __device__ __forceinline__ void ww_wait(float* d) {
     asm volatile("wgmma.wait_group.sync.aligned %96;\n" : WW_R96 : "n"(N) : "memory");
 }
 #undef WW_R96
-#undef WW_R8
+#undef WM_R8
 #endif
 extern "C" __global__ void __launch_bounds__(384, 1)
     conv3d_wgmma_wgrad(const bf16* x, const bf16* dy, float* part, int N, int CI, int CO, int D, int H, int W) {
@@ -823,7 +819,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     };
     // descriptors of stage 0's first k step; a stage and a k step are offsets added to the start
     // address field (addresses stay below 256 KB: no carry out of its 14 bits)
-    const u64 da0 = ww_desc(sbase, 8192, 1024), db0 = ww_desc(sbase + WW_DY + kh * WM_PW * 128, 128, WM_PW * 128);
+    const u64 da0 = wm_desc_at(sbase, 8192, 1024), db0 = wm_desc_at(sbase + WW_DY + kh * WM_PW * 128, 128, WM_PW * 128);
     float d[96];  // set by the first MMA (scale-d 0); cnt >= 1 (the host gives no block an empty run)
     load(0, 0);
     load(1, 1);
