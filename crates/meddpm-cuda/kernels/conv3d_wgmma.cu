@@ -340,6 +340,12 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
 // ms a sampling forward). The transform inside the MMA warpgroup's loop (the first version: ~280
 // instructions, 48 MUFU a tap between the MMAs) was slower still: 18.2 against 14.3 ms
 // (docs/perf/h200-2026-12-02c). MEDDPM_WGMMA_GN=0 switches the fusion off (A/B).
+// With 64 input channels (one stage a plane, KS = 3) and `reuse`, the producer loads and
+// transforms each input plane once and the consumer reads it for the three output planes that
+// need it: the ring holds planes d - 1, d, d + 1 of output plane d while d + 2 loads (load number
+// = the item's first plane's + plane - d0 + 1; the consumer waits for a plane at its first use,
+// output max(d0, plane - 1), and hands it back after its last, min(d1 - 1, plane + 1)). Each
+// item loads its d1 - d0 + 2 planes instead of 3 (d1 - d0) stages; MEDDPM_WGMMA_REUSE=0 for A/B.
 // With WmGn::ys the epilogue also takes the GroupNorm statistics of the output as stored (the
 // next GroupNorm's, so that no pass reads the output for them): per tile and channel shifted sums
 // over the 256 voxels, merged over a column item's planes (MEDDPM_CONV_STATS=0 for A/B).
@@ -377,9 +383,10 @@ __device__ __forceinline__ void wm_sts16(u32 a, uint4 v) {
 }
 __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, const float* b, bf16* y,
                                               const bf16* z, int N, int CI, int CO, int D, int H, int W, int DC,
-                                              int accum, WmGn gn) {
+                                              int accum, WmGn gn, int reuse) {
     extern __shared__ __align__(1024) unsigned char wm_smem[];
     const int CG = CI / 64, KS = 3 * CG, period = KS * 36;
+    reuse = reuse && CG == 1;
     const ColGrid g = col_grid(N, D, H, W, DC, WM_TH, WM_TW);
     const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, ms = blockIdx.y;
     const u32 sbase = (u32)__cvta_generic_to_shared(wm_smem);
@@ -411,17 +418,17 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
             int t0;         // the table's float4 index of this thread's first channel pair
             u32 in;         // bit m: halo voxel r0 + 64 m is inside the volume
         };
-        auto plan = [&](const WmCur& l) -> St {
-            const int kd = l.k / CG, cg = l.k - kd * CG, dd = l.d + kd - 1;
-            const int gh0 = l.c.h0 - 1, gw0 = l.c.w0 - 1;
+        // plane dd, channel group cg of item c
+        auto plan = [&](const ColItem& c, int dd, int cg) -> St {
+            const int gh0 = c.h0 - 1, gw0 = c.w0 - 1;
             const bool ok = dd >= 0 && dd < D;
             // the part holding the stage's 64 channels, and their offset in it
             const bool p2 = gn.x2 && cg * 64 >= gn.CA;
             const int cs = gn.x2 ? (p2 ? CI - gn.CA : gn.CA) : CI, cc = p2 ? cg * 64 - gn.CA : cg * 64;
             St S;
             S.cs = cs;
-            S.p = (p2 ? gn.x2 : x) + ((((i64)l.c.n * D + dd) * H + gh0) * W + gw0) * cs + cc + c4 * 8;
-            S.t0 = (l.c.n * CI + cg * 64 + c4 * 8) >> 1;
+            S.p = (p2 ? gn.x2 : x) + ((((i64)c.n * D + dd) * H + gh0) * W + gw0) * cs + cc + c4 * 8;
+            S.t0 = (c.n * CI + cg * 64 + c4 * 8) >> 1;
             S.in = 0u;
 #pragma unroll
             for (int m = 0; m < WM_NV; m++) {
@@ -483,20 +490,38 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
         // stage, after the wait for a free buffer (the producer runs up to WM_NS - 1 stages ahead,
         // so the copies land while it waits) and no copy is in flight at the proxy fence (a
         // MEMBAR.ALL.CTA). Issued before stage s - 1's transform instead, the times were the same.
+        // The loads in order: with reuse, planes d0 - 1 .. d1 of each item (lp), once each; else
+        // the consumer's stages (plane d + kd - 1, channel group cg), one load each.
         WmCur lc = cu;
-        St prev = plan(lc);
+        int lp = lc.c.d0 - 1;
+        auto cur = [&]() -> St {
+            return reuse ? plan(lc.c, lp, 0) : plan(lc.c, lc.d + lc.k / CG - 1, lc.k % CG);
+        };
+        auto adv = [&]() {
+            if (!reuse) {
+                wm_next(lc, g, D, DC, KS);
+            } else if (++lp > lc.c.d1) {
+                lc.it += gridDim.x;
+                lc.live = lc.it < g.items;
+                if (lc.live) {
+                    lc.c = col_item(g, lc.it, D, DC);
+                    lp = lc.c.d0 - 1;
+                }
+            }
+        };
+        St prev = cur();
         load(prev, 0);
-        wm_next(lc, g, D, DC, KS);
+        adv();
         int s = 1;
         for (; lc.live; s++) {
             const int buf = s % WM_NS;
-            if (s >= WM_NS) nb_sync(WS_EMPTY(buf), 256);  // stage s - WM_NS's MMAs are done
+            if (s >= WM_NS) nb_sync(WS_EMPTY(buf), 256);  // load s - WM_NS's last MMAs are done
             wm_cp_wait<0>();
             xform(prev, (s - 1) % WM_NS);
             nb_arrive(WS_FULL((s - 1) % WM_NS), 256);
-            prev = plan(lc);
+            prev = cur();
             load(prev, buf);
-            wm_next(lc, g, D, DC, KS);
+            adv();
         }
         wm_cp_wait<0>();
         xform(prev, (s - 1) % WM_NS);
@@ -520,6 +545,10 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
     int wb = 0;
     // with gn.ys (threads t < 64: channel ms * 64 + t): the item's statistics so far
     float rm = 0.0f, rM2 = 0.0f, rc = 0.0f;
+    // reuse: the load number of the current item's first plane; the previous stage's buffer and
+    // whether that stage was its plane's last use
+    int base = 0, pbuf = 0;
+    bool plast = false;
     for (int q = 0; cu.live;) {
         const ColItem pc = cu.c;
         const int pd = cu.d;
@@ -537,8 +566,12 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
             wm_cp_commit();
         }
         for (int k = 0; k < KS; k++, q++) {
-            nb_sync(WS_FULL(q % WM_NS), 256);
-            const u32 sb = sbase + (q % WM_NS) * WM_STAGE;
+            // reuse (KS = 3, k = kd): plane pd + k - 1 is load base + pd - d0 + k, first used by
+            // output plane max(d0, plane - 1) and last by min(d1 - 1, plane + 1)
+            const int buf = reuse ? (base + pd - pc.d0 + k) % WM_NS : q % WM_NS;
+            const bool first = !reuse || k == 2 || pd == pc.d0, last = !reuse || k == 0 || pd == pc.d1 - 1;
+            if (first) nb_sync(WS_FULL(buf), 256);
+            const u32 sb = sbase + buf * WM_STAGE;
 #pragma unroll
             for (int tap = 0; tap < 9; tap++) {
                 const int kh = tap / 3, kw = tap % 3;
@@ -550,16 +583,20 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
                 wm_commit();
                 wm_wait<1>(d);
                 // the previous stage's last MMAs are done: its buffer goes back to the producer
-                if (tap == 0 && q > 0) nb_arrive(WS_EMPTY((q - 1) % WM_NS), 256);
+                // after its plane's last use
+                if (tap == 0 && q > 0 && plast) nb_arrive(WS_EMPTY(pbuf), 256);
                 int nx = wb + (tap + 2) * 4;
                 nx = nx >= period ? nx - period : nx;
 #pragma unroll
                 for (int ks = 0; ks < 4; ks++) fr[(tap + 2) % 3][ks] = wp[(nx + ks) * 128];
             }
+            pbuf = buf;
+            plast = last;
             wm_next(cu, g, D, DC, KS);
             wb += 36;
             wb = wb >= period ? wb - period : wb;
         }
+        if (reuse && (!cu.live || cu.it != pit)) base += pc.d1 - pc.d0 + 2;
         wm_wait<0>(d);
         if (accum) wm_cp_wait<0>();
         nb_sync(WS_EPI, 128);  // the old output landed (every consumer thread's copies)
@@ -694,9 +731,10 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     conv3d_wgmma_fwd_gn(const bf16* x, const uint4* wp, const float* b, bf16* y, const bf16* z, int N, int CI,
                         int CO, int D, int H, int W, int DC, int accum, const float* mean, const float* rstd,
                         const float* gamma, const float* beta, const float* off, int G, const bf16* x2, int CA,
-                        float* ys) {
+                        float* ys, int reuse) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G, x2, CA, ys});
+    wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G, x2, CA, ys},
+                  reuse);
 #endif
 }
 

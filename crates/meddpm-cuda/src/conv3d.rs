@@ -345,6 +345,10 @@ pub(crate) struct ConvCache {
     /// `conv3d_wgmma` (true, the default), or the two calls (`MEDDPM_WGMMA_GN=0`, A/B benchmarks;
     /// docs/perf/h200-2026-12-02c).
     pub(crate) wgmma_gn: bool,
+    /// `conv3d_wgmma_fwd_gn` with 64 input channels loads and transforms each input plane once
+    /// for the three output planes that read it (true, the default), or once per output plane
+    /// (`MEDDPM_WGMMA_REUSE=0`, A/B benchmarks).
+    pub(crate) wgmma_reuse: bool,
     /// Of `wgmma_runs`, those with the GroupNorm+SiLU prologue (tests).
     pub(crate) wgmma_gn_runs: u64,
     /// The weight gradients of the wide convs may run on `conv3d_wgmma_wgrad` (true, the default:
@@ -475,6 +479,7 @@ impl ConvCache {
             wgmma: HashMap::new(),
             wgmma_runs: 0,
             wgmma_gn: std::env::var("MEDDPM_WGMMA_GN").map_or(true, |v| v != "0"),
+            wgmma_reuse: std::env::var("MEDDPM_WGMMA_REUSE").map_or(true, |v| v != "0"),
             wgmma_gn_runs: 0,
             wgmma_wgrad: std::env::var("MEDDPM_WGMMA_WGRAD").map_or(true, |v| v != "0"),
             wgmma_wgrad_runs: 0,
@@ -1253,6 +1258,7 @@ pub(crate) fn gn_wgmma_forward(
         x2: x2.map_or(0, |(b2, _)| dev.ptr(b2)),
         ca: x2.map_or(0, |(_, ca)| ca),
         ys: 0,
+        reuse: cache.wgmma_reuse,
     };
     let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
     let ptrs = (dev.ptr(inp), dev.ptr(w), bp, dev.ptr_mut(out), zp);

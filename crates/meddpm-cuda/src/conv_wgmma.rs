@@ -112,7 +112,7 @@ pub(crate) fn run_gn(
             assert!(gn_fits(x, g.groups), "conv3d_wgmma_fwd_gn {x} groups {}: table does not fit", g.groups);
             assert!(g.x2 == 0 || (g.ca.is_multiple_of(64) && g.ca < ci), "conv3d_wgmma_fwd_gn: parts at {}", g.ca);
             args.extend([P(g.mean), P(g.rstd), P(g.gamma), P(g.beta), P(g.off), I(g.groups as i32)]);
-            args.extend([P(g.x2), I(g.ca as i32), P(g.ys)]);
+            args.extend([P(g.x2), I(g.ca as i32), P(g.ys), I(g.reuse as i32)]);
             ("conv3d_wgmma_fwd_gn", SMEM + gn_table(x) + YSUMS)
         }
         None if tw => ("conv3d_wgmma_dgrad", SMEM),
@@ -140,6 +140,9 @@ pub(crate) struct GnPro {
     /// Stage-1 GroupNorm statistics of the output as stored (0: none): (mean, M2, count) per
     /// column item and output channel, [`items`] × Cout × 3 floats.
     pub ys: u64,
+    /// With 64 input channels, each input plane loaded and transformed once for the three output
+    /// planes that read it (the kernel's window of planes) instead of once per output plane.
+    pub reuse: bool,
 }
 
 /// Shared memory of `conv3d_wgmma_fwd_gn`'s output statistics (WM_YSUMS): the four MMA warps'

@@ -488,7 +488,7 @@ fn wgmma_wgrad_bf16_parity() {
 
 /// `conv3d_wgmma_fwd_gn` (`groupnorm_silu_conv3d_fused`): the conv over silu(GN(x + off)) with the
 /// GroupNorm+SiLU applied to the staged input in shared memory. Odd volumes (tiles cut by H and W,
-/// the padding planes), Cin 64/128/192 with 32 groups (2, 4, 6 channels a group), with and
+/// the padding planes, more column items than SMs), Cin 64/128/192 with 32 groups (2, 4, 6 channels a group), with and
 /// without the input offset, statistics computed (fresh) or given; the four output forms the
 /// U-Net uses: overwritten without a bias, accumulated, accumulated with a bias, conv + b + z.
 /// Checked against the CPU's GroupNorm+SiLU then conv (tolerance `BF`), the statistics against
@@ -507,6 +507,9 @@ fn wgmma_gn_conv_bf16_parity() {
         (Dims::new(2, 128, 4, 33, 17), 64, false, false),
         (Dims::new(1, 64, 3, 7, 10), 128, true, false),
         (Dims::new(2, 192, 3, 5, 6), 64, true, true),
+        // 136 column items on an H200's 132 SMs: blocks that run two items (the 64-channel
+        // kernel's window of input planes restarts at each item)
+        (Dims::new(2, 64, 5, 33, 272), 64, false, true),
     ];
     g.set_wgmma(Some(true));
     g.set_wgmma_gn(true);
