@@ -25,7 +25,8 @@
 #            vs batch 1 volumes/s (~8–9 min; $OUT/study64.tar.gz holds docs/ for docs/eval/samplers-64)
 #   ncu      Nsight Compute (--set full) on the kernels matching $NCU_KERNELS (regex), the first
 #            $NCU_COUNT (default 4) launches, over one whole-head bf16 NDHWC bench step without
-#            graphs ($NCU_ENV: extra environment, e.g. MEDDPM_SMALL_CONV=0); details page as CSV
+#            graphs ($NCU_ENV: extra environment, e.g. MEDDPM_SMALL_CONV=0); details page as CSV, the
+#            per-SASS-instruction source page and the raw stall and tensor-pipe counters
 #   quick    a fused path's check in about two minutes (the twentieth session's one call): the
 #            parity_bf16 tests named in $TESTS (default: the fused-conv and U-Net ones), then
 #            whole-head bf16 NDHWC bench alternated twice with $AB_ENV set (e.g.
@@ -132,6 +133,13 @@ for part in "$@"; do
         "$BIN/meddpm" bench --device cuda --preset whole-head --precision bf16 --layout ndhwc --iters 1 \
         --warmup 0 --no-graphs 2>&1 | grep -vE '^==PROF==' | tail -5
       ncu --import "$RES/ncu.ncu-rep" --page details --csv >"$RES/details.csv"
+      # per-SASS-instruction samples (where the warps stall) and the raw stall counters
+      ncu --import "$RES/ncu.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$RES/source-sass.csv.gz"
+      ncu --import "$RES/ncu.ncu-rep" --page raw --csv 2>/dev/null | python3 -c '
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+keep = [i for i, n in enumerate(rows[0]) if i < 12 or "stall" in n or "pipe_tensor" in n or "inst_executed" in n]
+csv.writer(sys.stdout).writerows([[r[i] for i in keep if i < len(r)] for r in rows])' >"$RES/raw-stalls.csv"
       ncu --import "$RES/ncu.ncu-rep" --page details --csv 2>/dev/null | python3 -c '
 import csv, sys
 rows = list(csv.DictReader(sys.stdin))

@@ -345,8 +345,8 @@ pub(crate) struct ConvCache {
     /// `conv3d_wgmma` (true, the default), or the two calls (`MEDDPM_WGMMA_GN=0`, A/B benchmarks;
     /// docs/perf/h200-2026-12-02c).
     pub(crate) wgmma_gn: bool,
-    /// `conv3d_wgmma_fwd_gn` with 64 input channels loads and transforms each input plane once
-    /// for the three output planes that read it (true, the default), or once per output plane
+    /// `conv3d_wgmma_*` with 64 input channels load (and transform) each input plane once for the
+    /// three output planes that read it (true, the default), or once per output plane
     /// (`MEDDPM_WGMMA_REUSE=0`, A/B benchmarks).
     pub(crate) wgmma_reuse: bool,
     /// Of `wgmma_runs`, those with the GroupNorm+SiLU prologue (tests).
@@ -1113,7 +1113,17 @@ fn wgmma_forward(
     let (xp, wp, wbf) = (dev.ptr(inp), dev.ptr(w), w.dtype() == DType::Bf16);
     let acc = if add { Accum::Add } else { Accum::Overwrite };
     let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
-    crate::conv_wgmma::run(dev, (xp, wp, bp, dev.ptr_mut(out), zp), wbf, cs.x, cs.cout, acc, false, T_WPF);
+    crate::conv_wgmma::run(
+        dev,
+        (xp, wp, bp, dev.ptr_mut(out), zp),
+        wbf,
+        cs.x,
+        cs.cout,
+        acc,
+        false,
+        cache.wgmma_reuse,
+        T_WPF,
+    );
     cache.wgmma_runs += 1;
     true
 }
@@ -1134,7 +1144,7 @@ fn wgmma_fwd_chosen(
     let acc = if add { Accum::Add } else { Accum::Overwrite };
     wgmma_decided(dev, cache, cs, (Dir::Fwd, add), worth, len, |cache, ours, tp| {
         if ours {
-            crate::conv_wgmma::run(dev, (xp, wp, 0, tp, 0), wbf, cs.x, cs.cout, acc, false, T_WPF);
+            crate::conv_wgmma::run(dev, (xp, wp, 0, tp, 0), wbf, cs.x, cs.cout, acc, false, cache.wgmma_reuse, T_WPF);
         } else {
             let wc = operand(dev, w, DType::Bf16, T_W);
             // cudnnFind (first use) writes its output: here the scratch
@@ -1248,6 +1258,7 @@ pub(crate) fn gn_wgmma_forward(
         require_f32("conv3d bias", &[b]);
     }
     *cache.fwd_calls.entry(cs).or_insert(0) += 1;
+    let reuse = cache.wgmma_reuse;
     let gn = crate::conv_wgmma::GnPro {
         mean: dev.ptr(mean),
         rstd: dev.ptr(rstd),
@@ -1258,18 +1269,17 @@ pub(crate) fn gn_wgmma_forward(
         x2: x2.map_or(0, |(b2, _)| dev.ptr(b2)),
         ca: x2.map_or(0, |(_, ca)| ca),
         ys: 0,
-        reuse: cache.wgmma_reuse,
     };
     let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
     let ptrs = (dev.ptr(inp), dev.ptr(w), bp, dev.ptr_mut(out), zp);
     let wbf = w.dtype() == DType::Bf16;
     match ystats {
-        None => crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), T_WPF),
+        None => crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), reuse, T_WPF),
         Some((ym, yr, yoff, yg)) => {
             let items = crate::conv_wgmma::items(dev, x);
             let part = dev.scratch(items * cs.cout * 3);
             let gn = crate::conv_wgmma::GnPro { ys: dev.ptr(&*part), ..gn };
-            crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), T_WPF);
+            crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), reuse, T_WPF);
             let od = cs.out();
             crate::groupnorm::finalize_stats_counted(dev, dev.ptr(&*part), yoff, (ym, yr), od, yg, items / x.n);
             cache.wgmma_ystats_runs += 1;
@@ -2316,13 +2326,23 @@ fn data_grad(
         let add = acc == Accum::Add;
         let ours = wgmma_decided(dev, cache, cs, (Dir::BwdData, add), worth, dx.len(), |cache, ours, tp| {
             if ours {
-                crate::conv_wgmma::run(dev, (dyp, wp, 0, tp, 0), wbf, yd, cs.x.c, acc, true, T_WPD);
+                crate::conv_wgmma::run(dev, (dyp, wp, 0, tp, 0), wbf, yd, cs.x.c, acc, true, cache.wgmma_reuse, T_WPD);
             } else {
                 cudnn_dgrad(dev, cache, tp, DType::Bf16, acc, w, dyp, cs);
             }
         });
         if ours {
-            crate::conv_wgmma::run(dev, (dyp, wp, 0, dev.ptr_mut(dx), 0), wbf, yd, cs.x.c, acc, true, T_WPD);
+            crate::conv_wgmma::run(
+                dev,
+                (dyp, wp, 0, dev.ptr_mut(dx), 0),
+                wbf,
+                yd,
+                cs.x.c,
+                acc,
+                true,
+                cache.wgmma_reuse,
+                T_WPD,
+            );
             cache.wgmma_runs += 1;
             return;
         }

@@ -54,7 +54,9 @@ pub(crate) fn worth(dev: &Device, x: Dims, co: usize) -> bool {
 /// forward (`tw` false); for the data gradient (`tw` true, x = the output gradient) w is the
 /// forward conv's (x.c, 27, co) weight and w'[o, t, i] = w[i, 26 − t, o]. `bp` = 0: no bias.
 /// The weights are packed into `conv3d_wgmma`'s fragment order first (a kept temporary of
-/// co · x.c · 27 bf16).
+/// co · x.c · 27 bf16). `reuse`: with 64 input channels each input plane is loaded (and
+/// transformed) once for the three output planes that read it, a window of planes in the
+/// kernel's ring, instead of once per output plane (`ConvCache::wgmma_reuse`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     dev: &Device,
@@ -64,9 +66,10 @@ pub(crate) fn run(
     co: usize,
     acc: Accum,
     tw: bool,
+    reuse: bool,
     slot: u8,
 ) {
-    run_gn(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, None, slot)
+    run_gn(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, None, reuse, slot)
 }
 
 /// [`run`], and with `gn` the forward of silu(GN(x + off)) (`conv3d_wgmma_fwd_gn`: the
@@ -81,6 +84,7 @@ pub(crate) fn run_gn(
     acc: Accum,
     tw: bool,
     gn: Option<GnPro>,
+    reuse: bool,
     slot: u8,
 ) {
     use Arg::{I, P};
@@ -112,15 +116,16 @@ pub(crate) fn run_gn(
             assert!(gn_fits(x, g.groups), "conv3d_wgmma_fwd_gn {x} groups {}: table does not fit", g.groups);
             assert!(g.x2 == 0 || (g.ca.is_multiple_of(64) && g.ca < ci), "conv3d_wgmma_fwd_gn: parts at {}", g.ca);
             args.extend([P(g.mean), P(g.rstd), P(g.gamma), P(g.beta), P(g.off), I(g.groups as i32)]);
-            args.extend([P(g.x2), I(g.ca as i32), P(g.ys), I(g.reuse as i32)]);
+            args.extend([P(g.x2), I(g.ca as i32), P(g.ys), I(reuse as i32)]);
             ("conv3d_wgmma_fwd_gn", SMEM + gn_table(x) + YSUMS)
         }
-        None if tw => ("conv3d_wgmma_dgrad", SMEM),
-        None => ("conv3d_wgmma_fwd", SMEM),
+        None => {
+            args.push(I(reuse as i32));
+            (if tw { "conv3d_wgmma_dgrad" } else { "conv3d_wgmma_fwd" }, SMEM)
+        }
     };
-    // the GroupNorm kernel has a producer warpgroup beside the MMA warpgroup
-    let threads = if gn.is_some() { 256 } else { 128 };
-    dev.launch_shared(name, (grid as u32, (co / 64) as u32, 1), (threads, 1, 1), smem, &args);
+    // a producer warpgroup beside the MMA warpgroup
+    dev.launch_shared(name, (grid as u32, (co / 64) as u32, 1), (256, 1, 1), smem, &args);
 }
 
 /// The GroupNorm+SiLU prologue of `conv3d_wgmma_fwd_gn` (device pointers): the statistics
@@ -140,9 +145,6 @@ pub(crate) struct GnPro {
     /// Stage-1 GroupNorm statistics of the output as stored (0: none): (mean, M2, count) per
     /// column item and output channel, [`items`] × Cout × 3 floats.
     pub ys: u64,
-    /// With 64 input channels, each input plane loaded and transformed once for the three output
-    /// planes that read it (the kernel's window of planes) instead of once per output plane.
-    pub reuse: bool,
 }
 
 /// Shared memory of `conv3d_wgmma_fwd_gn`'s output statistics (WM_YSUMS): the four MMA warps'

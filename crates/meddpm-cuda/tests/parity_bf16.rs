@@ -340,7 +340,8 @@ fn conv3d_bf16_parity() {
 /// The wide 3×3×3 convs on the warpgroup MMA (`conv3d_wgmma_fwd` / `_dgrad`, NDHWC, sm_90 only),
 /// forced on: tiles of 32 (h) × 8 (w) cut by H = 35 / 33 / 7 and W = 9 / 17 / 10; Cin 64, 128
 /// and 192 (one to three 64-channel stages a plane); Cout 64 and 128 (two 64-channel slices; its
-/// data gradient reads 128 channels of dy); batch 2; D = 3…5 with the work items' chunks of d.
+/// data gradient reads 128 channels of dy); batch 2; D = 3…5 with the work items' chunks of d;
+/// more work items than SMs (W = 272).
 /// Forward with a bias, accumulated with and without one, conv + b + z; the data gradient
 /// overwritten and accumulated (`conv3d_backward_data`, and within `conv3d_backward`). The
 /// kernel's run counter proves it computed every call, and that an NCDHW backend never runs it.
@@ -355,6 +356,9 @@ fn wgmma_conv_bf16_parity() {
         (Dims::new(2, 128, 4, 33, 17), 64),
         (Dims::new(1, 64, 3, 7, 10), 128),
         (Dims::new(1, 192, 3, 5, 6), 64),
+        // more column items than an H200's 132 SMs: blocks that run two items (the window of
+        // input planes, 64 channels, restarts at each item)
+        (Dims::new(2, 64, 5, 33, 272), 64),
     ];
     g.set_wgmma(Some(true));
     for (i, (xd, co)) in cases.into_iter().enumerate() {
