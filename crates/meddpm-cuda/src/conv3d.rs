@@ -345,12 +345,12 @@ pub(crate) struct ConvCache {
     /// `conv3d_wgmma` (true, the default), or the two calls (`MEDDPM_WGMMA_GN=0`, A/B benchmarks;
     /// docs/perf/h200-2026-12-02c).
     pub(crate) wgmma_gn: bool,
+    /// Of `wgmma_runs`, those with the GroupNorm+SiLU prologue (tests).
+    pub(crate) wgmma_gn_runs: u64,
     /// `conv3d_wgmma_*` with 64 input channels load (and transform) each input plane once for the
     /// three output planes that read it (true, the default), or once per output plane
     /// (`MEDDPM_WGMMA_REUSE=0`, A/B benchmarks).
     pub(crate) wgmma_reuse: bool,
-    /// Of `wgmma_runs`, those with the GroupNorm+SiLU prologue (tests).
-    pub(crate) wgmma_gn_runs: u64,
     /// The weight gradients of the wide convs may run on `conv3d_wgmma_wgrad` (true, the default:
     /// timed against cuDNN's as the other directions, or forced by `force_wgmma`), or never
     /// (`MEDDPM_WGMMA_WGRAD=0`, A/B benchmarks).
@@ -479,8 +479,8 @@ impl ConvCache {
             wgmma: HashMap::new(),
             wgmma_runs: 0,
             wgmma_gn: std::env::var("MEDDPM_WGMMA_GN").map_or(true, |v| v != "0"),
-            wgmma_reuse: std::env::var("MEDDPM_WGMMA_REUSE").map_or(true, |v| v != "0"),
             wgmma_gn_runs: 0,
+            wgmma_reuse: std::env::var("MEDDPM_WGMMA_REUSE").map_or(true, |v| v != "0"),
             wgmma_wgrad: std::env::var("MEDDPM_WGMMA_WGRAD").map_or(true, |v| v != "0"),
             wgmma_wgrad_runs: 0,
             cat_free: std::env::var("MEDDPM_CAT_FREE").map_or(true, |v| v != "0"),
