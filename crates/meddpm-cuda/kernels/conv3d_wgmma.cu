@@ -27,14 +27,14 @@
 // Stages (64 channels of one input plane d + kd - 1, kd = 0..2, channel group cg) stream through a
 // ring of WM_NS buffers with cp.async (16-byte copies, zero-filled outside the volume), up to
 // three stages ahead; with 64 input channels the ring is a window of input planes, each loaded
-// once for the three output planes that read it (see wgmma_gn_body).
+// once for the three output planes that read it (see wgmma_conv_body).
 // After the 3 * CI/64 stages of an output plane the sums plus the bias (plus, with accum, the old
 // output or z, loaded into the staging rows while the plane's MMAs run), rounded to bf16 once,
 // go through shared memory (stmatrix .trans: voxel rows of 64 channels) to 16-byte stores (the
 // first version staged f32 sums 32 channels at a time, with four barriers a plane).
 // Work items: columns of WM_TH x WM_TW voxels cut into chunks of DC planes (col_grid / col_item of
 // conv3d.cu, the host's col_items), persistent blocks, one a SM (WM_SMEM bytes of shared memory).
-// One body (wgmma_gn_body) serves the forward, the data gradient and the forward with the
+// One body (wgmma_conv_body) serves the forward, the data gradient and the forward with the
 // GroupNorm+SiLU prologue.
 // conv3d_wgmma_wgrad (at the end of the file) is the weight gradient of the same convs, its own
 // GEMM view (voxels on K, both operands transposed in shared memory); its twin is the CPU
@@ -221,9 +221,9 @@ __device__ __forceinline__ void wm_sts16(u32 a, uint4 v) {
     asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
 }
-__device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, const float* b, bf16* y,
-                                              const bf16* z, int N, int CI, int CO, int D, int H, int W, int DC,
-                                              int accum, WmGn gn, int reuse) {
+__device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, const float* b, bf16* y,
+                                                const bf16* z, int N, int CI, int CO, int D, int H, int W, int DC,
+                                                int accum, WmGn gn, int reuse) {
     extern __shared__ __align__(1024) unsigned char wm_smem[];
     const int CG = CI / 64, KS = 3 * CG, period = KS * 36;
     reuse = reuse && CG == 1;
@@ -373,7 +373,7 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
         for (int r = max(0, s - WM_NS); r <= s - 2; r++) nb_sync(WS_EMPTY(r % WM_NS), 256);
         return;
     }
-    // ---- consumer: the MMA loop and the epilogue of wgmma_conv_body
+    // ---- consumer: the MMA loop and the epilogue
     wp += (i64)ms * period * 128 + t;
     float d[128];
 #pragma unroll
@@ -559,7 +559,7 @@ __device__ __forceinline__ void wgmma_gn_body(const bf16* x, const uint4* wp, co
 // y's shape: conv + b + z) or, z null, to y itself; reuse: the window of input planes (64 input
 // channels)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WM_BODY wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{}, reuse)
+#define WM_BODY wgmma_conv_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{}, reuse)
 #else
 #define WM_BODY
 #endif
@@ -579,7 +579,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                         const float* gamma, const float* beta, const float* off, int G, const bf16* x2, int CA,
                         float* ys, int reuse) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_gn_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G, x2, CA, ys},
+    wgmma_conv_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{mean, rstd, gamma, beta, off, G, x2, CA, ys},
                   reuse);
 #endif
 }
