@@ -741,6 +741,208 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
 #endif
 }
+// -- conv3d_wgmma_wgrad_tf32: the same weight gradient for TF32 (f32 NDHWC x and dy, each operand
+// rounded to TF32 (cvt.rna, as cuDNN's TF32 convs read them), f32 sums). wgmma's tf32 form takes
+// no transposed shared-memory operand: K must be contiguous in memory, and K is the voxels here
+// while NDHWC keeps a voxel's channels contiguous. So the roles change:
+//   A = x (M = the 64 input channels of group cg, K = 8 voxels of a halo row, shifted by kw) in
+//     registers, loaded from the halo plane as it was copied (two 8-byte loads a thread: a pair of
+//     channels at two voxels; a tap's shift is only an address);
+//   B = dy^T (N = the 64 output channels of slice ms, K = a tile row's 8 voxels) in shared memory,
+//     K-major and 128-byte swizzled (rows of 32 voxels, 8 KB a 32-voxel block): each stage's dy
+//     tile, copied as stored, is transposed into it by all threads, rounded to TF32 on the way.
+// Warpgroup g takes the taps kw = g; the A fragment of halo row r serves its three taps kh (output
+// tile row s = r - kh): up to three m64n64k8 MMAs into three sets of sums (96 f32 a thread), each
+// halo row read once. Output tile 16 x 8 (halo plane 18 x 10 voxels of 256 bytes); two stages of
+// (dy tile, halo plane) as stored, loaded with cp.async one tile ahead, and two transposed dy
+// tiles: 218 KB. A's rows are the channels permuted: logical row 16 w + q (+ 8) of warp w is
+// channel 16 w + 2 q (+ 1), so a thread's two rows are one 8-byte load (the epilogue maps back).
+// Swizzles (16-byte chunk c of a 256-byte voxel row v): the dy copy at c ^ (v & 7) (the
+// transposition's 16-byte loads, eight voxels apart, hit distinct banks), the halo plane at
+// c ^ ((v & 3) << 1) (the A loads of four consecutive voxels spread over all 32 banks).
+// Same partial-dW output and grid as conv3d_wgmma_wgrad: (P chunks, 3 * CI / 64, CO / 64), 384
+// threads, WT_SMEM bytes of dynamic shared memory.
+#define WT_TH 16
+#define WT_TW 8
+#define WT_PW (WT_TW + 2)                 // 10 halo voxels a row
+#define WT_PL ((WT_TH + 2) * WT_PW)       // 180 halo voxels a plane
+#define WT_DY (WT_TH * WT_TW * 256)       // a dy tile of 64 f32 channels (32768 bytes), either form
+#define WT_STAGE (WT_DY + WT_PL * 256)    // + the halo plane (46080 bytes): 78848, a multiple of 1 KB
+#define WT_SMEM (2 * WT_DY + 2 * WT_STAGE)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WT_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+// d (+)= A * B, m64n64k8, A (tf32) from registers, B from shared memory (K-major); acc = 0
+// overwrites
+__device__ __forceinline__ void wt_mma(float* d, const u32* a, u64 desc, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        : WT_R8(0), WT_R8(8), WT_R8(16), WT_R8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+}
+#undef WT_R8
+__device__ __forceinline__ u32 wt_rna(float v) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+    return r;
+}
+#endif
+extern "C" __global__ void __launch_bounds__(384, 1)
+    conv3d_wgmma_wgrad_tf32(const float* x, const float* dy, float* part, int N, int CI, int CO, int D, int H, int W) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char wm_smem[];
+    const int CG = CI / 64, kd = blockIdx.y / CG, cg = blockIdx.y - kd * CG, ms = blockIdx.z;
+    const int tid = threadIdx.x, kw = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int hb = (H + WT_TH - 1) / WT_TH, wb = (W + WT_TW - 1) / WT_TW;
+    // this block's run of tiles (n, d, h0, w0), w fastest, the same for every (kd, cg, ms)
+    const i64 T = (i64)N * D * hb * wb;
+    const i64 i0 = T * blockIdx.x / gridDim.x;
+    const int cnt = (int)(T * (blockIdx.x + 1) / gridDim.x - i0);
+    const u32 sbase = (u32)__cvta_generic_to_shared(wm_smem);
+    // shared memory: the transposed dy tiles at 0 and WT_DY, stage s at 2 WT_DY + s WT_STAGE (dy as
+    // stored, then the halo plane)
+    // Copies: this thread's 16-byte chunk c of voxel rows v0 + 24 j (24 is 0 mod 8: every row's
+    // swizzle is v0's, the destinations one offset + 6144 j): dy rows j < 5, j = 5 for v0 < 8
+    // (warps 0-3); halo rows j < 7, j = 7 for v0 < 12 (warps 0-5): warp-uniform branches
+    const int c = tid & 15, v0 = tid >> 4;
+    const u32 ydst = v0 * 256 + ((c ^ (v0 & 7)) << 4), xdst = WT_DY + v0 * 256 + ((c ^ ((v0 & 3) << 1)) << 4);
+    const int yh = v0 >> 3, yw = v0 & 7;
+    u32 xhw[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int r = min(v0 + 24 * j, WT_PL - 1);
+        xhw[j] = (u32)((r / WT_PW) * 16 + r % WT_PW);
+    }
+    int lw, lh, ld, ln;
+    {
+        const i64 it = i0;
+        lw = (int)(it % wb);
+        lh = (int)((it / wb) % hb);
+        const i64 nd = it / ((i64)wb * hb);
+        ld = (int)(nd % D);
+        ln = (int)(nd / D);
+    }
+    auto load = [&](int i, int buf) {
+        if (i < cnt) {
+            const int w0 = lw * WT_TW, h0 = lh * WT_TH, dd = ld + kd - 1;
+            const bool pin = dd >= 0 && dd < D;
+            const u32 sa = sbase + 2 * WT_DY + buf * WT_STAGE;
+            const float* yb = dy + ((((i64)ln * D + ld) * H + h0 + yh) * W + w0 + yw) * CO + ms * 64 + c * 4;
+            const bool wok = w0 + yw < W;
+            auto ycopy = [&](int j) {
+                const bool ok = wok && h0 + yh + 3 * j < H;
+                wm_cp16(sa + ydst + 6144 * j, ok ? yb + 3 * j * W * CO : dy, ok);
+            };
+#pragma unroll
+            for (int j = 0; j < 5; j++) ycopy(j);
+            if (v0 < 8) ycopy(5);
+            const float* xb = x + ((((i64)ln * D + dd) * H + h0 - 1) * W + w0 - 1) * CI + cg * 64 + c * 4;
+            auto xcopy = [&](int j) {
+                const int hh = (int)(xhw[j] >> 4), ww = (int)(xhw[j] & 15);
+                const bool ok = pin && (unsigned)(h0 - 1 + hh) < (unsigned)H && (unsigned)(w0 - 1 + ww) < (unsigned)W;
+                wm_cp16(sa + xdst + 6144 * j, ok ? xb + (hh * W + ww) * CI : x, ok);
+            };
+#pragma unroll
+            for (int j = 0; j < 7; j++) xcopy(j);
+            if (v0 < 12) xcopy(7);
+            if (++lw == wb) {
+                lw = 0;
+                if (++lh == hb) {
+                    lh = 0;
+                    if (++ld == D) {
+                        ld = 0;
+                        ln++;
+                    }
+                }
+            }
+        }
+        wm_cp_commit();
+    };
+    // A loads: channels cc, cc + 1 of halo voxels 10 r + kw + t4 (+ 4); the swizzle phase of
+    // voxel v is v & 3, (2 r + kw + t4) & 3: offsets for even and odd r (the + 4 voxel has the same
+    // phase, 1024 bytes on)
+    const int q = lane >> 2, t4 = lane & 3, cc = 16 * warp + 2 * q, u = kw + t4;
+    u32 aoff[2];
+#pragma unroll
+    for (int p = 0; p < 2; p++) aoff[p] = u * 256 + ((((cc >> 2) ^ (((u + 2 * p) & 3) << 1)) << 4) | ((cc & 3) * 4));
+    // transposition task k (of 64): 32-voxel block k >> 4, channels 4 (k & 15) .. + 3, voxel = lane
+    const int tw = tid >> 5;
+    float d[96];  // set by each set's first MMA (tile 0, s = 0: scale-d 0); cnt >= 1
+    load(0, 0);
+    load(1, 1);
+    for (int i = 0; i < cnt; i++) {
+        const int buf = i & 1;
+        wm_cp_wait<1>();  // tile i landed (tile i + 1's copies may still fly)
+        __syncthreads();  // for everyone; and everyone's MMAs of tile i - 2 (this dyT buffer) are done
+        const unsigned char* st = wm_smem + 2 * WT_DY + buf * WT_STAGE;
+        unsigned char* yt = wm_smem + buf * WT_DY;
+        for (int k = tw; k < 64; k += 12) {
+            const int a = k >> 4, cq = k & 15, v = a * 32 + lane;
+            const float4 f = *reinterpret_cast<const float4*>(st + v * 256 + ((cq ^ (v & 7)) << 4));
+            const float fv[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int co = 4 * cq + e;
+                *reinterpret_cast<u32*>(yt + a * 8192 + co * 128 + ((((lane >> 2) ^ (co & 7))) << 4) + (lane & 3) * 4) =
+                    wt_rna(fv[e]);
+            }
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        const unsigned char* xs = st + WT_DY;
+        const u64 db = wm_desc_at(sbase + buf * WT_DY, 16, 1024);
+        u32 a[3][4];
+        ww_wait<2>(d);  // the previous tile's row 15 (A set 0) is done
+        auto aload = [&](int r, u32* s) {
+            const unsigned char* p = xs + r * (WT_PW * 256) + aoff[r & 1];
+            const float2 lo = *reinterpret_cast<const float2*>(p), hi = *reinterpret_cast<const float2*>(p + 1024);
+            s[0] = wt_rna(lo.x);
+            s[1] = wt_rna(lo.y);
+            s[2] = wt_rna(hi.x);
+            s[3] = wt_rna(hi.y);
+        };
+        aload(0, a[0]);
+#pragma unroll
+        for (int r = 0; r < WT_TH + 2; r++) {
+            if (r + 1 < WT_TH + 2) {
+                ww_wait<1>(d);  // row r - 2's MMAs (A set (r + 1) % 3) are done
+                aload(r + 1, a[(r + 1) % 3]);
+            }
+            wm_fence();
+#pragma unroll
+            for (int kh = 0; kh < 3; kh++) {
+                const int s = r - kh;
+                if (s >= 0 && s < WT_TH) wt_mma(d + 32 * kh, a[r % 3], db + (u64)(((s >> 2) * 8192 + (s & 3) * 32) >> 4), i > 0 || s > 0);
+            }
+            wm_commit();
+        }
+        __syncthreads();  // everyone's A loads of this stage are done: its buffer is free
+        load(i + 2, buf);
+    }
+    ww_wait<0>(d);
+    wm_cp_wait<0>();
+    // the partial sums: set kh's m64n64 at d[32 kh + 4 j + 2 i + e] = (logical row 16 warp + q + 8 i:
+    // channel cc + i, column 8 j + 2 t4 + e: output channel)
+    float* pb = part + (i64)blockIdx.x * CO * 27 * CI;
+#pragma unroll
+    for (int kh = 0; kh < 3; kh++) {
+        const int t = kd * 9 + kh * 3 + kw, ci = cg * 64 + cc;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int co = ms * 64 + 8 * j + 2 * t4 + e;
+                *reinterpret_cast<float2*>(pb + ((i64)co * 27 + t) * CI + ci) =
+                    make_float2(d[32 * kh + 4 * j + e], d[32 * kh + 4 * j + 2 + e]);
+            }
+        }
+    }
+#endif
+}
 // dw[i] += sum over chunks k < P of part[k * L + i] (k in order), float4 at a time; L a multiple of 4
 extern "C" __global__ void conv3d_wgmma_wgrad_sum(const float* part, float* dw, i64 L, int P) {
     const i64 L4 = L / 4;

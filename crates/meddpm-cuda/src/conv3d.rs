@@ -2222,13 +2222,16 @@ fn cudnn_wgrad(dev: &Device, cache: &mut ConvCache, dw: u64, xp: u64, dyp: u64, 
     }
 }
 
-/// Whether `conv3d_wgmma_wgrad` computes the weight gradient of `cs` (bf16 operands, NDHWC): it
-/// fits ([`crate::conv_wgmma::fits`]), is allowed (`wgmma_wgrad`), and is forced or timed faster
-/// than cuDNN's ([`wgmma_decided`], a scratch f32 dW of the weight's length).
+/// Whether `conv3d_wgmma_wgrad` (bf16) or `conv3d_wgmma_wgrad_tf32` (TF32: f32 operands) computes
+/// the weight gradient of `cs` (NDHWC): it fits ([`crate::conv_wgmma::wgrad_fits`]), the
+/// precision has a kernel (bf16 or TF32; fp32 keeps its exact FMA sums), it is allowed
+/// (`wgmma_wgrad`), and it is forced or timed faster than cuDNN's ([`wgmma_decided`], a scratch
+/// f32 dW of the weight's length).
 fn wgmma_wgrad_chosen(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u64, dyp: u64) -> bool {
     let cl = cache.layout == Layout::Ndhwc;
-    let bf = compute_type(cache.precision) == DType::Bf16;
-    if !(cache.wgmma_wgrad && crate::conv_wgmma::fits(dev, cs.x, cs.k, cs.stride, cs.cout, cl, bf)) {
+    let tf32 = cache.precision == Precision::Tf32;
+    let ok = matches!(cache.precision, Precision::Bf16 | Precision::Tf32);
+    if !(ok && cache.wgmma_wgrad && crate::conv_wgmma::wgrad_fits(dev, cs.x, (cs.k, cs.stride), cs.cout, cl)) {
         return false;
     }
     // Timed at every size: the kernel's blocks are (kd, input group, output slice) triples times
@@ -2237,7 +2240,7 @@ fn wgmma_wgrad_chosen(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u6
     // the scratch target: 2 · w_len bf16 elements are w_len f32
     wgmma_decided(dev, cache, cs, (Dir::BwdFilter, false), true, 2 * cs.w_len(), |cache, ours, tp| {
         if ours {
-            crate::conv_wgmma::wgrad(dev, (xp, dyp, tp), cs.x, cs.cout);
+            crate::conv_wgmma::wgrad(dev, (xp, dyp, tp), cs.x, cs.cout, tf32);
         } else {
             cudnn_wgrad(dev, cache, tp, xp, dyp, cs);
         }
@@ -2277,7 +2280,8 @@ pub(crate) fn backward(
     } else if small_cin_wgrad(cs, cdt, ly) {
         wgrad_small_cin(dev, dw, xp, dyp, cs);
     } else if wgmma_wgrad_chosen(dev, cache, cs, xp, dyp) {
-        crate::conv_wgmma::wgrad(dev, (xp, dyp, dev.ptr_mut(dw)), cs.x, cs.cout);
+        let tf32 = cache.precision == Precision::Tf32;
+        crate::conv_wgmma::wgrad(dev, (xp, dyp, dev.ptr_mut(dw)), cs.x, cs.cout, tf32);
         cache.wgmma_wgrad_runs += 1;
     } else {
         cudnn_wgrad(dev, cache, dev.ptr_mut(dw), xp, dyp, cs);

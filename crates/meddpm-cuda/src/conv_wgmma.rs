@@ -172,18 +172,38 @@ pub(crate) fn gn_fits(x: Dims, groups: usize) -> bool {
 /// Dynamic shared memory of `conv3d_wgmma_wgrad` (WW_NS · WW_STAGE): three stages of a 32 × 8
 /// tile of dy (256 voxel rows of 128 bytes) and x's halo plane (44 032 bytes).
 const WGRAD_SMEM: u32 = 3 * (256 * 128 + 44_032);
+/// Output tile of `conv3d_wgmma_wgrad_tf32` (WT_TH × WT_TW): f32 operands take twice the bytes.
+const TILE_TF32: (usize, usize) = (16, 8);
+/// Dynamic shared memory of `conv3d_wgmma_wgrad_tf32` (WT_SMEM): two transposed 16 × 8 dy tiles
+/// (32 768 bytes each) and two stages of the dy tile as stored and the 18 × 10 halo plane of x
+/// (46 080 bytes).
+const WGRAD_TF32_SMEM: u32 = 2 * 32_768 + 2 * (32_768 + 180 * 256);
+
+/// Whether the weight gradient of a conv over `x` with `co` outputs (3×3×3 when `k` is 3, stride
+/// `stride`) can run on `conv3d_wgmma_wgrad` (`tf32` false: bf16 operands) or
+/// `conv3d_wgmma_wgrad_tf32` (`tf32`: f32 operands rounded to TF32): [`fits`]'s conditions, the
+/// operand type aside.
+pub(crate) fn wgrad_fits(dev: &Device, x: Dims, (k, stride): (usize, usize), co: usize, cl: bool) -> bool {
+    fits(dev, x, k, stride, co, cl, true)
+}
 
 /// dW (f32 at `dwp`, (co, 27, x.c) as NDHWC weights are) += the weight gradient of the conv over
-/// the volume `x` (bf16 NDHWC at `xp`, its channels the conv's inputs) with `co` outputs, from the
-/// output gradient (bf16 NDHWC at `dyp`): `conv3d_wgmma_wgrad` (a block per SM over the
-/// (kd, 64-input-channel group, 64-output slice) triples, each summing a run of tiles into f32
-/// registers) writes one partial dW per chunk of tiles into the scratch, then
-/// `conv3d_wgmma_wgrad_sum` adds the chunks onto dW in order. [`fits`] must hold for
-/// (x, 3, 1, co).
-pub(crate) fn wgrad(dev: &Device, (xp, dyp, dwp): (u64, u64, u64), x: Dims, co: usize) {
+/// the volume `x` (NDHWC at `xp`, its channels the conv's inputs) with `co` outputs, from the
+/// output gradient (NDHWC at `dyp`); both bf16 (`tf32` false: `conv3d_wgmma_wgrad`) or both f32
+/// (`tf32`: `conv3d_wgmma_wgrad_tf32`, the operands rounded to TF32). The kernel (a block per SM
+/// over the (kd, 64-input-channel group, 64-output slice) triples, each summing a run of tiles
+/// into f32 registers) writes one partial dW per chunk of tiles into the scratch, then
+/// `conv3d_wgmma_wgrad_sum` adds the chunks onto dW in order. [`wgrad_fits`] must hold for
+/// (x, (3, 1), co).
+pub(crate) fn wgrad(dev: &Device, (xp, dyp, dwp): (u64, u64, u64), x: Dims, co: usize, tf32: bool) {
     use Arg::{I, L, P};
     let ci = x.c;
-    let tiles = x.n * x.d * x.h.div_ceil(TILE.0) * x.w.div_ceil(TILE.1);
+    let (tile, name, smem) = if tf32 {
+        (TILE_TF32, "conv3d_wgmma_wgrad_tf32", WGRAD_TF32_SMEM)
+    } else {
+        (TILE, "conv3d_wgmma_wgrad", WGRAD_SMEM)
+    };
+    let tiles = x.n * x.d * x.h.div_ceil(tile.0) * x.w.div_ceil(tile.1);
     let triples = 3 * (ci / 64) * (co / 64);
     // every block gets at least one tile (the kernel's first MMA sets its sums)
     let chunks = (dev.info.sms as usize / triples).clamp(1, tiles);
@@ -193,7 +213,7 @@ pub(crate) fn wgrad(dev: &Device, (xp, dyp, dwp): (u64, u64, u64), x: Dims, co: 
     let dims = [x.n, ci, co, x.d, x.h, x.w].map(|v| I(v as i32));
     let args = [P(xp), P(dyp), P(pp), dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]];
     let grid = (chunks as u32, (3 * ci / 64) as u32, (co / 64) as u32);
-    dev.launch_shared("conv3d_wgmma_wgrad", grid, (384, 1, 1), WGRAD_SMEM, &args);
+    dev.launch_shared(name, grid, (384, 1, 1), smem, &args);
     let blocks = (len / 4).div_ceil(256).min(dev.info.sms as usize * 8).max(1);
     let sum_args = [P(pp), P(dwp), L(len as i64), I(chunks as i32)];
     dev.launch("conv3d_wgmma_wgrad_sum", (blocks as u32, 1, 1), (256, 1, 1), &sum_args);

@@ -139,6 +139,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_wgmma_dgrad",
     "conv3d_wgmma_pack",
     "conv3d_wgmma_wgrad",
+    "conv3d_wgmma_wgrad_tf32",
     "conv3d_wgmma_wgrad_sum",
 ];
 

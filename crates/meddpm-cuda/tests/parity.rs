@@ -366,6 +366,87 @@ fn conv3d_parity() {
     }
 }
 
+/// f32 rounded to TF32 (10 mantissa bits), to nearest with ties away from zero: PTX's
+/// `cvt.rna.tf32.f32`, which `conv3d_wgmma_wgrad_tf32` applies to both operands.
+fn rna_tf32(v: f32) -> f32 {
+    f32::from_bits(v.to_bits().wrapping_add(0x1000) & 0xffff_e000)
+}
+
+/// The wide convs' TF32 weight gradient on the warpgroup MMA (`conv3d_wgmma_wgrad_tf32`, forced
+/// on; TF32 NDHWC), added onto a dW holding values: runs of tiles that cross planes and samples
+/// (batch 2), two input groups and two output slices (Cin 128, Cout 128), 16 × 8 tiles cut by H
+/// and W, a single plane. Operands already TF32 (rounding them is then the identity): the
+/// products are exact and only the f32 summation order differs from the fp32 CPU reference, so
+/// within 1e-4 — a wrong tap, channel or voxel is O(1). Operands as drawn: within the TF32
+/// tolerance of the CPU (1e-2), and agreeing with cuDNN's TF32 weight gradient (kernel switched
+/// off) within it. The run counter proves each was this kernel; fp32 (exact FMA sums) and NCDHW
+/// never take it.
+#[test]
+fn wgmma_wgrad_tf32_parity() {
+    let Some(gs) = gpus() else { return };
+    let (g, cpu) = (&gs[3], Cpu::new());
+    assert_eq!((g.precision(), g.layout()), (Precision::Tf32, Layout::Ndhwc));
+    let cases =
+        [(Dims::new(2, 64, 6, 40, 20), 64), (Dims::new(1, 128, 9, 33, 17), 128), (Dims::new(1, 64, 1, 20, 24), 64)];
+    for o in &gs {
+        o.set_wgmma(Some(true));
+    }
+    for (i, (xd, co)) in cases.into_iter().enumerate() {
+        let cs = ConvShape::new(xd, co, 3, 1);
+        let seed = 7900 + 10 * i as u64;
+        let od = cs.out();
+        let wshape = [co, xd.c, 3, 3, 3];
+        let w = rnd(cs.w_len(), seed + 1, 1.0 / ((xd.c * 27) as f32).sqrt());
+        let dw0 = rnd(cs.w_len(), seed + 3, 50.0);
+        for rounded in [true, false] {
+            let r = |v: Vec<f32>| if rounded { v.into_iter().map(rna_tf32).collect() } else { v };
+            let (x, dy) = (r(rnd(xd.numel(), seed, 1.0)), r(rnd(od.numel(), seed + 2, 1.0)));
+            let tag =
+                format!("wgmma wgrad tf32 {xd} -> {co}{} [{}]", if rounded { " (TF32 operands)" } else { "" }, name(g));
+            let mut want = dw0.clone();
+            cpu.conv3d_backward(None, &mut want, None, &dy, &x, &w, cs);
+            let (xg, wg, dyg) = (act(g, &x, xd), param(g, &w, &wshape), act(g, &dy, od));
+            let runs = g.wgmma_wgrad_runs();
+            let mut dwg = param(g, &dw0, &wshape);
+            g.conv3d_backward(None, &mut dwg, None, &dyg, &xg, &wg, cs);
+            if g.wgmma_wgrad_runs() == runs {
+                println!("skipped: conv3d_wgmma_wgrad_tf32 needs an sm_90 GPU ({})", name(g));
+                for o in &gs {
+                    o.set_wgmma(None);
+                }
+                return;
+            }
+            assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: one run");
+            let got = get_param(g, &dwg, &wshape);
+            let grad = |v: &[f32]| v.iter().zip(&dw0).map(|(a, b)| a - b).collect::<Vec<_>>();
+            // the gradient itself (dW0's values, 50x larger, would hide its errors)
+            check(&format!("{tag} dw (+= onto dW)"), &grad(&got), &grad(&want), if rounded { 1e-4 } else { 1e-2 });
+            if !rounded {
+                g.set_wgmma_wgrad(false);
+                let mut dwc = param(g, &dw0, &wshape);
+                g.conv3d_backward(None, &mut dwc, None, &dyg, &xg, &wg, cs);
+                g.set_wgmma_wgrad(true);
+                assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: cuDNN's run did not take the kernel");
+                check(&format!("{tag} dw vs cuDNN's TF32"), &grad(&get_param(g, &dwc, &wshape)), &grad(&got), 1e-2);
+            }
+        }
+        // the other three configurations never run it (fp32: exact sums; NCDHW: no kernel)
+        for o in &gs[..3] {
+            let (xo, wo, dyo) = (
+                act(o, &rnd(xd.numel(), seed, 1.0), xd),
+                param(o, &w, &wshape),
+                act(o, &rnd(od.numel(), seed + 2, 1.0), od),
+            );
+            let mut dwo = param(o, &dw0, &wshape);
+            o.conv3d_backward(None, &mut dwo, None, &dyo, &xo, &wo, cs);
+            assert_eq!(o.wgmma_wgrad_runs(), 0, "{}: conv3d_wgmma_wgrad* must not run", name(o));
+        }
+    }
+    for o in &gs {
+        o.set_wgmma(None);
+    }
+}
+
 // ---- GroupNorm and SiLU ----------------------------------------------------------------------
 
 fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: Accum, seed: u64) {

@@ -199,6 +199,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_wgmma_fwd", ConvForward),
     ("conv3d_wgmma_fwd_gn", ConvForward),
     ("conv3d_wgmma_wgrad", ConvWgrad),
+    ("conv3d_wgmma_wgrad_tf32", ConvWgrad),
     ("conv3d_wgmma_wgrad_sum", ConvWgrad),
     // a decoder ResBlock's skip conv and statistics from its concatenation's parts
     ("cat_skip_stats_ndhwc", ConvForward),

@@ -249,6 +249,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_wgmma_fwd", Category::ConvForward),
     ("conv3d_wgmma_fwd_gn", Category::ConvForward),
     ("conv3d_wgmma_wgrad", Category::ConvWgrad),
+    ("conv3d_wgmma_wgrad_tf32", Category::ConvWgrad),
     ("conv3d_wgmma_wgrad_sum", Category::ConvWgrad),
     ("cat_skip_stats_ndhwc", Category::ConvForward),
     ("gn_bwd_apply_split_skip", Category::Normalization),
