@@ -37,10 +37,12 @@
 // One body (wgmma_conv_body) serves the forward, the data gradient and the forward with the
 // GroupNorm+SiLU prologue.
 // conv3d_wgmma_wgrad (at the end of the file) is the weight gradient of the same convs, its own
-// GEMM view (voxels on K, both operands transposed in shared memory); its twin is the CPU
-// reference conv's weight gradient.
+// GEMM view (voxels on K, both operands transposed in shared memory), and conv3d_wgmma_wgrad_tf32
+// its TF32 form (f32 operands: x in registers, dy transposed K-major into shared memory); their
+// twin is the CPU reference conv's weight gradient.
 // Compiled for sm_90a only (wgmma); elsewhere the kernels are empty and the host never runs them.
-// Layout note: x (N, D, H, W, CI), y (N, D, H, W, CO), CI and CO multiples of 64.
+// Layout note: x (N, D, H, W, CI), y (N, D, H, W, CO), CI and CO multiples of 64; bf16 but for
+// conv3d_wgmma_wgrad_tf32.
 
 #define WM_TH 32
 #define WM_TW 8

@@ -8,7 +8,8 @@
 //! `conv3d_wgmma_fwd_gn` is the forward with the input's GroupNorm+SiLU as its prologue (the
 //! ResBlocks' convs: `Backend::groupnorm_silu_conv3d_fused`), no pass that stores silu(GN(x)).
 //! `conv3d_wgmma_wgrad` is the weight gradient of the same convs ([`wgrad`]), timed against
-//! cuDNN's in the same way.
+//! cuDNN's in the same way; `conv3d_wgmma_wgrad_tf32` is its TF32 form (f32 NDHWC operands rounded
+//! to TF32), the only kernel here that is not bf16.
 //! Twin: the CPU reference convolution (`meddpm::cpu::conv3d`), through the parity tests (after
 //! the CPU GroupNorm+SiLU for the prologue).
 
