@@ -189,12 +189,15 @@ extern "C" __global__ void gn_apply(const void* x, const float* mean, const floa
 // With `xh` (SPLIT only) x is not read either: it is the concatenation cat([xh + xbias, xs]) (xbias
 // f32, ca long, may be null), read from its parts where the gradient goes and rounded as stored
 // (reduce.cu's cat_load), so no concatenation is built; act is then a separate buffer.
+// `res` (may be null; gn_bwd_apply only): dx (per `accum`) += res first, then this pass's value —
+// a ResBlock's identity-skip gradient folded in (Backend::groupnorm_silu_backward_act_res), with
+// the intermediate sum rounded as stored: the same values as add_assign (or a copy) then the pass.
 template <typename T, int V, bool SPLIT>
 __device__ void gn_bwd_apply_body(const void* doutv, const void* xv, const float* mean, const float* rstd,
                                   const float* gamma, const float* beta, const float* off, const float* coef,
                                   void* dxv, void* actv, int C, i64 S, int G, int cl, int accum, void* dx2v,
-                                  int ca, const void* xhv, const void* xsv, const float* xbias) {
-    const T *dout = (const T*)doutv, *x = (const T*)xv;
+                                  int ca, const void* xhv, const void* xsv, const float* xbias, const void* resv) {
+    const T *dout = (const T*)doutv, *x = (const T*)xv, *res = (const T*)resv;
     T *dx = (T*)dxv, *act = (T*)actv;
     Row r = row_geom(C, S, V, cl);
     int cpg = C / G;
@@ -260,6 +263,15 @@ __device__ void gn_bwd_apply_body(const void* doutv, const void* xv, const float
             ldv<V>(x, i, xs);
         }
         if (acc) ldv<V>(out, oi, o);
+        // res (not SPLIT): a ResBlock's identity-skip gradient, added first and rounded as stored,
+        // as add_assign (or copy) then this pass would: bit for bit the two calls
+        if (!SPLIT && res) {
+            float rr[V];
+            ldv<V>(res, i, rr);
+#pragma unroll
+            for (int j = 0; j < V; j++) o[j] = acc ? as_stored<T>(o[j] + rr[j]) : rr[j];
+        }
+        const int oacc = acc || (!SPLIT && res);
 #pragma unroll
         for (int j = 0; j < V; j++) {
             float4 f = lds4(tab + j * tstep);
@@ -270,7 +282,7 @@ __device__ void gn_bwd_apply_body(const void* doutv, const void* xv, const float
                 y[j] = yy * sg;
             }
             float d = f.x * g[j] + f.y * xs[j] + f.z;
-            o[j] = acc ? o[j] + d : d;
+            o[j] = oacc ? o[j] + d : d;
         }
         if (beta && act) stv<V>(act, i, y);
         stv<V>(out, oi, o);
@@ -279,9 +291,9 @@ __device__ void gn_bwd_apply_body(const void* doutv, const void* xv, const float
 template <typename T, int V>
 __device__ void gn_bwd_apply_t(const void* dout, const void* x, const float* mean, const float* rstd,
                                const float* gamma, const float* beta, const float* off, const float* coef, void* dx,
-                               void* act, int C, i64 S, int G, int cl, int accum) {
+                               void* act, int C, i64 S, int G, int cl, int accum, const void* res) {
     gn_bwd_apply_body<T, V, false>(dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum, 0, 0, 0,
-                                   0, 0);
+                                   0, 0, res);
 }
 template <typename T, int V>
 __device__ void gn_bwd_apply_split_t(const void* dout, const void* x, const float* mean, const float* rstd,
@@ -289,13 +301,13 @@ __device__ void gn_bwd_apply_split_t(const void* dout, const void* x, const floa
                                      void* dx, void* act, int C, i64 S, int G, int cl, int accum, void* dx2, int ca,
                                      const void* xh, const void* xs, const float* xbias) {
     gn_bwd_apply_body<T, V, true>(dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum, dx2, ca,
-                                  xh, xs, xbias);
+                                  xh, xs, xbias, nullptr);
 }
 extern "C" __global__ void gn_bwd_apply(const void* dout, const void* x, const float* mean, const float* rstd,
                                         const float* gamma, const float* beta, const float* off, const float* coef,
                                         void* dx, void* act, int C, i64 S, int G, int cl, int accum, int bf,
-                                        int V) {
-    DISPATCH_V(bf, V, gn_bwd_apply_t, dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum);
+                                        int V, const void* res) {
+    DISPATCH_V(bf, V, gn_bwd_apply_t, dout, x, mean, rstd, gamma, beta, off, coef, dx, act, C, S, G, cl, accum, res);
 }
 extern "C" __global__ void __launch_bounds__(256, 3) gn_bwd_apply_split(const void* dout, const void* x, const float* mean, const float* rstd,
                                               const float* gamma, const float* beta, const float* off,

@@ -376,6 +376,12 @@ pub(crate) struct ConvCache {
     pub(crate) skip_apply: bool,
     /// Calls of `gn_bwd_apply_split_skip` (tests).
     pub(crate) skip_apply_runs: u64,
+    /// An identity-skip ResBlock's skip gradient rides in the GroupNorm+SiLU backward's pass
+    /// (true, the default: `Backend::groupnorm_silu_backward_act_res`, `gn_bwd_apply`'s res) or is
+    /// an add_assign / copy pass before it (`MEDDPM_RES_FOLD=0`, A/B benchmarks and tests).
+    pub(crate) res_fold: bool,
+    /// Backward passes that took the skip gradient in (tests).
+    pub(crate) res_fold_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel.
@@ -489,6 +495,8 @@ impl ConvCache {
             wgmma_ystats_runs: 0,
             skip_apply: std::env::var("MEDDPM_SKIP_APPLY").map_or(true, |v| v != "0"),
             skip_apply_runs: 0,
+            res_fold: std::env::var("MEDDPM_RES_FOLD").map_or(true, |v| v != "0"),
+            res_fold_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),

@@ -476,7 +476,7 @@ pub(crate) fn backward(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    (cl, res): (bool, Option<&GpuBuf>),
 ) {
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(dout.len() == x.numel() && dinp.0.len() == x.numel(), "groupnorm backward {x}: dout/dinp lengths");
@@ -504,6 +504,14 @@ pub(crate) fn backward(
             dev.ptr_mut(a)
         }
     };
+    let rp = match res {
+        None => 0,
+        Some(r) => {
+            assert!(r.len() == x.numel() && r.bf() == bf, "groupnorm backward {x}: res length/type vs dinp");
+            assert!(sp == 0, "groupnorm backward {x}: res and dsum together");
+            dev.ptr(r)
+        }
+    };
     let inp = (inp, offp);
     backward_ptrs(
         dev,
@@ -520,7 +528,7 @@ pub(crate) fn backward(
         groups,
         cl,
         bf,
-        (sp, ap),
+        (sp, ap, rp),
         None,
     );
 }
@@ -593,7 +601,7 @@ fn inplace(
     let dp = dev.ptr_mut(d);
     let dx = (dp, Accum::Overwrite);
     let (b, ip) = (Some(beta), (inp, 0));
-    backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap), None);
+    backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap, 0), None);
 }
 
 /// [`backward_inplace_act`] that delivers the gradient to the two parts of the concatenation
@@ -644,7 +652,7 @@ pub(crate) fn backward_inplace_act_split(
         groups,
         cl,
         bf,
-        (0, ap),
+        (0, ap, 0),
         split,
     );
 }
@@ -708,7 +716,7 @@ pub(crate) fn backward_act_split_from_parts(
     let skip = skip.map(|(dout, w, co)| (dev.ptr(dout), dev.ptr(w), co));
     let split = Some((sp, ms_, ca, xs, skip));
     let (b, ip) = (Some(beta), (&*act, 0));
-    backward_ptrs(dev, (hp, mh), dgamma, dbeta, dp, b, ip, mean, rstd, gamma, xd, groups, true, bf, (0, ap), split);
+    backward_ptrs(dev, (hp, mh), dgamma, dbeta, dp, b, ip, mean, rstd, gamma, xd, groups, true, bf, (0, ap, 0), split);
 }
 
 /// `gn_bwd_apply_split_skip`'s tile for C concatenated channels and `co` skip-conv outputs: 64
@@ -779,9 +787,10 @@ fn backward_ptrs(
     groups: usize,
     cl: bool,
     bf: i32,
-    (dsum, act): (u64, u64),
+    (dsum, act, res): (u64, u64, u64),
     split: Option<Split>,
 ) {
+    assert!(res == 0 || split.is_none(), "groupnorm backward: res with a split gradient");
     let (_, nchunks) = chunking(x, cl);
     let stride = if dsum != 0 { 3 } else { 2 };
     let npart = x.n * nchunks * x.c * stride;
@@ -844,7 +853,11 @@ fn backward_ptrs(
     // the per-channel coefficient table (a float4 per channel of the block: all C in NDHWC)
     let smem = 16 * if cl { x.c as u32 } else { 1 };
     match split {
-        None => dev.launch_shared("gn_bwd_apply", grid, block, smem, &args),
+        None => {
+            let mut a = args.to_vec();
+            a.push(P(res));
+            dev.launch_shared("gn_bwd_apply", grid, block, smem, &a)
+        }
         Some((dx2, _, ca, [xh, xs, xb], Some((doutp, wp, co)))) => {
             // from the parts, with the skip conv's data gradient added (gn_bwd_apply_split_skip)
             assert!(xh != 0 && bp != 0 && offp == 0 && bf == 1, "gn_bwd_apply_split_skip: bf16, from the parts, SiLU");

@@ -379,6 +379,18 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).skip_apply = on;
     }
 
+    /// An identity-skip ResBlock's skip gradient is added in the GroupNorm+SiLU backward's pass
+    /// (true, the default) or by an add_assign / copy pass before it (false). For tests and
+    /// benchmarks; `MEDDPM_RES_FOLD=0` sets false at start-up.
+    pub fn set_res_fold(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).res_fold = on;
+    }
+
+    /// Backward passes that took a skip gradient in so far.
+    pub fn res_fold_runs(&self) -> u64 {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).res_fold_runs
+    }
+
     /// Calls of `gn_bwd_apply_split_skip` so far.
     pub fn skip_apply_runs(&self) -> u64 {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).skip_apply_runs
@@ -509,7 +521,24 @@ impl CudaBackend {
             assert!(acc == Accum::Overwrite, "GroupNorm+SiLU backward with channel sums: dinp is overwritten");
         }
         let (dev, b, d) = (&self.dev, Some(beta), (&mut *dx, acc));
-        groupnorm::backward(dev, d, dsum, act, dgamma, dbeta, dout, b, inp, off, mean, rstd, gamma, x, groups, cl);
+        groupnorm::backward(
+            dev,
+            d,
+            dsum,
+            act,
+            dgamma,
+            dbeta,
+            dout,
+            b,
+            inp,
+            off,
+            mean,
+            rstd,
+            gamma,
+            x,
+            groups,
+            (cl, None),
+        );
         if let Some(s) = sum_after {
             self.channel_sum(s, dx, x);
         }
@@ -800,7 +829,7 @@ impl Backend for CudaBackend {
             gamma,
             x,
             groups,
-            self.cl(),
+            (self.cl(), None),
         );
     }
     fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) {
@@ -1049,6 +1078,69 @@ impl Backend for CudaBackend {
         groups: usize,
     ) {
         self.gn_silu_backward(dinp, dsum, Some(act), dgb, dout, inp, off, ms, gb, x, groups);
+    }
+    /// `res` rides in the backward's elementwise pass (`gn_bwd_apply`'s `res`: no add_assign or
+    /// copy pass over dinp) where its type is dinp's; else the trait's two calls.
+    fn groupnorm_silu_backward_act_res(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        res: &Self::Buf,
+        act: &mut Self::Buf,
+        dgb: (&mut Self::Buf, &mut Self::Buf),
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        ms: (&Self::Buf, &Self::Buf),
+        gb: (&Self::Buf, &Self::Buf),
+        x: Dims,
+        groups: usize,
+    ) {
+        let on = {
+            let mut c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+            let on = c.res_fold && res.dtype() == dinp.0.dtype();
+            c.res_fold_runs += on as u64;
+            on
+        };
+        if !on {
+            match dinp.1 {
+                Accum::Add => self.add_assign(dinp.0, res),
+                Accum::Overwrite => self.copy(dinp.0, res),
+            }
+            return self.groupnorm_silu_backward_act(
+                (dinp.0, Accum::Add),
+                None,
+                act,
+                dgb,
+                dout,
+                inp,
+                off,
+                ms,
+                gb,
+                x,
+                groups,
+            );
+        }
+        let (dev, b, cl) = (&self.dev, Some(gb.1), self.cl());
+        let (dgamma, dbeta) = dgb;
+        let (mean, rstd) = ms;
+        groupnorm::backward(
+            dev,
+            dinp,
+            None,
+            Some(act),
+            dgamma,
+            dbeta,
+            dout,
+            b,
+            inp,
+            off,
+            mean,
+            rstd,
+            gb.0,
+            x,
+            groups,
+            (cl, Some(res)),
+        );
     }
     fn groupnorm_silu_backward_inplace_act(
         &self,

@@ -522,6 +522,10 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
                 (upr, downr),
                 &tag,
             );
+            // an identity skip's gradient folded into the pass (res), against the two calls
+            let res = rnd(x.numel(), seed + 8, 1.0);
+            let host = (&xin[..], &dy[..], &dx0[..], &res[..]);
+            common::check_res_fold(g, (x, groups), host, (&dg0, &db0), dev, (up, down), (upr, downr), &tag);
             // with a per-(n, c) input offset (the ResBlock's time embedding folded in)
             let off: Vec<f32> = rnd(x.n * x.c, seed + 7, 2.0);
             let (up, down) = (&|v: &[f32]| act(g, v, x), &|b: &Buf| get_act(g, b, x));

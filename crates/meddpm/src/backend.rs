@@ -646,6 +646,33 @@ pub trait Backend {
             }
         }
     }
+
+    /// dinp (per Accum) += res, then += the GroupNorm+SiLU backward with act = silu(GN(inp + off))
+    /// ([`Backend::groupnorm_silu_backward_act`], no channel sums): a ResBlock with an identity
+    /// skip, whose input gradient is the output gradient (res) plus the main branch's. CUDA folds
+    /// res into the backward's elementwise pass (no add_assign or copy pass over dinp); this
+    /// default is the two calls — the same values (the intermediate sum rounded as stored).
+    #[allow(clippy::too_many_arguments)]
+    fn groupnorm_silu_backward_act_res(
+        &self,
+        dinp: (&mut Self::Buf, Accum),
+        res: &Self::Buf,
+        act: &mut Self::Buf,
+        dgb: (&mut Self::Buf, &mut Self::Buf),
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        ms: (&Self::Buf, &Self::Buf),
+        gb: (&Self::Buf, &Self::Buf),
+        x: Dims,
+        groups: usize,
+    ) {
+        match dinp.1 {
+            Accum::Add => self.add_assign(dinp.0, res),
+            Accum::Overwrite => self.copy(dinp.0, res),
+        }
+        self.groupnorm_silu_backward_act((dinp.0, Accum::Add), None, act, dgb, dout, inp, off, ms, gb, x, groups);
+    }
     /// [`Backend::groupnorm_silu_backward_inplace`] that also replaces `x` by silu(GN(x)) (the
     /// decoder ResBlock reading a skip concatenation in place: after this call `x` holds the
     /// convolution's input for its weight gradient, and the concatenation need not be rebuilt for

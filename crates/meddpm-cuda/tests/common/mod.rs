@@ -2,7 +2,8 @@
 //! path, ours or cuDNN, a conv shape must have taken; the accumulating conv forward vs the CPU;
 //! the f32 bias-vector primitives (the same in every precision); GroupNorm+SiLU with an input
 //! offset (and the channel sums of its input gradient); the skip concatenation with its GroupNorm
-//! statistics; the decoder block's gradient delivered to the concatenation's parts.
+//! statistics; the decoder block's gradient delivered to the concatenation's parts; the identity
+//! skip's gradient folded into the GroupNorm+SiLU backward.
 
 use meddpm::cpu::CpuBackend;
 use meddpm::{Accum, Backend, ConvShape, Dims};
@@ -247,6 +248,42 @@ pub fn check_gn_inplace_act(
     assert!(down(&d) == want.0, "{tag}: in-place backward with act: dx differs");
     assert!(down(&xa) == want.1, "{tag}: in-place backward's act differs from the forward");
     assert!(downr(&dg) == want.2 && downr(&db) == want.3, "{tag}: in-place dgamma/dbeta with act");
+}
+
+/// `groupnorm_silu_backward_act_res` (an identity-skip ResBlock's input gradient: dx per mode +=
+/// res + the GroupNorm+SiLU backward, act := silu(GN(x))) with res folded into the backward's
+/// pass (the default) against the two calls it replaces (`set_res_fold(false)`: add_assign or
+/// copy, then the backward), both Accum modes, bit for bit in dx, act, dγ and dβ (onto `dg0`,
+/// `db0`); the fold counter proves which path ran. `host` = (x, dy, dx0, res) as the GPU stores
+/// them; `up`/`down` move an activation, `upr`/`downr` an f32 vector.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn check_res_fold(
+    g: &CudaBackend,
+    (x, groups): (Dims, usize),
+    (xin, dy, dx0, res): (&[f32], &[f32], &[f32], &[f32]),
+    (dg0, db0): (&[f32], &[f32]),
+    (ms, gb): ((&Buf, &Buf), (&Buf, &Buf)),
+    (up, down): (&dyn Fn(&[f32]) -> Buf, &dyn Fn(&Buf) -> Vec<f32>),
+    (upr, downr): (&dyn Fn(&[f32]) -> Buf, &dyn Fn(&Buf) -> Vec<f32>),
+    tag: &str,
+) {
+    let (xg, dyg, rg) = (up(xin), up(dy), up(res));
+    for mode in [Accum::Overwrite, Accum::Add] {
+        let mut outs = Vec::new();
+        for fold in [true, false] {
+            g.set_res_fold(fold);
+            let runs = g.res_fold_runs();
+            let (mut dx, mut a, mut dg, mut db) = (up(dx0), up(dy), upr(dg0), upr(db0));
+            let d = (&mut dx, mode);
+            g.groupnorm_silu_backward_act_res(d, &rg, &mut a, (&mut dg, &mut db), &dyg, &xg, None, ms, gb, x, groups);
+            assert_eq!(g.res_fold_runs() - runs, fold as u64, "{tag} {mode:?}: the folded path ran {fold}");
+            outs.push((down(&dx), down(&a), downr(&dg), downr(&db)));
+        }
+        g.set_res_fold(true);
+        let (f, u) = (&outs[0], &outs[1]);
+        assert!(f.0 == u.0, "{tag} {mode:?}: dx with res folded in differs from add_assign/copy + backward");
+        assert!(f.1 == u.1 && f.2 == u.2 && f.3 == u.3, "{tag} {mode:?}: act / dgamma / dbeta with res folded in");
+    }
 }
 
 /// `concat_channels_stats` (a decoder ResBlock's skip concatenation with its GroupNorm

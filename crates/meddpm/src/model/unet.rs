@@ -1036,14 +1036,11 @@ impl<B: Backend> UNet<B> {
                     }
                     // skip branch first: it sets dx per `mode`, the main branch then adds (a
                     // `cat_in` block adds its skip branch last, below)
+                    // (an identity skip's dout rides in in_layers' GroupNorm+SiLU backward, below)
                     if r.cat_in {
                     } else if xd.c != r.cout {
                         let cs = ConvShape::new(xd, r.cout, 1, 1);
                         be.conv3d_backward(Some((&mut *dx, mode)), &mut dw[p + 10], None, dout, x, cw(p + 10), cs);
-                    } else if mode == Accum::Add {
-                        be.add_assign(dx, dout);
-                    } else {
-                        be.copy(dx, dout);
                     }
                     // out_layers: Conv3's data gradient → slot 1; GroupNorm+SiLU backward → dh in
                     // slot 2, recomputing SiLU(GroupNorm(h)) into slot 0 on the way; Conv3's
@@ -1086,14 +1083,21 @@ impl<B: Backend> UNet<B> {
                         done(i, dw);
                         continue;
                     }
-                    // in_layers: Conv3's data gradient; GroupNorm+SiLU backward added into dx,
+                    // in_layers: Conv3's data gradient; GroupNorm+SiLU backward added into dx
+                    // (with an identity skip, dx per `mode` += dout + it, in one pass),
                     // recomputing GroupNorm+SiLU of x on the way; Conv3's weight gradient.
                     let [dh, a, da] = scr.get([(yn, 2), (xn, 0), (xn, 1)]);
                     let cs = ConvShape::new(xd, r.cout, 3, 1);
                     be.conv3d_backward_data((da, Accum::Overwrite), dh, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
                     let (ms, gmb) = ((&r.mean1, &r.rstd1), (&w[p], &w[p + 1]));
-                    be.groupnorm_silu_backward_act((dx, Accum::Add), None, a, (gg, gb), da, x, None, ms, gmb, xd, g);
+                    if xd.c == r.cout {
+                        let d = (dx, mode);
+                        be.groupnorm_silu_backward_act_res(d, dout, a, (gg, gb), da, x, None, ms, gmb, xd, g);
+                    } else {
+                        let d = (dx, Accum::Add);
+                        be.groupnorm_silu_backward_act(d, None, a, (gg, gb), da, x, None, ms, gmb, xd, g);
+                    }
                     be.conv3d_backward(None, &mut dw[p + 2], None, dh, a, cw(p + 2), cs);
                 }
                 Op::Attn(a) => {
