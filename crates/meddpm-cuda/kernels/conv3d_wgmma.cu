@@ -626,6 +626,50 @@ __device__ __forceinline__ void ww_wait(float* d) {
 }
 #undef WW_R96
 #undef WM_R8
+// The weight-gradient kernels' run of tiles (n, d, h tile, w tile), w fastest, for chunk blockIdx.x
+// of gridDim.x: the same run for every (kd, cg, ms) block, so the blocks reading one tile of dy run
+// at the same time (L2); cnt tiles (>= 1: the host gives no block an empty run). (lw, lh, ld, ln)
+// is the load cursor: the tile the next load copies, stepped one tile a load (ww_next).
+struct WwRun {
+    int cnt, wb, hb, D;
+    int lw, lh, ld, ln;
+};
+__device__ __forceinline__ WwRun ww_run(int N, int D, int H, int W, int th, int tw) {
+    WwRun r;
+    r.hb = (H + th - 1) / th;
+    r.wb = (W + tw - 1) / tw;
+    r.D = D;
+    const i64 T = (i64)N * D * r.hb * r.wb;
+    const i64 i0 = T * blockIdx.x / gridDim.x;
+    r.cnt = (int)(T * (blockIdx.x + 1) / gridDim.x - i0);
+    r.lw = (int)(i0 % r.wb);
+    r.lh = (int)((i0 / r.wb) % r.hb);
+    const i64 nd = i0 / ((i64)r.wb * r.hb);
+    r.ld = (int)(nd % D);
+    r.ln = (int)(nd / D);
+    return r;
+}
+__device__ __forceinline__ void ww_next(WwRun& r) {
+    if (++r.lw == r.wb) {
+        r.lw = 0;
+        if (++r.lh == r.hb) {
+            r.lh = 0;
+            if (++r.ld == r.D) {
+                r.ld = 0;
+                r.ln++;
+            }
+        }
+    }
+}
+// A thread's halo-plane rows r0 + step * j (j < 8; clamped to the plane's last, pl - 1) as
+// (row / pw, row % pw) packed h * 16 + w: per tile only the bases and the bounds change.
+__device__ __forceinline__ void ww_halo_rows(u32* xhw, int r0, int step, int pl, int pw) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int r = min(r0 + step * j, pl - 1);
+        xhw[j] = (u32)((r / pw) * 16 + r % pw);
+    }
+}
 #endif
 extern "C" __global__ void __launch_bounds__(384, 1)
     conv3d_wgmma_wgrad(const bf16* x, const bf16* dy, float* part, int N, int CI, int CO, int D, int H, int W) {
@@ -633,12 +677,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     extern __shared__ __align__(1024) unsigned char wm_smem[];
     const int CG = CI / 64, kd = blockIdx.y / CG, cg = blockIdx.y - kd * CG, ms = blockIdx.z;
     const int tid = threadIdx.x, kh = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int hb = (H + WM_TH - 1) / WM_TH, wb = (W + WM_TW - 1) / WM_TW;
-    // this block's run of tiles (n, d, h0, w0), w fastest: the same for every (kd, cg, ms), so the
-    // blocks reading one tile of dy run at the same time (L2)
-    const i64 T = (i64)N * D * hb * wb;
-    const i64 i0 = T * blockIdx.x / gridDim.x;
-    const int cnt = (int)(T * (blockIdx.x + 1) / gridDim.x - i0);
+    WwRun run = ww_run(N, D, H, W, WM_TH, WM_TW);
+    const int cnt = run.cnt;
     const u32 sbase = (u32)__cvta_generic_to_shared(wm_smem);
     // Copies: this thread's 16-byte chunk c of rows r0 + 48 j: dy rows v (tile row (r0 >> 3) + 6 j,
     // column r0 & 7; j < 6), x halo rows (j < 8). 48 rows are 0 mod 8, so every row's swizzle
@@ -652,24 +692,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     // for j < 7 are inside the plane (r0 + 288 < WM_PL), j = 7 for r0 < 4 only (warp 0); dy's j = 5
     // for r0 < 16 only (warps 0 and 1): warp-uniform branches
     u32 xhw[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int r = min(r0 + 48 * j, WM_PL - 1);
-        xhw[j] = (u32)((r / WM_PW) * 16 + r % WM_PW);
-    }
-    // the load cursor: the tile (n, d, hh, ww) it points at, stepped one tile a load
-    int lw, lh, ld, ln;
-    {
-        const i64 it = i0;
-        lw = (int)(it % wb);
-        lh = (int)((it / wb) % hb);
-        const i64 nd = it / ((i64)wb * hb);
-        ld = (int)(nd % D);
-        ln = (int)(nd / D);
-    }
+    ww_halo_rows(xhw, r0, 48, WM_PL, WM_PW);
     auto load = [&](int i, int buf) {
         if (i < cnt) {
-            const int w0 = lw * WM_TW, h0 = lh * WM_TH, dd = ld + kd - 1;
+            const int ln = run.ln, ld = run.ld, w0 = run.lw * WM_TW, h0 = run.lh * WM_TH, dd = ld + kd - 1;
             const bool pin = dd >= 0 && dd < D;
             const u32 sa = sbase + buf * WW_STAGE + dst0, sx = sa + WW_DY;
             const bf16* yb = dy + ((((i64)ln * D + ld) * H + h0 + yh) * W + w0 + yw) * CO + ms * 64 + c * 8;
@@ -690,16 +716,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int j = 0; j < 7; j++) xcopy(j);
             if (r0 < 4) xcopy(7);
-            if (++lw == wb) {
-                lw = 0;
-                if (++lh == hb) {
-                    lh = 0;
-                    if (++ld == D) {
-                        ld = 0;
-                        ln++;
-                    }
-                }
-            }
+            ww_next(run);
         }
         wm_cp_commit();
     };
@@ -799,11 +816,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     extern __shared__ __align__(1024) unsigned char wm_smem[];
     const int CG = CI / 64, kd = blockIdx.y / CG, cg = blockIdx.y - kd * CG, ms = blockIdx.z;
     const int tid = threadIdx.x, kw = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int hb = (H + WT_TH - 1) / WT_TH, wb = (W + WT_TW - 1) / WT_TW;
-    // this block's run of tiles (n, d, h0, w0), w fastest, the same for every (kd, cg, ms)
-    const i64 T = (i64)N * D * hb * wb;
-    const i64 i0 = T * blockIdx.x / gridDim.x;
-    const int cnt = (int)(T * (blockIdx.x + 1) / gridDim.x - i0);
+    WwRun run = ww_run(N, D, H, W, WT_TH, WT_TW);
+    const int cnt = run.cnt;
     const u32 sbase = (u32)__cvta_generic_to_shared(wm_smem);
     // shared memory: the transposed dy tiles at 0 and WT_DY, stage s at 2 WT_DY + s WT_STAGE (dy as
     // stored, then the halo plane)
@@ -814,23 +828,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const u32 ydst = v0 * 256 + ((c ^ (v0 & 7)) << 4), xdst = WT_DY + v0 * 256 + ((c ^ ((v0 & 3) << 1)) << 4);
     const int yh = v0 >> 3, yw = v0 & 7;
     u32 xhw[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int r = min(v0 + 24 * j, WT_PL - 1);
-        xhw[j] = (u32)((r / WT_PW) * 16 + r % WT_PW);
-    }
-    int lw, lh, ld, ln;
-    {
-        const i64 it = i0;
-        lw = (int)(it % wb);
-        lh = (int)((it / wb) % hb);
-        const i64 nd = it / ((i64)wb * hb);
-        ld = (int)(nd % D);
-        ln = (int)(nd / D);
-    }
+    ww_halo_rows(xhw, v0, 24, WT_PL, WT_PW);
     auto load = [&](int i, int buf) {
         if (i < cnt) {
-            const int w0 = lw * WT_TW, h0 = lh * WT_TH, dd = ld + kd - 1;
+            const int ln = run.ln, ld = run.ld, w0 = run.lw * WT_TW, h0 = run.lh * WT_TH, dd = ld + kd - 1;
             const bool pin = dd >= 0 && dd < D;
             const u32 sa = sbase + 2 * WT_DY + buf * WT_STAGE;
             const float* yb = dy + ((((i64)ln * D + ld) * H + h0 + yh) * W + w0 + yw) * CO + ms * 64 + c * 4;
@@ -851,16 +852,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int j = 0; j < 7; j++) xcopy(j);
             if (v0 < 12) xcopy(7);
-            if (++lw == wb) {
-                lw = 0;
-                if (++lh == hb) {
-                    lh = 0;
-                    if (++ld == D) {
-                        ld = 0;
-                        ln++;
-                    }
-                }
-            }
+            ww_next(run);
         }
         wm_cp_commit();
     };
