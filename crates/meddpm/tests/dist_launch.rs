@@ -226,9 +226,15 @@ exit 9"#;
                 assert!(t0.elapsed() < Duration::from_secs(15), "the ranks never got ready");
                 std::thread::sleep(Duration::from_millis(20));
             }
-            // two signals to the parent, as a user's Ctrl-C twice
+            // two signals to the parent, as a user's Ctrl-C twice; the second once every rank
+            // has handled the first (two SIGINTs pending at once are one to a shell: on a loaded
+            // machine a fixed pause between them was not always enough)
             forward.fetch_add(1, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(300));
+            let handled = |r: usize| std::fs::read_to_string(dir.join(format!("{r}.log"))).is_ok_and(|l| !l.is_empty());
+            while !(handled(0) && handled(1)) {
+                assert!(t0.elapsed() < Duration::from_secs(18), "the ranks never logged the first signal");
+                std::thread::sleep(Duration::from_millis(20));
+            }
             forward.fetch_add(1, Ordering::SeqCst);
         })
     };
