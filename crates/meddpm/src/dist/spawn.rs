@@ -11,6 +11,8 @@
 //! ([`run_local`]'s `forward` count). The ranks then see exactly one signal per signal the user
 //! sent — the first finishes the step and saves (every rank stops at the same step, see
 //! `run::session`), a second aborts — instead of one from the terminal plus one from the parent.
+//! Every rank starts with SIGINT at its default disposition, even when the parent was started
+//! with it ignored (in the background of a non-interactive shell).
 
 use crate::error::{Error, Result};
 use std::path::Path;
@@ -194,7 +196,21 @@ pub fn run_local(
         let mut c = Command::new(program);
         c.args(args).envs(env.iter().map(|(k, v)| (k, v)));
         #[cfg(unix)]
-        std::os::unix::process::CommandExt::process_group(&mut c, 0);
+        {
+            use std::os::unix::process::CommandExt;
+            c.process_group(0);
+            // A parent started in the background by a non-interactive shell (`cmd &`, as CI
+            // runners and nohup-style wrappers do) inherits SIGINT ignored, and so would every
+            // rank — a shell rank could then not even trap it. The ranks get exactly the signals
+            // this launcher forwards, so they start with SIGINT at its default.
+            // SAFETY: between fork and exec only sigaction, which is async-signal-safe, runs.
+            unsafe {
+                c.pre_exec(|| {
+                    use nix::sys::signal::{signal, SigHandler, Signal};
+                    signal(Signal::SIGINT, SigHandler::SigDfl).map(|_| ()).map_err(std::io::Error::from)
+                });
+            }
+        }
         match c.spawn() {
             Ok(ch) => children.push((rank, ch)),
             Err(e) => {
