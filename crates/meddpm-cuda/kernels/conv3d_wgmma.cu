@@ -210,6 +210,41 @@ struct WmGn {
 };
 // bytes of shared memory past the (sc, sh) table: the four MMA warps' channel sums of a tile
 #define WM_YSUMS (4 * 8 * 16 * 4)
+// The data gradient taking the GroupNorm+SiLU backward's channel sums of its output
+// (conv3d_wgmma_dgrad_gnb): the output g = dL/dsilu(GN(x + off)) as stored (rounded) and x, the
+// GroupNorm's input (same shape as the output), give per channel c and column item `it` (its
+// planes d0 .. d1 of a 32 x 8 tile) the partials chan_gnbwd(3)_ndhwc* would have taken over the
+// same voxels: with t = g * silu'(GN(x)) and mu the group mean less the channel's offset,
+// part[(it * CO + c) * stride] = (sum t, sum t * (x - mu)[, sum (x - mu)]), stride 3 with x3, the
+// chunk partials gn_bwd_finalize reads (items / N chunks a sample). Saves the pass that read g and
+// x again for them (chan_gnbwd*). The producer warpgroup takes them (it only copies stages in a
+// data gradient, and waits for free buffers most of the time): once the MMA warpgroup's epilogue
+// of plane p has put g into the staging rows (WB_FULL), the producer reads it there and x's tile
+// from global memory, and hands the rows back (WB_EMPTY, before the epilogue of plane p + 1
+// writes them), all while the MMAs of plane p + 1 run; it sums plane p after it has handed over
+// the stage that completes plane p + 1 (so neither side waits for the other in a circle). A first
+// version summed in the MMA warpgroup's epilogue (x loaded into the staging rows as z is, read
+// back in fragment order): 0.3-0.5 ms slower a whole-head training step than the separate pass,
+// the MMAs idle meanwhile (docs/perf/h200-2026-12-03k).
+// With dys (64 input channels and the window of planes only; the blocks of output slice 0): also
+// the channel sums of the input dy (the conv's output gradient: its bias gradient), from the
+// stages as loaded, each thread over the rows it copied (its own copies, landed: no barrier);
+// (sum, 0) per column item and channel at dys[(it * 64 + c) * 2], chan_sum_finalize's chunks.
+// Saves the channel_sum pass over dy.
+struct WmGb {
+    const bf16* x;  // null: no sums
+    const float *mean, *rstd, *gamma, *beta, *off;
+    int G;
+    float* part;
+    int x3;
+    float* dys;
+};
+// shared memory past the table of N * CO float4 (mu, sc, sh): the producer's four warps' sums of
+// a plane, 8 lanes x 8 channels x 3 a warp; then the warps' running dy sums, 2 x 32 channels a warp
+#define WM_GBSUMS (4 * 8 * 24 * 4 + 4 * 64 * 4)
+#define WB_FULL (2 + 2 * WM_NS)
+#define WB_EMPTY (3 + 2 * WM_NS)
+#define WB_RED (4 + 2 * WM_NS)
 __device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void nb_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -225,7 +260,7 @@ __device__ __forceinline__ void wm_sts16(u32 a, uint4 v) {
 }
 __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, const float* b, bf16* y,
                                                 const bf16* z, int N, int CI, int CO, int D, int H, int W, int DC,
-                                                int accum, WmGn gn, int reuse) {
+                                                int accum, WmGn gn, int reuse, WmGb gb = WmGb{}) {
     extern __shared__ __align__(1024) unsigned char wm_smem[];
     const int CG = CI / 64, KS = 3 * CG, period = KS * 36;
     reuse = reuse && CG == 1;
@@ -244,6 +279,18 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
             float sc, sh;
             gn_affine(gn.rstd[ng], gn.gamma[c], gn.beta[c], gn.mean[ng] - (gn.off ? gn.off[i] : 0.0f), sc, sh);
             t2[i] = make_float2(sc, sh);
+        }
+    }
+    // with gb: the per-(n, co) (mu, sc, sh) of the GroupNorm whose backward sums are taken
+    float4* const gtab = reinterpret_cast<float4*>(wm_smem + WM_SMEM);
+    if (gb.x) {
+        const int cpg = CO / gb.G;
+        for (int i = threadIdx.x; i < N * CO; i += 256) {
+            const int n = i / CO, c = i - n * CO, ng = n * gb.G + c / cpg;
+            const float mu = gb.mean[ng] - (gb.off ? gb.off[i] : 0.0f);
+            float sc, sh;
+            gn_affine(gb.rstd[ng], gb.gamma[c], gb.beta[c], mu, sc, sh);
+            gtab[i] = make_float4(mu, sc, sh, 0.0f);
         }
     }
     __syncthreads();
@@ -342,6 +389,179 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
         auto cur = [&]() -> St {
             return reuse ? plan(lc.c, lp, 0) : plan(lc.c, lc.d + lc.k / CG - 1, lc.k % CG);
         };
+        // with gb: the output plane the current load completes (its last stage in the consumer's
+        // order), if any
+        struct Pl {
+            ColItem c;
+            i64 it;
+            int d;
+            bool last;  // the item's last plane
+        };
+        auto info = [&](bool& comp) -> Pl {
+            Pl p;
+            p.c = lc.c;
+            p.it = lc.it;
+            comp = reuse ? lp >= lc.c.d0 + 1 : lc.k == KS - 1;
+            p.d = reuse ? lp - 1 : lc.d;
+            p.last = p.d == lc.c.d1 - 1;
+            return p;
+        };
+        // the GroupNorm backward's sums of output plane p (see WmGb): thread t, channels
+        // ms * 64 + 8 (t & 7) .. + 7 of voxels t / 8 + 16 i of the tile; the item's running sums
+        // in threads t < 64 (channel ms * 64 + t), written once its last plane is summed
+        float rs[3] = {0.0f, 0.0f, 0.0f};
+        float* const red = reinterpret_cast<float*>(wm_smem + WM_SMEM + N * CO * 16);
+        auto sums = [&](const Pl& p, bool fin) {
+            nb_sync(WB_FULL, 256);  // plane p's g in the staging rows
+            const int c8 = t & 7, vr = t >> 3;
+            const i64 vb = (((i64)p.c.n * D + p.d) * H) * W;
+            const bf16* xb = gb.x + ms * 64 + c8 * 8;
+            float4 tb[8];
+            const float4* tp = gtab + p.c.n * CO + ms * 64 + c8 * 8;
+#pragma unroll
+            for (int j = 0; j < 8; j++) tb[j] = lds4(tp + j);
+            float sa[8], sq[8], su[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) sa[j] = sq[j] = su[j] = 0.0f;
+            // x's rows in two batches of eight loads (all sixteen at once spilled beside the
+            // bias gradient's sums)
+            uint4 xr[8];
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                if (i % 8 == 0) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        const int v = vr + 16 * (i + k), gh = p.c.h0 + (v >> 3), gw = p.c.w0 + (v & 7);
+                        xr[k] = gh < H && gw < W
+                                    ? *reinterpret_cast<const uint4*>(xb + (vb + (i64)gh * W + gw) * CO)
+                                    : make_uint4(0u, 0u, 0u, 0u);
+                    }
+                }
+                const int v = vr + 16 * i, gh = p.c.h0 + (v >> 3), gw = p.c.w0 + (v & 7);
+                if (gh >= H || gw >= W) continue;
+                const uint4 gv = wm_lds16(stg + v * WM_YR + c8 * 16);
+                const u32 gw4[4] = {gv.x, gv.y, gv.z, gv.w}, xw4[4] = {xr[i % 8].x, xr[i % 8].y, xr[i % 8].z, xr[i % 8].w};
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const u32 gu = gw4[j >> 1], xu = xw4[j >> 1];
+                    const float g1 = __uint_as_float(j & 1 ? gu & 0xffff0000u : gu << 16);
+                    const float x1 = __uint_as_float(j & 1 ? xu & 0xffff0000u : xu << 16);
+                    // chan_acc1's arithmetic
+                    const float tv = g1 * silu_grad_t<bf16>(gn_y(x1, tb[j].y, tb[j].z)), xm = x1 - tb[j].x;
+                    sa[j] += tv;
+                    sq[j] += tv * xm;
+                    su[j] += xm;
+                }
+            }
+            if (!fin) nb_arrive(WB_EMPTY, 256);  // the rows are read: the next epilogue may write them
+            // lanes l, l ^ 8, l ^ 16, l ^ 24 hold the same channels; the four warps' sums are added
+            // in order by the 64 channel threads
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                sa[j] += __shfl_xor_sync(0xffffffffu, sa[j], 8);
+                sq[j] += __shfl_xor_sync(0xffffffffu, sq[j], 8);
+                su[j] += __shfl_xor_sync(0xffffffffu, su[j], 8);
+                sa[j] += __shfl_xor_sync(0xffffffffu, sa[j], 16);
+                sq[j] += __shfl_xor_sync(0xffffffffu, sq[j], 16);
+                su[j] += __shfl_xor_sync(0xffffffffu, su[j], 16);
+            }
+            if (lane < 8) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float* r = red + ((warp * 8 + lane) * 8 + j) * 3;
+                    r[0] = sa[j];
+                    r[1] = sq[j];
+                    r[2] = su[j];
+                }
+            }
+            nb_sync(WB_RED, 128);
+            if (t < 64) {
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    const float* r = red + ((w * 8 + (t >> 3)) * 8 + (t & 7)) * 3;
+                    rs[0] += r[0];
+                    rs[1] += r[1];
+                    rs[2] += r[2];
+                }
+                if (p.last) {
+                    const int st = gb.x3 ? 3 : 2;
+                    float* o = gb.part + (p.it * CO + ms * 64 + t) * st;
+                    for (int k = 0; k < st; k++) o[k] = rs[k];
+                    rs[0] = rs[1] = rs[2] = 0.0f;
+                }
+            }
+            nb_sync(WB_RED, 128);  // red read before the next plane's sums write it
+        };
+        // with gb.dys: the load's plane is one of the item's own (not its halo), the item's last
+        const bool dyon = gb.x && gb.dys && reuse && ms == 0;
+        struct Dy {
+            bool own, last;
+            i64 it;
+        };
+        auto dyinfo = [&]() -> Dy { return Dy{lp >= lc.c.d0 && lp < lc.c.d1, lp == lc.c.d1 - 1, lc.it}; };
+        // the warps' running sums of the item (lanes 0, 1: channels 32 lane ..), in shared memory
+        // (in registers, 32 a thread, the kernel spilled)
+        float* const wys = red + 4 * 8 * 24 + warp * 64;
+        if (dyon && lane < 2)
+            for (int j = 0; j < 32; j++) wys[lane * 32 + j] = 0.0f;
+        // this thread's copies of the stage in buffer buf (landed), added up over the warp; at the
+        // item's last plane the item's sums, combined over the warps, written
+        auto dysum = [&](const St& S, const Dy& q, int buf) {
+            if (!dyon || !q.own) return;
+            float ys[32];
+#pragma unroll
+            for (int j = 0; j < 32; j++) ys[j] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < WM_NV; m++) {
+                const int r = r0 + 64 * m, hh = r / WM_PW, ww = r - hh * WM_PW;
+                if (!((S.in >> m) & 1u) || hh < 1 || hh > WM_TH || ww < 1 || ww > WM_TW) continue;
+                const u32 row = sbase + buf * WM_STAGE + r * 128;
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const uint4 v = wm_lds16(row + (((c4 + c) ^ ((row >> 7) & 7)) << 4));
+                    const u32 w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        ys[c * 8 + e] += __uint_as_float(e & 1 ? w4[e >> 1] & 0xffff0000u : w4[e >> 1] << 16);
+                }
+            }
+            // lanes of one parity hold the same 32 channels (32 (t & 1) ..): lanes 0, 1 add the
+            // warp's to its running sums
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                ys[j] += __shfl_xor_sync(0xffffffffu, ys[j], 2);
+                ys[j] += __shfl_xor_sync(0xffffffffu, ys[j], 4);
+                ys[j] += __shfl_xor_sync(0xffffffffu, ys[j], 8);
+                ys[j] += __shfl_xor_sync(0xffffffffu, ys[j], 16);
+            }
+            if (lane < 2) {
+#pragma unroll
+                for (int j = 0; j < 32; j++) wys[lane * 32 + j] += ys[j];
+            }
+            if (!q.last) return;
+            // the item's: the four warps' added in order by the 64 channel threads
+            nb_sync(WB_RED, 128);
+            if (t < 64) {
+                float a = 0.0f;
+#pragma unroll
+                for (int w = 0; w < 4; w++) a += red[4 * 8 * 24 + w * 64 + t];
+                gb.dys[(q.it * 64 + t) * 2] = a;
+                gb.dys[(q.it * 64 + t) * 2 + 1] = 0.0f;
+            }
+            nb_sync(WB_RED, 128);  // read before the next item's sums
+            if (lane < 2)
+                for (int j = 0; j < 32; j++) wys[lane * 32 + j] = 0.0f;
+        };
+        // the plane whose sums wait for the stage that completes the next plane
+        Pl pend;
+        bool havep = false;
+        auto delivered = [&](bool comp, const Pl& p) {
+            if (!gb.x || !comp) return;
+            if (havep) sums(pend, false);
+            pend = p;
+            havep = true;
+        };
+        if (gb.x) nb_arrive(WB_EMPTY, 256);  // the staging rows are free for the first epilogue
         auto adv = [&]() {
             if (!reuse) {
                 wm_next(lc, g, D, DC, KS);
@@ -355,6 +575,9 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
             }
         };
         St prev = cur();
+        bool pcomp = false;
+        Pl pinf = info(pcomp);
+        Dy pdy = dyinfo();
         load(prev, 0);
         adv();
         int s = 1;
@@ -363,16 +586,23 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
             if (s >= WM_NS) nb_sync(WS_EMPTY(buf), 256);  // load s - WM_NS's last MMAs are done
             wm_cp_wait<0>();
             xform(prev, (s - 1) % WM_NS);
+            dysum(prev, pdy, (s - 1) % WM_NS);
             nb_arrive(WS_FULL((s - 1) % WM_NS), 256);
+            delivered(pcomp, pinf);
             prev = cur();
+            pinf = info(pcomp);
+            pdy = dyinfo();
             load(prev, buf);
             adv();
         }
         wm_cp_wait<0>();
         xform(prev, (s - 1) % WM_NS);
+        dysum(prev, pdy, (s - 1) % WM_NS);
         nb_arrive(WS_FULL((s - 1) % WM_NS), 256);
+        delivered(pcomp, pinf);
         // the consumer releases stages 0 .. s - 2: take the releases not waited for above
         for (int r = max(0, s - WM_NS); r <= s - 2; r++) nb_sync(WS_EMPTY(r % WM_NS), 256);
+        if (gb.x && havep) sums(pend, true);
         return;
     }
     // ---- consumer: the MMA loop and the epilogue
@@ -445,6 +675,8 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
         wm_wait<0>(d);
         if (accum) wm_cp_wait<0>();
         nb_sync(WS_EPI, 128);  // the old output landed (every consumer thread's copies)
+        // with gb: the producer has read the previous plane's rows (its sums)
+        if (gb.x) nb_sync(WB_EMPTY, 256);
 #pragma unroll
         for (int jn = 0; jn < 32; jn += 2) {
             const int m = lane >> 3, v = 8 * (jn + (m >> 1)) + (lane & 7);
@@ -468,6 +700,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
                          : "memory");
         }
         nb_sync(WS_EPI, 128);
+        if (gb.x) nb_arrive(WB_FULL, 256);  // the plane's rows for the producer's sums
         const i64 vb = (((i64)pc.n * D + pd) * H) * W;
         // with gn.ys, the statistics of the stored outputs: this thread's 8 channels ((t & 7) * 8
         // ..) over its 16 voxels, shifted by the plane's first voxel (always inside the volume)
@@ -573,6 +806,18 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
     }
 WGMMA_ENTRY(conv3d_wgmma_fwd)
 WGMMA_ENTRY(conv3d_wgmma_dgrad)
+// the data gradient with the GroupNorm+SiLU backward's channel sums of its output (WmGb): grid as
+// the others, block 256, dynamic shared memory WM_SMEM + 16 * N * CO + WM_GBSUMS; no accumulation
+extern "C" __global__ void __launch_bounds__(256, 1)
+    conv3d_wgmma_dgrad_gnb(const bf16* x, const uint4* wp, bf16* y, int N, int CI, int CO, int D, int H, int W,
+                           int DC, int reuse, const bf16* gx, const float* mean, const float* rstd,
+                           const float* gamma, const float* beta, const float* off, int G, float* part, int x3,
+                           float* dys) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    wgmma_conv_body(x, wp, nullptr, y, nullptr, N, CI, CO, D, H, W, DC, 0, WmGn{}, reuse,
+                    WmGb{gx, mean, rstd, gamma, beta, off, G, part, x3, dys});
+#endif
+}
 // grid as the others, block 256, dynamic shared memory WM_SMEM + 8 * N * CI (the table) + WM_YSUMS; x2 /
 // CA: x is cat(x, x2) at channel CA (see WmGn), x2 = 0 for one input; ys: see WmGn
 extern "C" __global__ void __launch_bounds__(256, 1)

@@ -382,6 +382,13 @@ pub(crate) struct ConvCache {
     pub(crate) res_fold: bool,
     /// Backward passes that took the skip gradient in (tests).
     pub(crate) res_fold_runs: u64,
+    /// A ResBlock's conv data gradient, where our wgmma kernel runs it, also takes the following
+    /// GroupNorm+SiLU backward's channel sums in its epilogue (true, the default:
+    /// `conv3d_wgmma_dgrad_gnb`, `Backend::conv3d_backward_data_gn`) or leaves them to the
+    /// backward's own pass over dx (`MEDDPM_DGRAD_GN=0`, A/B benchmarks and tests).
+    pub(crate) dgrad_gn: bool,
+    /// Data gradients that took the sums (tests).
+    pub(crate) dgrad_gn_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel.
@@ -497,6 +504,8 @@ impl ConvCache {
             skip_apply_runs: 0,
             res_fold: std::env::var("MEDDPM_RES_FOLD").map_or(true, |v| v != "0"),
             res_fold_runs: 0,
+            dgrad_gn: std::env::var("MEDDPM_DGRAD_GN").map_or(true, |v| v != "0"),
+            dgrad_gn_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -2315,6 +2324,72 @@ pub(crate) fn backward_data(
     data_grad(dev, cache, dinp, dyp, cdt, w, cs, ly);
 }
 
+/// [`backward_data`] overwriting dinp whose epilogue also takes the GroupNorm+SiLU backward's
+/// channel sums of dinp ([`crate::conv_wgmma::GnSums`], written to `s.part`) where our wgmma data
+/// gradient runs this shape (decided as [`backward_data`] decides: the plain kernel against
+/// cuDNN) and `ConvCache::dgrad_gn` is on. Returns whether the sums were taken and whether dy's
+/// channel sums were (`s.dys`, where the kernel can: 64 channels of dy, the window of planes); if
+/// not, dinp is what [`backward_data`] gives and the caller takes the sums itself.
+pub(crate) fn backward_data_gn(
+    dev: &Device,
+    cache: &mut ConvCache,
+    dx: &mut GpuBuf,
+    dout: &GpuBuf,
+    w: &GpuBuf,
+    cs: ConvShape,
+    mut s: crate::conv_wgmma::GnSums,
+) -> (bool, bool) {
+    check_lens(cs, cs.x.numel(), w.len(), dout.len(), cs.cout);
+    let cdt = compute_type(cache.precision);
+    let dyp = operand(dev, dout, cdt, T_DY);
+    let ly = (cache.layout == Layout::Ndhwc, cache.mma_on());
+    assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
+    let bf = cdt == DType::Bf16 && dx.dtype() == DType::Bf16;
+    let (yd, ci) = (cs.out(), cs.x.c);
+    if cache.dgrad_gn
+        && crate::conv_wgmma::fits(dev, yd, cs.k, cs.stride, ci, ly.0, bf)
+        && crate::conv_wgmma::gnb_fits(cs.x.n, ci, s.groups)
+    {
+        let (wp, wbf) = (dev.ptr(w), w.dtype() == DType::Bf16);
+        let worth = crate::conv_wgmma::worth(dev, cs.x, ci);
+        let ours = wgmma_decided(dev, cache, cs, (Dir::BwdData, false), worth, dx.len(), |cache, ours, tp| {
+            dgrad_trial(dev, cache, ours, tp, (dyp, wp, wbf), w, cs, Accum::Overwrite)
+        });
+        if ours {
+            let reuse = cache.wgmma_reuse;
+            if !(reuse && yd.c == 64) {
+                s.dys = 0;
+            }
+            crate::conv_wgmma::run_dgrad_gnb(dev, (dyp, wp, dev.ptr_mut(dx)), wbf, yd, ci, reuse, T_WPD, s);
+            cache.wgmma_runs += 1;
+            cache.dgrad_gn_runs += 1;
+            return (true, s.dys != 0);
+        }
+    }
+    data_grad(dev, cache, (dx, Accum::Overwrite), dyp, cdt, w, cs, ly);
+    (false, false)
+}
+
+/// One run of the first-use timing of the bf16 data gradient into the scratch target `tp`: our
+/// wgmma kernel or cuDNN's.
+#[allow(clippy::too_many_arguments)]
+fn dgrad_trial(
+    dev: &Device,
+    cache: &mut ConvCache,
+    ours: bool,
+    tp: u64,
+    (dyp, wp, wbf): (u64, u64, bool),
+    w: &GpuBuf,
+    cs: ConvShape,
+    acc: Accum,
+) {
+    if ours {
+        crate::conv_wgmma::run(dev, (dyp, wp, 0, tp, 0), wbf, cs.out(), cs.x.c, acc, true, cache.wgmma_reuse, T_WPD);
+    } else {
+        cudnn_dgrad(dev, cache, tp, DType::Bf16, acc, w, dyp, cs);
+    }
+}
+
 /// Data gradient: our few-channel kernel or cuDNN (timed on first use, on a scratch target
 /// because dx may accumulate); dy already in the compute type `cdt`.
 #[allow(clippy::too_many_arguments)]
@@ -2337,11 +2412,7 @@ fn data_grad(
         let worth = crate::conv_wgmma::worth(dev, cs.x, cs.x.c);
         let add = acc == Accum::Add;
         let ours = wgmma_decided(dev, cache, cs, (Dir::BwdData, add), worth, dx.len(), |cache, ours, tp| {
-            if ours {
-                crate::conv_wgmma::run(dev, (dyp, wp, 0, tp, 0), wbf, yd, cs.x.c, acc, true, cache.wgmma_reuse, T_WPD);
-            } else {
-                cudnn_dgrad(dev, cache, tp, DType::Bf16, acc, w, dyp, cs);
-            }
+            dgrad_trial(dev, cache, ours, tp, (dyp, wp, wbf), w, cs, acc)
         });
         if ours {
             crate::conv_wgmma::run(

@@ -91,11 +91,7 @@ pub(crate) fn run_gn(
     use Arg::{I, P};
     assert!(!(tw && gn.is_some()), "conv3d_wgmma: the GroupNorm prologue is a forward's");
     let ci = x.c;
-    let packed = dev.temp(co * ci * 27, meddpm::DType::Bf16, slot);
-    let n16 = co * ci * 27 / 8;
-    let pgrid = n16.div_ceil(256).min(dev.info.sms as usize * 8).max(1);
-    let pargs = [P(wp), I(wbf as i32), I(ci as i32), I(co as i32), I(tw as i32), P(packed)];
-    dev.launch("conv3d_wgmma_pack", (pgrid as u32, 1, 1), (256, 1, 1), &pargs);
+    let packed = pack(dev, wp, wbf, ci, co, tw, slot);
     let (dc, grid) = crate::conv3d::col_items(x, dev.info.sms as usize, TILE);
     let mut args = vec![
         P(xp),
@@ -127,6 +123,97 @@ pub(crate) fn run_gn(
     };
     // a producer warpgroup beside the MMA warpgroup
     dev.launch_shared(name, (grid as u32, (co / 64) as u32, 1), (256, 1, 1), smem, &args);
+}
+
+/// The weights packed into the kernels' fragment order (`conv3d_wgmma_pack`, a kept temporary of
+/// co · ci · 27 bf16 in `slot`); `tw`: the data gradient's flipped, transposed weights.
+fn pack(dev: &Device, wp: u64, wbf: bool, ci: usize, co: usize, tw: bool, slot: u8) -> u64 {
+    use Arg::{I, P};
+    let packed = dev.temp(co * ci * 27, meddpm::DType::Bf16, slot);
+    let n16 = co * ci * 27 / 8;
+    let pgrid = n16.div_ceil(256).min(dev.info.sms as usize * 8).max(1);
+    let pargs = [P(wp), I(wbf as i32), I(ci as i32), I(co as i32), I(tw as i32), P(packed)];
+    dev.launch("conv3d_wgmma_pack", (pgrid as u32, 1, 1), (256, 1, 1), &pargs);
+    packed
+}
+
+/// The GroupNorm+SiLU backward's channel sums that `conv3d_wgmma_dgrad_gnb` takes in its
+/// epilogue (device pointers): `x` the GroupNorm's input (the data gradient's shape, bf16
+/// NDHWC), its statistics mean/rstd [N·G], γ/β [C], the input offset [N·C] (0: none) and G;
+/// `part` receives the chunk partials of `chan_gnbwd_ndhwc*` (`x3`: of `chan_gnbwd3_ndhwc*`),
+/// [`items`] × C × (2 or 3) floats, one chunk a column item. `dys` (0: none) receives the channel
+/// sums of dy (the conv's output gradient, 64 channels), `chan_sum_finalize`'s chunks, [`items`]
+/// × 64 × 2 floats: only with the window of planes (`reuse`) over 64 channels of dy.
+#[derive(Clone, Copy)]
+pub(crate) struct GnSums {
+    pub x: u64,
+    pub mean: u64,
+    pub rstd: u64,
+    pub gamma: u64,
+    pub beta: u64,
+    pub off: u64,
+    pub groups: usize,
+    pub part: u64,
+    pub x3: bool,
+    pub dys: u64,
+}
+
+/// Shared memory of `conv3d_wgmma_dgrad_gnb`'s plane sums (WM_GBSUMS: the producer's four warps,
+/// 8 lanes × 8 channels × 3 floats each, and 64 running dy sums each).
+const GBSUMS: usize = 4 * 8 * 24 * 4 + 4 * 64 * 4;
+
+/// Whether `conv3d_wgmma_dgrad_gnb` takes the sums of a GroupNorm over `c` channels, `groups`
+/// groups, batch `n`: its (mu, sc, sh) table (16 bytes an (n, c)) fits beside the stages.
+pub(crate) fn gnb_fits(n: usize, c: usize, groups: usize) -> bool {
+    groups > 0 && c.is_multiple_of(groups) && SMEM as usize + n * c * 16 + GBSUMS <= 232_448
+}
+
+/// The data gradient as [`run`] computes it (`tw`, overwriting dx, no bias: dy over the volume
+/// `yd`, `co` = dx's channels) with the GroupNorm+SiLU backward's channel sums of dx ([`GnSums`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_dgrad_gnb(
+    dev: &Device,
+    (dyp, wp, dxp): (u64, u64, u64),
+    wbf: bool,
+    yd: Dims,
+    co: usize,
+    reuse: bool,
+    slot: u8,
+    s: GnSums,
+) {
+    use Arg::{I, P};
+    assert!(gnb_fits(yd.n, co, s.groups), "conv3d_wgmma_dgrad_gnb {yd} → {co} groups {}: table does not fit", s.groups);
+    assert!(
+        s.dys == 0 || (reuse && yd.c == 64),
+        "conv3d_wgmma_dgrad_gnb {yd}: dy's sums need the window over 64 channels"
+    );
+    let packed = pack(dev, wp, wbf, yd.c, co, true, slot);
+    let (dc, grid) = crate::conv3d::col_items(yd, dev.info.sms as usize, TILE);
+    let args = [
+        P(dyp),
+        P(packed),
+        P(dxp),
+        I(yd.n as i32),
+        I(yd.c as i32),
+        I(co as i32),
+        I(yd.d as i32),
+        I(yd.h as i32),
+        I(yd.w as i32),
+        I(dc as i32),
+        I(reuse as i32),
+        P(s.x),
+        P(s.mean),
+        P(s.rstd),
+        P(s.gamma),
+        P(s.beta),
+        P(s.off),
+        I(s.groups as i32),
+        P(s.part),
+        I(s.x3 as i32),
+        P(s.dys),
+    ];
+    let smem = SMEM + (yd.n * co * 16 + GBSUMS) as u32;
+    dev.launch_shared("conv3d_wgmma_dgrad_gnb", (grid as u32, (co / 64) as u32, 1), (256, 1, 1), smem, &args);
 }
 
 /// The GroupNorm+SiLU prologue of `conv3d_wgmma_fwd_gn` (device pointers): the statistics

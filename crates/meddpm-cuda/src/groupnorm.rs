@@ -476,7 +476,7 @@ pub(crate) fn backward(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    (cl, res): (bool, Option<&GpuBuf>),
+    (cl, res, pre): (bool, Option<&GpuBuf>, Option<Partials>),
 ) {
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(dout.len() == x.numel() && dinp.0.len() == x.numel(), "groupnorm backward {x}: dout/dinp lengths");
@@ -530,7 +530,20 @@ pub(crate) fn backward(
         bf,
         (sp, ap, rp),
         None,
+        pre,
     );
+}
+
+/// The channel partials of a GroupNorm backward taken before [`backward`] (by the conv data
+/// gradient's epilogue, `conv3d::backward_data_gn`): `part` (device pointer) holds `nchunks`
+/// chunks a sample, three floats a (n, chunk, c) where the backward gives dsum, else two; `coef`
+/// has room for N·G pairs. The caller holds the storage (the scratch buffer) until the backward
+/// is queued.
+#[derive(Clone, Copy)]
+pub(crate) struct Partials {
+    pub part: u64,
+    pub coef: u64,
+    pub nchunks: usize,
 }
 
 /// Whether [`backward`] can also give the channel sums of dinp (`dsum`): NDHWC, and the
@@ -601,7 +614,7 @@ fn inplace(
     let dp = dev.ptr_mut(d);
     let dx = (dp, Accum::Overwrite);
     let (b, ip) = (Some(beta), (inp, 0));
-    backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap, 0), None);
+    backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap, 0), None, None);
 }
 
 /// [`backward_inplace_act`] that delivers the gradient to the two parts of the concatenation
@@ -654,6 +667,7 @@ pub(crate) fn backward_inplace_act_split(
         bf,
         (0, ap, 0),
         split,
+        None,
     );
 }
 
@@ -716,7 +730,8 @@ pub(crate) fn backward_act_split_from_parts(
     let skip = skip.map(|(dout, w, co)| (dev.ptr(dout), dev.ptr(w), co));
     let split = Some((sp, ms_, ca, xs, skip));
     let (b, ip) = (Some(beta), (&*act, 0));
-    backward_ptrs(dev, (hp, mh), dgamma, dbeta, dp, b, ip, mean, rstd, gamma, xd, groups, true, bf, (0, ap, 0), split);
+    let (d, g) = ((hp, mh), (dgamma, dbeta));
+    backward_ptrs(dev, d, g.0, g.1, dp, b, ip, mean, rstd, gamma, xd, groups, true, bf, (0, ap, 0), split, None);
 }
 
 /// `gn_bwd_apply_split_skip`'s tile for C concatenated channels and `co` skip-conv outputs: 64
@@ -789,18 +804,28 @@ fn backward_ptrs(
     bf: i32,
     (dsum, act, res): (u64, u64, u64),
     split: Option<Split>,
+    pre: Option<Partials>,
 ) {
     assert!(res == 0 || split.is_none(), "groupnorm backward: res with a split gradient");
-    let (_, nchunks) = chunking(x, cl);
+    assert!(pre.is_none() || split.is_none(), "groupnorm backward: partials given with a split gradient");
     let stride = if dsum != 0 { 3 } else { 2 };
-    let npart = x.n * nchunks * x.c * stride;
-    let scratch = dev.scratch(npart + x.n * groups * 2);
-    let pp = dev.ptr(&*scratch);
-    let coef = pp + (npart * 4) as u64;
+    // the partials' storage: the scratch buffer, or the caller's (pre)
+    let (nchunks, pp, coef, _scratch) = match pre {
+        Some(p) => (p.nchunks, p.part, p.coef, None),
+        None => {
+            let (_, nchunks) = chunking(x, cl);
+            let npart = x.n * nchunks * x.c * stride;
+            let scratch = dev.scratch(npart + x.n * groups * 2);
+            let pp = dev.ptr(&*scratch);
+            (nchunks, pp, pp + (npart * 4) as u64, Some(scratch))
+        }
+    };
     let (xp, mp, rp, gp) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr(gamma));
     let bp = silu_beta.map(|b| dev.ptr(b)).unwrap_or(0);
     let from_parts = split.map_or([0; 3], |s| s.3);
-    if from_parts[0] != 0 {
+    if pre.is_some() {
+        // taken already
+    } else if from_parts[0] != 0 {
         assert!(dsum == 0 && cl, "groupnorm backward from parts: NDHWC, no dx channel sums");
         let ca = split.map_or(0, |s| s.2);
         let [xh, xs, xb] = from_parts;

@@ -391,6 +391,19 @@ impl CudaBackend {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).res_fold_runs
     }
 
+    /// A ResBlock conv's data gradient on our wgmma kernel takes the following GroupNorm+SiLU
+    /// backward's channel sums in its epilogue (true, the default) or leaves them to the
+    /// backward's own pass (false). For tests and benchmarks; `MEDDPM_DGRAD_GN=0` sets false at
+    /// start-up.
+    pub fn set_dgrad_gn(&self, on: bool) {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).dgrad_gn = on;
+    }
+
+    /// Data gradients that took the GroupNorm backward's sums so far (`conv3d_wgmma_dgrad_gnb`).
+    pub fn dgrad_gn_runs(&self) -> u64 {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner()).dgrad_gn_runs
+    }
+
     /// Calls of `gn_bwd_apply_split_skip` so far.
     pub fn skip_apply_runs(&self) -> u64 {
         self.conv.lock().unwrap_or_else(|e| e.into_inner()).skip_apply_runs
@@ -537,7 +550,7 @@ impl CudaBackend {
             gamma,
             x,
             groups,
-            (cl, None),
+            (cl, None, None),
         );
         if let Some(s) = sum_after {
             self.channel_sum(s, dx, x);
@@ -786,6 +799,122 @@ impl Backend for CudaBackend {
         let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
         conv3d::backward_data(&self.dev, &mut cache, dinp, dout, w, cs);
     }
+    /// The GroupNorm backward's channel sums come from the data gradient's epilogue
+    /// (`conv3d_wgmma_dgrad_gnb`) where our wgmma kernel runs it (bf16 NDHWC; with `res` where it
+    /// rides in the backward's pass, with `dsum` where the backward gives it from its sums);
+    /// elsewhere the trait's two calls.
+    fn conv3d_backward_data_gn(
+        &self,
+        da: &mut Self::Buf,
+        dout: &Self::Buf,
+        w: &Self::Buf,
+        cs: ConvShape,
+        gn: meddpm::backend::GnSiluBack<'_, Self::Buf>,
+    ) {
+        let meddpm::backend::GnSiluBack { dinp, dsum, res, act, dgb, inp, off, ms, gb, x, groups, dout_sum } = gn;
+        let (dev, cl) = (&self.dev, self.cl());
+        assert!(x == cs.x, "conv3d_backward_data_gn: the GroupNorm over {x}, the conv's input {}", cs.x);
+        assert!(res.is_none() || dsum.is_none(), "conv3d_backward_data_gn {x}: res and dsum together");
+        let bf = [&*da, dout, inp, &*dinp.0].iter().all(|b| b.dtype() == meddpm::DType::Bf16);
+        let eligible = {
+            let c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+            cl && bf
+                && c.dgrad_gn
+                && res.is_none_or(|r| c.res_fold && r.dtype() == dinp.0.dtype())
+                && (dsum.is_none() || groupnorm::can_sum(x, groups, cl))
+        };
+        if !eligible {
+            if let Some(s) = dout_sum {
+                self.channel_sum(s, dout, cs.out());
+            }
+            self.conv3d_backward_data((&mut *da, Accum::Overwrite), dout, w, cs);
+            return match res {
+                Some(r) => self.groupnorm_silu_backward_act_res(dinp, r, act, dgb, da, inp, off, ms, gb, x, groups),
+                None => self.groupnorm_silu_backward_act(dinp, dsum, act, dgb, da, inp, off, ms, gb, x, groups),
+            };
+        }
+        // the partials (one chunk a column item of the kernel) and the finaliser's coefficients
+        // in the scratch buffer, held until the backward is queued
+        // (and dout's channel sums' chunks after them)
+        let items = conv_wgmma::items(dev, x);
+        let stride = if dsum.is_some() { 3 } else { 2 };
+        let npart = items * x.c * stride;
+        let nys = if dout_sum.is_some() { items * cs.cout * 2 } else { 0 };
+        let scratch = dev.scratch(npart + x.n * groups * 2 + nys);
+        let pp = dev.ptr(&*scratch);
+        let ysp = if nys > 0 { pp + ((npart + x.n * groups * 2) * 4) as u64 } else { 0 };
+        let (mean, rstd) = ms;
+        let (gamma, beta) = gb;
+        let sums = conv_wgmma::GnSums {
+            x: dev.ptr(inp),
+            mean: dev.ptr(mean),
+            rstd: dev.ptr(rstd),
+            gamma: dev.ptr(gamma),
+            beta: dev.ptr(beta),
+            off: off.map_or(0, |o| {
+                assert!(o.len() == x.n * x.c && o.dtype() == meddpm::DType::F32, "conv3d_backward_data_gn {x}: offset");
+                dev.ptr(o)
+            }),
+            groups,
+            part: pp,
+            x3: dsum.is_some(),
+            dys: ysp,
+        };
+        let (took, ys_took) = {
+            let mut c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+            let took = conv3d::backward_data_gn(dev, &mut c, da, dout, w, cs, sums);
+            c.res_fold_runs += (took.0 && res.is_some()) as u64;
+            took
+        };
+        // dout's channel sums: from the kernel's chunks, or (after the scratch is let go) a pass
+        let mut dout_sum = dout_sum;
+        if ys_took {
+            let out = dout_sum.take().expect("asked for");
+            assert!(
+                out.len() == x.n * cs.cout && out.dtype() == meddpm::DType::F32,
+                "conv3d_backward_data_gn: dout_sum"
+            );
+            let (n, co, nch) = (x.n as i32, cs.cout as i32, (items / x.n) as i32);
+            use device::Arg::{I, P};
+            let a = [P(ysp), P(dev.ptr_mut(out)), I(n), I(co), I(nch), I(0), I(0)];
+            dev.launch("chan_sum_finalize", ((x.n * cs.cout) as u32, 1, 1), (256, 1, 1), &a);
+        }
+        let pre = took.then_some(groupnorm::Partials { part: pp, coef: pp + (npart * 4) as u64, nchunks: items / x.n });
+        if !took {
+            // the backward takes the sums itself, in the scratch buffer
+            drop(scratch);
+            if let Some(s) = dout_sum {
+                self.channel_sum(s, dout, cs.out());
+            }
+            return match res {
+                Some(r) => self.groupnorm_silu_backward_act_res(dinp, r, act, dgb, da, inp, off, ms, gb, x, groups),
+                None => self.groupnorm_silu_backward_act(dinp, dsum, act, dgb, da, inp, off, ms, gb, x, groups),
+            };
+        }
+        let (dgamma, dbeta) = dgb;
+        groupnorm::backward(
+            dev,
+            dinp,
+            dsum,
+            Some(act),
+            dgamma,
+            dbeta,
+            da,
+            Some(beta),
+            inp,
+            off,
+            mean,
+            rstd,
+            gamma,
+            x,
+            groups,
+            (cl, res, pre),
+        );
+        drop(scratch);
+        if let Some(s) = dout_sum {
+            self.channel_sum(s, dout, cs.out());
+        }
+    }
 
     fn groupnorm_forward(
         &self,
@@ -829,7 +958,7 @@ impl Backend for CudaBackend {
             gamma,
             x,
             groups,
-            (self.cl(), None),
+            (self.cl(), None, None),
         );
     }
     fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) {
@@ -1139,7 +1268,7 @@ impl Backend for CudaBackend {
             gb.0,
             x,
             groups,
-            (cl, Some(res)),
+            (cl, Some(res), None),
         );
     }
     fn groupnorm_silu_backward_inplace_act(

@@ -499,6 +499,148 @@ fn wgmma_wgrad_bf16_parity() {
 /// the CPU's, and against the GPU's own two calls (`groupnorm_silu_forward`, then the forced
 /// `conv3d_wgmma` on the stored silu(GN(x))) bit for bit: the prologue evaluates silu(GN(x))
 /// exactly as gn_apply does and the sums run in the same order.
+/// A ResBlock conv's data gradient followed by the GroupNorm+SiLU backward of that gradient
+/// (`conv3d_backward_data_gn`) with the backward's channel sums taken in the wgmma data gradient's
+/// epilogue (`conv3d_wgmma_dgrad_gnb`, forced on) against the same two steps with the sums from
+/// the backward's own pass (`set_dgrad_gn(false)`) and against the CPU's two calls: the data
+/// gradient and act bit for bit the unfused GPU path's (the same kernel arithmetic), dx within two
+/// bf16 ulps of both, dγ, dβ and the time-embedding gradient dsum (f32 sums in another order)
+/// within 1e-4 of the unfused GPU path, dγ and dβ within 1e-3 of the CPU, dsum within the
+/// CPU's own rounding noise (it sums dx as stored in bf16, the GPU before rounding); dout's
+/// channel sums (the conv's bias gradient, from the kernel's stages where dout has 64 channels)
+/// within 1e-4 of the CPU and 1e-5 of the unfused path's pass. Cases: an input offset with dsum (the
+/// out_layers' GroupNorm), the identity skip's gradient folded in (res, both modes), a 128-channel
+/// gradient (two output slices of the kernel, the GroupNorm's groups spanning both) added onto
+/// dx, a 128-channel dout, tiles cut by H and W, batch 2, more column items than SMs (blocks that
+/// sum two items).
+#[test]
+fn wgmma_dgrad_gn_bf16_parity() {
+    use meddpm::backend::GnSiluBack;
+    let Some(gs) = gpus() else { return };
+    let g = &gs[1];
+    let cpu = CpuBackend::bf16();
+    // (conv input = GroupNorm input, conv outputs, groups, offset and dsum, res, dx mode)
+    let cases = [
+        (Dims::new(1, 64, 5, 35, 9), 64, 32, true, false, Accum::Overwrite),
+        (Dims::new(2, 64, 4, 33, 17), 64, 16, false, true, Accum::Overwrite),
+        (Dims::new(1, 64, 3, 7, 10), 64, 32, false, true, Accum::Add),
+        (Dims::new(2, 128, 3, 9, 12), 64, 32, false, false, Accum::Add),
+        // dout of 128 channels: no window of planes, dout's sums from the pass
+        (Dims::new(1, 64, 3, 9, 10), 128, 32, false, false, Accum::Add),
+        (Dims::new(2, 64, 5, 33, 272), 64, 32, true, false, Accum::Overwrite),
+    ];
+    g.set_wgmma(Some(true));
+    for (i, (xd, co, groups, with_off, with_res, mode)) in cases.into_iter().enumerate() {
+        let cs = ConvShape::new(xd, co, 3, 1);
+        let (o, seed, ng, c) = (cs.out(), 9100 + 20 * i as u64, xd.n * groups, xd.c);
+        let wshape = [co, c, 3, 3, 3];
+        // the GroupNorm's input with per-channel means, its offset, parameters and statistics
+        let mut xin = rnd(xd.numel(), seed, 1.5);
+        for (k, v) in xin.iter_mut().enumerate() {
+            *v += ((k / xd.s()) % c) as f32 * 0.05 - 1.0;
+        }
+        let xin = rb(&xin);
+        let off = with_off.then(|| rnd(xd.n * c, seed + 1, 0.5));
+        let (gamma, beta) = (rnd(c, seed + 2, 1.0), rnd(c, seed + 3, 1.0));
+        let w = rnd(cs.w_len(), seed + 4, 1.0 / ((c * 27) as f32).sqrt());
+        let dy = rb(&rnd(o.numel(), seed + 5, 1.0));
+        let res = with_res.then(|| rb(&rnd(xd.numel(), seed + 6, 1.0)));
+        let dx0 = rb(&rnd(xd.numel(), seed + 7, 1.0));
+        let (dg0, db0) = (rnd(c, seed + 8, 1.0), rnd(c, seed + 9, 1.0));
+        let (mut a_c, mut m_c, mut r_c) = (vec![0f32; xd.numel()], vec![0f32; ng], vec![0f32; ng]);
+        cpu.groupnorm_silu_forward(&mut a_c, &mut m_c, &mut r_c, &xin, off.as_ref(), &gamma, &beta, xd, groups);
+        let tag = format!("dgrad + GroupNorm backward {xd} -> {co} G{groups} off {with_off} res {with_res} {mode:?}");
+        // the CPU: the trait's two calls
+        let (mut da_c, mut dx_c, mut act_c) = (vec![0f32; xd.numel()], dx0.clone(), vec![0f32; xd.numel()]);
+        let (mut dg_c, mut db_c, mut ds_c) = (dg0.clone(), db0.clone(), vec![0f32; xd.n * c]);
+        let mut ys_c = vec![0f32; xd.n * co];
+        cpu.conv3d_backward_data_gn(
+            &mut da_c,
+            &dy,
+            &w,
+            cs,
+            GnSiluBack {
+                dinp: (&mut dx_c, mode),
+                dsum: with_off.then_some(&mut ds_c),
+                res: res.as_ref(),
+                act: &mut act_c,
+                dgb: (&mut dg_c, &mut db_c),
+                inp: &xin,
+                off: off.as_ref(),
+                ms: (&m_c, &r_c),
+                gb: (&gamma, &beta),
+                x: xd,
+                groups,
+                dout_sum: Some(&mut ys_c),
+            },
+        );
+        let (xg, dyg, wg) = (act(g, &xin, xd), act(g, &dy, o), param(g, &w, &wshape));
+        let (mg, rg, gg, bg) = (raw(g, &m_c), raw(g, &r_c), raw(g, &gamma), raw(g, &beta));
+        let (offg, resg) = (off.as_ref().map(|v| raw(g, v)), res.as_ref().map(|v| act(g, v, xd)));
+        let mut outs = Vec::new();
+        for fused in [true, false] {
+            g.set_dgrad_gn(fused);
+            let (runs, wruns) = (g.dgrad_gn_runs(), g.wgmma_runs());
+            let (mut da, mut dx, mut a) =
+                (g.alloc_act(xd.numel()).unwrap(), act(g, &dx0, xd), g.alloc_act(xd.numel()).unwrap());
+            let (mut dgg, mut dbg, mut dsg) = (raw(g, &dg0), raw(g, &db0), raw(g, &vec![0f32; xd.n * c]));
+            let mut ysg = raw(g, &vec![f32::NAN; xd.n * co]);
+            let gn = GnSiluBack {
+                dinp: (&mut dx, mode),
+                dsum: with_off.then_some(&mut dsg),
+                res: resg.as_ref(),
+                act: &mut a,
+                dgb: (&mut dgg, &mut dbg),
+                inp: &xg,
+                off: offg.as_ref(),
+                ms: (&mg, &rg),
+                gb: (&gg, &bg),
+                x: xd,
+                groups,
+                dout_sum: Some(&mut ysg),
+            };
+            g.conv3d_backward_data_gn(&mut da, &dyg, &wg, cs, gn);
+            if i == 0 && fused && g.wgmma_runs() == wruns {
+                println!("skipped: conv3d_wgmma needs an sm_90 GPU ({})", name(g));
+                g.set_wgmma(None);
+                g.set_dgrad_gn(true);
+                return;
+            }
+            assert_eq!(g.wgmma_runs() - wruns, 1, "{tag}: the data gradient ran on conv3d_wgmma");
+            assert_eq!(g.dgrad_gn_runs() - runs, fused as u64, "{tag}: the sums from the epilogue: {fused}");
+            let t = format!("{tag} fused {fused} [{}]", name(g));
+            let got = (get_act(g, &da, xd), get_act(g, &dx, xd), get_act(g, &a, xd));
+            let gotr = (get_raw(g, &dgg), get_raw(g, &dbg), get_raw(g, &dsg), get_raw(g, &ysg));
+            check(&format!("{t} dout's channel sums"), &gotr.3, &ys_c, 1e-4);
+            check(&format!("{t} data gradient"), &got.0, &da_c, BF);
+            check(&format!("{t} act"), &got.2, &act_c, BF);
+            check(&format!("{t} dx"), &got.1, &dx_c, BF);
+            check(&format!("{t} dgamma"), &gotr.0, &dg_c, 1e-3);
+            check(&format!("{t} dbeta"), &gotr.1, &db_c, 1e-3);
+            if with_off {
+                // the CPU sums dx as stored (bf16), the GPU forms the sums of dx before rounding
+                // from the backward's own sums: they differ by the rounding errors of S values,
+                // random, each within half an ulp (2⁻⁹ relative)
+                let noise = 4.0 * (xd.s() as f64).sqrt() * rms(&dx_c) * 2f64.powi(-9);
+                compare(&format!("{t} dsum"), &gotr.2, &ds_c, Tolerance::new(noise, 1e-3))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+            outs.push((got, gotr));
+        }
+        g.set_dgrad_gn(true);
+        let ((f, fr), (u, ur)) = (&outs[0], &outs[1]);
+        assert!(f.0 == u.0 && f.2 == u.2, "{tag}: the data gradient / act differ from the unfused path's");
+        check(&format!("{tag} dx fused vs unfused"), &f.1, &u.1, BF);
+        check(&format!("{tag} dgamma fused vs unfused"), &fr.0, &ur.0, 1e-4);
+        check(&format!("{tag} dbeta fused vs unfused"), &fr.1, &ur.1, 1e-4);
+        check(&format!("{tag} dout's channel sums fused vs unfused"), &fr.3, &ur.3, 1e-5);
+        if with_off {
+            check(&format!("{tag} dsum fused vs unfused"), &fr.2, &ur.2, 1e-4);
+        }
+    }
+    g.set_wgmma(None);
+}
+
 #[test]
 fn wgmma_gn_conv_bf16_parity() {
     let Some(gs) = gpus() else { return };
@@ -1525,6 +1667,41 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
     check_rerun("U-Net from the parts vs the two calls", (o3, g3), (o2, g2));
     // Statistics from the epilogue: the same sums in another order (~1e-7 relative)
     check_rerun("U-Net with epilogue statistics vs the statistics pass", (o4, g4), (o3, g3));
+}
+
+/// The U-Net's backward with the GroupNorm+SiLU backward's sums (and out_layers' bias sums) from
+/// the wgmma data gradient (`conv3d_backward_data_gn`, the default) against the passes
+/// (`set_dgrad_gn(false)`): the forward bit for bit (untouched), the gradients within
+/// `check_rerun`'s bounds (the same sums in another order), and the data gradients that took them
+/// counted (64-channel model, wgmma forced), none without.
+#[test]
+fn unet_dgrad_gn_matches_the_passes() {
+    let Some(gs) = gpus() else { return };
+    let g = &gs[1];
+    let cfg = unet64(1, vec![2]);
+    g.set_wgmma(Some(true));
+    let mut runs = Vec::new();
+    for on in [false, true] {
+        g.set_dgrad_gn(on);
+        let r0 = g.dgrad_gn_runs();
+        let (out, grads, _) = unet_run(g, &cfg, 2, (3700, 37, 38), &[9.0, 500.0]);
+        runs.push((out, grads, g.dgrad_gn_runs() - r0));
+    }
+    g.set_dgrad_gn(true);
+    g.set_wgmma(None);
+    let ((o0, g0, n0), (o1, g1, n1)) = (&runs[0], &runs[1]);
+    println!("data gradients with the GroupNorm sums: {n0} (passes), {n1} (default)");
+    if g.wgmma_runs() == 0 {
+        println!("skipped: conv3d_wgmma needs an sm_90 GPU ({})", name(g));
+        return;
+    }
+    assert_eq!(*n0, 0, "set_dgrad_gn(false): no data gradient takes the sums");
+    // 2 down, 2 middle, 4 up ResBlocks: out_layers' convs and, but in the up blocks (their input
+    // gradient goes to the concatenation's parts, groupnorm_silu_backward_cat_in), in_layers'
+    assert_eq!(*n1, 12, "every ResBlock conv's data gradient before a GroupNorm took the sums");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(o0) == bits(o1), "U-Net forward changed with the backward's sums");
+    check_rerun("U-Net with the GroupNorm sums from the data gradient vs the passes", (o1, g1), (o0, g0));
 }
 
 /// The statistics a ResBlock's out_layers conv takes for the layer that reads its output: two

@@ -213,12 +213,32 @@ pub struct SamplerCoefs {
     pub offset: u64,
 }
 
-/// The hardware abstraction. Generic code stops at the model (`UNet<B>`, `Trainer<B>`).
 /// The GroupNorm statistics a fused convolution may take of its output (see
 /// [`Backend::groupnorm_silu_conv3d_fused`]): mean, rstd [N·G], and the offset [N·Cout] (f32) the
 /// GroupNorm adds to the output before normalising.
 pub type YStats<'a, B> = (&'a mut B, &'a mut B, Option<&'a B>);
 
+/// The GroupNorm+SiLU backward that follows a conv's data gradient in
+/// [`Backend::conv3d_backward_data_gn`], whose output gradient that data gradient is: the
+/// arguments of [`Backend::groupnorm_silu_backward_act`] (with `dsum`) or, with `res`, of
+/// [`Backend::groupnorm_silu_backward_act_res`] — not both; `dout_sum` (f32 [N·Cout], overwritten)
+/// receives [`Backend::channel_sum`] of the conv's dout (its bias gradient's per-sample rows).
+pub struct GnSiluBack<'a, B> {
+    pub dinp: (&'a mut B, Accum),
+    pub dsum: Option<&'a mut B>,
+    pub res: Option<&'a B>,
+    pub act: &'a mut B,
+    pub dgb: (&'a mut B, &'a mut B),
+    pub inp: &'a B,
+    pub off: Option<&'a B>,
+    pub ms: (&'a B, &'a B),
+    pub gb: (&'a B, &'a B),
+    pub x: Dims,
+    pub groups: usize,
+    pub dout_sum: Option<&'a mut B>,
+}
+
+/// The hardware abstraction. Generic code stops at the model (`UNet<B>`, `Trainer<B>`).
 pub trait Backend {
     /// A device buffer of `f32` elements.
     type Buf;
@@ -335,6 +355,33 @@ pub trait Backend {
     /// rewritten by the GroupNorm backward that consumes this gradient
     /// ([`Backend::groupnorm_silu_backward_act`]): no separate recomputation pass.
     fn conv3d_backward_data(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, w: &Self::Buf, cs: ConvShape);
+    /// [`Backend::conv3d_backward_data`] into `da` (overwritten), then the GroupNorm+SiLU backward
+    /// `gn` of that gradient (its dout = da): a ResBlock conv's input gradient through the
+    /// GroupNorm+SiLU before it. CUDA takes the backward's channel sums in the data gradient's
+    /// epilogue where its wgmma kernel runs (no pass that reads da and the GroupNorm's input again
+    /// for them), and dout's channel sums from the stages it loads; this default is the calls —
+    /// the same values, up to the order of the sums.
+    fn conv3d_backward_data_gn(
+        &self,
+        da: &mut Self::Buf,
+        dout: &Self::Buf,
+        w: &Self::Buf,
+        cs: ConvShape,
+        gn: GnSiluBack<'_, Self::Buf>,
+    ) {
+        let GnSiluBack { dinp, dsum, res, act, dgb, inp, off, ms, gb, x, groups, dout_sum } = gn;
+        if let Some(s) = dout_sum {
+            self.channel_sum(s, dout, cs.out());
+        }
+        self.conv3d_backward_data((&mut *da, Accum::Overwrite), dout, w, cs);
+        match res {
+            Some(r) => {
+                assert!(dsum.is_none(), "conv3d_backward_data_gn {x}: res and dsum together");
+                self.groupnorm_silu_backward_act_res(dinp, r, act, dgb, da, inp, off, ms, gb, x, groups)
+            }
+            None => self.groupnorm_silu_backward_act(dinp, dsum, act, dgb, da, inp, off, ms, gb, x, groups),
+        }
+    }
 
     // ---- normalisation and activation -----------------------------------------------------------
     /// GroupNorm(groups, eps 1e-5, affine) over each (n, group): out, and mean/rstd [N·G] saved.

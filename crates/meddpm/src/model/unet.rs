@@ -29,7 +29,7 @@
 
 use super::config::UNetConfig;
 use super::params::{init_param, node_params, topology, Node, ParamSpec};
-use crate::backend::{Accum, Backend};
+use crate::backend::{Accum, Backend, GnSiluBack};
 use crate::error::{Error, Result};
 use crate::shape::{ConvShape, Dims};
 
@@ -1028,12 +1028,8 @@ impl<B: Backend> UNet<B> {
                     let (p, xd, yd) = (r.p, r.x, r.x.with_c(r.cout));
                     let (xn, yn) = (xd.numel(), yd.numel());
                     // Bias gradients from channel sums taken once: out_layers' conv and the skip
-                    // conv both have Σ dout; in_layers' conv has Σₙ de (below).
-                    be.channel_sum(&mut r.ds, dout, yd);
-                    be.bias_grad_rows(&mut dw[p + 9], &r.ds, n, r.cout);
-                    if xd.c != r.cout {
-                        be.bias_grad_rows(&mut dw[p + 11], &r.ds, n, r.cout);
-                    }
+                    // conv both have Σ dout (taken with out_layers' data gradient, below);
+                    // in_layers' conv has Σₙ de (below).
                     // skip branch first: it sets dx per `mode`, the main branch then adds (a
                     // `cat_in` block adds its skip branch last, below)
                     // (an identity skip's dout rides in in_layers' GroupNorm+SiLU backward, below)
@@ -1042,20 +1038,33 @@ impl<B: Backend> UNet<B> {
                         let cs = ConvShape::new(xd, r.cout, 1, 1);
                         be.conv3d_backward(Some((&mut *dx, mode)), &mut dw[p + 10], None, dout, x, cw(p + 10), cs);
                     }
-                    // out_layers: Conv3's data gradient → slot 1; GroupNorm+SiLU backward → dh in
-                    // slot 2, recomputing SiLU(GroupNorm(h)) into slot 0 on the way; Conv3's
-                    // weight gradient from it.
+                    // out_layers: Conv3's data gradient → slot 1 (and Σ dout); GroupNorm+SiLU
+                    // backward → dh in slot 2, recomputing SiLU(GroupNorm(h)) into slot 0 on the
+                    // way; Conv3's weight gradient from it.
                     let [a, da, dh] = scr.get([(yn, 0), (yn, 1), (yn, 2)]);
                     let cs = ConvShape::new(yd, r.cout, 3, 1);
-                    be.conv3d_backward_data((da, Accum::Overwrite), dout, cw(p + 8), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p + 6, p + 7]).expect("distinct");
-                    let (m, rs) = (&r.mean2, &r.rstd2);
-                    let (gm, bt) = (&w[p + 6], &w[p + 7]);
                     // with dh's channel sums, the gradient of emb_layers' output (h + Linear(SiLU(emb)),
                     // broadcast over voxels: the GroupNorm's input offset)
-                    let (h, e, d) = (&r.h, Some(&r.e), (&mut *dh, Accum::Overwrite));
-                    let (ms, gmb) = ((m, rs), (gm, bt));
-                    be.groupnorm_silu_backward_act(d, Some(&mut r.de), a, (gg, gb), da, h, e, ms, gmb, yd, g);
+                    let gn = GnSiluBack {
+                        dinp: (&mut *dh, Accum::Overwrite),
+                        dsum: Some(&mut r.de),
+                        res: None,
+                        act: &mut *a,
+                        dgb: (gg, gb),
+                        inp: &r.h,
+                        off: Some(&r.e),
+                        ms: (&r.mean2, &r.rstd2),
+                        gb: (&w[p + 6], &w[p + 7]),
+                        x: yd,
+                        groups: g,
+                        dout_sum: Some(&mut r.ds),
+                    };
+                    be.conv3d_backward_data_gn(da, dout, cw(p + 8), cs, gn);
+                    be.bias_grad_rows(&mut dw[p + 9], &r.ds, n, r.cout);
+                    if xd.c != r.cout {
+                        be.bias_grad_rows(&mut dw[p + 11], &r.ds, n, r.cout);
+                    }
                     be.conv3d_backward(None, &mut dw[p + 8], None, dout, a, cw(p + 8), cs);
                     let [gw, gb] = dw.get_disjoint_mut([p + 4, p + 5]).expect("distinct");
                     let de_silu = Some((&mut te.d_emb_silu, Accum::Add));
@@ -1088,16 +1097,23 @@ impl<B: Backend> UNet<B> {
                     // recomputing GroupNorm+SiLU of x on the way; Conv3's weight gradient.
                     let [dh, a, da] = scr.get([(yn, 2), (xn, 0), (xn, 1)]);
                     let cs = ConvShape::new(xd, r.cout, 3, 1);
-                    be.conv3d_backward_data((da, Accum::Overwrite), dh, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    let (ms, gmb) = ((&r.mean1, &r.rstd1), (&w[p], &w[p + 1]));
-                    if xd.c == r.cout {
-                        let d = (dx, mode);
-                        be.groupnorm_silu_backward_act_res(d, dout, a, (gg, gb), da, x, None, ms, gmb, xd, g);
-                    } else {
-                        let d = (dx, Accum::Add);
-                        be.groupnorm_silu_backward_act(d, None, a, (gg, gb), da, x, None, ms, gmb, xd, g);
-                    }
+                    let res = xd.c == r.cout;
+                    let gn = GnSiluBack {
+                        dinp: (&mut *dx, if res { mode } else { Accum::Add }),
+                        dsum: None,
+                        res: res.then_some(dout),
+                        act: &mut *a,
+                        dgb: (gg, gb),
+                        inp: x,
+                        off: None,
+                        ms: (&r.mean1, &r.rstd1),
+                        gb: (&w[p], &w[p + 1]),
+                        x: xd,
+                        groups: g,
+                        dout_sum: None,
+                    };
+                    be.conv3d_backward_data_gn(da, dh, cw(p + 2), cs, gn);
                     be.conv3d_backward(None, &mut dw[p + 2], None, dh, a, cw(p + 2), cs);
                 }
                 Op::Attn(a) => {
@@ -1137,10 +1153,22 @@ impl<B: Backend> UNet<B> {
                     // input on the way; the conv's weight and bias gradients
                     let [a, da] = scr.get([(xd.numel(), 0), (xd.numel(), 1)]);
                     let cs = ConvShape::new(xd, o.cout, 3, 1);
-                    be.conv3d_backward_data((da, Accum::Overwrite), dout, cw(p + 2), cs);
                     let [gg, gb] = dw.get_disjoint_mut([p, p + 1]).expect("distinct");
-                    let (ms, gmb) = ((&o.mean, &o.rstd), (&w[p], &w[p + 1]));
-                    be.groupnorm_silu_backward_act((dx, mode), None, a, (gg, gb), da, xo, None, ms, gmb, xd, g);
+                    let gn = GnSiluBack {
+                        dinp: (dx, mode),
+                        dsum: None,
+                        res: None,
+                        act: &mut *a,
+                        dgb: (gg, gb),
+                        inp: xo,
+                        off: None,
+                        ms: (&o.mean, &o.rstd),
+                        gb: (&w[p], &w[p + 1]),
+                        x: xd,
+                        groups: g,
+                        dout_sum: None,
+                    };
+                    be.conv3d_backward_data_gn(da, dout, cw(p + 2), cs, gn);
                     let [gw, gb] = dw.get_disjoint_mut([p + 2, p + 3]).expect("distinct");
                     be.conv3d_backward(None, gw, Some(gb), dout, a, cw(p + 2), cs);
                 }
