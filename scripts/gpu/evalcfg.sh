@@ -18,7 +18,8 @@
 # [1,2,2,4], attention at 4³ (the demo preset has 8 channels), lr 2e-4, EMA decay 0.995 every
 # step from step 500. Other knobs (for testing the logic on a CPU: DEVICE=cpu STEPS=2 SEEDS=2
 # TIMESTEPS=3 MODEL_CHANNELS=8): DEVICE (cuda), SEEDS (3), TIMESTEPS (the training's 250),
-# CONFIGS (all four), EVALCFG_CMD (eval-configs: the subcommand as wired in main.rs).
+# CONFIGS (all four), EVALCFG_CMD (eval-configs: the subcommand as wired in main.rs), TRAIN_ARGS
+# (extra `train` flags, e.g. "--precision bf16" to check a training-side change).
 set -uo pipefail
 : "${BIN:?set BIN to the meddpm binary}" "${RES:?set RES to a results folder}"
 DEVICE=${DEVICE:-cuda}
@@ -81,7 +82,7 @@ sed 's/^/   /' "$WORK/run.toml" >>"$LOG"
 
 t0=$(date +%s)
 timeout -s INT "$TRAIN_SECONDS" "$BIN" train --device "$DEVICE" --config "$WORK/run.toml" --steps "$STEPS" \
-  --out "$WORK/train" >>"$LOG" 2>&1
+  --out "$WORK/train" ${TRAIN_ARGS:-} >>"$LOG" 2>&1
 rc=$?
 t1=$(date +%s)
 CK="$WORK/train/checkpoint.safetensors"
