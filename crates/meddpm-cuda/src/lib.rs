@@ -809,67 +809,57 @@ impl Backend for CudaBackend {
         dout: &Self::Buf,
         w: &Self::Buf,
         cs: ConvShape,
-        gn: meddpm::backend::GnSiluBack<'_, Self::Buf>,
+        mut gn: meddpm::backend::GnSiluBack<'_, Self::Buf>,
     ) {
-        let meddpm::backend::GnSiluBack { dinp, dsum, res, act, dgb, inp, off, ms, gb, x, groups, dout_sum } = gn;
-        let (dev, cl) = (&self.dev, self.cl());
+        let (dev, cl, x, groups) = (&self.dev, self.cl(), gn.x, gn.groups);
         assert!(x == cs.x, "conv3d_backward_data_gn: the GroupNorm over {x}, the conv's input {}", cs.x);
-        assert!(res.is_none() || dsum.is_none(), "conv3d_backward_data_gn {x}: res and dsum together");
-        let bf = [&*da, dout, inp, &*dinp.0].iter().all(|b| b.dtype() == meddpm::DType::Bf16);
+        assert!(gn.res.is_none() || gn.dsum.is_none(), "conv3d_backward_data_gn {x}: res and dsum together");
+        let bf = [&*da, dout, gn.inp, &*gn.dinp.0].iter().all(|b| b.dtype() == meddpm::DType::Bf16);
         let eligible = {
             let c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
             cl && bf
                 && c.dgrad_gn
-                && res.is_none_or(|r| c.res_fold && r.dtype() == dinp.0.dtype())
-                && (dsum.is_none() || groupnorm::can_sum(x, groups, cl))
+                && gn.res.is_none_or(|r| c.res_fold && r.dtype() == gn.dinp.0.dtype())
+                && (gn.dsum.is_none() || groupnorm::can_sum(x, groups, cl))
         };
         if !eligible {
-            if let Some(s) = dout_sum {
-                self.channel_sum(s, dout, cs.out());
-            }
             self.conv3d_backward_data((&mut *da, Accum::Overwrite), dout, w, cs);
-            return match res {
-                Some(r) => self.groupnorm_silu_backward_act_res(dinp, r, act, dgb, da, inp, off, ms, gb, x, groups),
-                None => self.groupnorm_silu_backward_act(dinp, dsum, act, dgb, da, inp, off, ms, gb, x, groups),
-            };
+            return gn.calls(self, da, dout, cs.out());
         }
         // the partials (one chunk a column item of the kernel) and the finaliser's coefficients
         // in the scratch buffer, held until the backward is queued
         // (and dout's channel sums' chunks after them)
         let items = conv_wgmma::items(dev, x);
-        let stride = if dsum.is_some() { 3 } else { 2 };
+        let stride = if gn.dsum.is_some() { 3 } else { 2 };
         let npart = items * x.c * stride;
-        let nys = if dout_sum.is_some() { items * cs.cout * 2 } else { 0 };
+        let nys = if gn.dout_sum.is_some() { items * cs.cout * 2 } else { 0 };
         let scratch = dev.scratch(npart + x.n * groups * 2 + nys);
         let pp = dev.ptr(&*scratch);
         let ysp = if nys > 0 { pp + ((npart + x.n * groups * 2) * 4) as u64 } else { 0 };
-        let (mean, rstd) = ms;
-        let (gamma, beta) = gb;
         let sums = conv_wgmma::GnSums {
-            x: dev.ptr(inp),
-            mean: dev.ptr(mean),
-            rstd: dev.ptr(rstd),
-            gamma: dev.ptr(gamma),
-            beta: dev.ptr(beta),
-            off: off.map_or(0, |o| {
+            x: dev.ptr(gn.inp),
+            mean: dev.ptr(gn.ms.0),
+            rstd: dev.ptr(gn.ms.1),
+            gamma: dev.ptr(gn.gb.0),
+            beta: dev.ptr(gn.gb.1),
+            off: gn.off.map_or(0, |o| {
                 assert!(o.len() == x.n * x.c && o.dtype() == meddpm::DType::F32, "conv3d_backward_data_gn {x}: offset");
                 dev.ptr(o)
             }),
             groups,
             part: pp,
-            x3: dsum.is_some(),
+            x3: gn.dsum.is_some(),
             dys: ysp,
         };
         let (took, ys_took) = {
             let mut c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
             let took = conv3d::backward_data_gn(dev, &mut c, da, dout, w, cs, sums);
-            c.res_fold_runs += (took.0 && res.is_some()) as u64;
+            c.res_fold_runs += (took.0 && gn.res.is_some()) as u64;
             took
         };
-        // dout's channel sums: from the kernel's chunks, or (after the scratch is let go) a pass
-        let mut dout_sum = dout_sum;
+        // dout's channel sums from the kernel's chunks (else a pass, below or in `calls`)
         if ys_took {
-            let out = dout_sum.take().expect("asked for");
+            let out = gn.dout_sum.take().expect("asked for");
             assert!(
                 out.len() == x.n * cs.cout && out.dtype() == meddpm::DType::F32,
                 "conv3d_backward_data_gn: dout_sum"
@@ -879,19 +869,14 @@ impl Backend for CudaBackend {
             let a = [P(ysp), P(dev.ptr_mut(out)), I(n), I(co), I(nch), I(0), I(0)];
             dev.launch("chan_sum_finalize", ((x.n * cs.cout) as u32, 1, 1), (256, 1, 1), &a);
         }
-        let pre = took.then_some(groupnorm::Partials { part: pp, coef: pp + (npart * 4) as u64, nchunks: items / x.n });
         if !took {
-            // the backward takes the sums itself, in the scratch buffer
+            // cuDNN's data gradient ran: the backward takes the sums itself, in the scratch buffer
             drop(scratch);
-            if let Some(s) = dout_sum {
-                self.channel_sum(s, dout, cs.out());
-            }
-            return match res {
-                Some(r) => self.groupnorm_silu_backward_act_res(dinp, r, act, dgb, da, inp, off, ms, gb, x, groups),
-                None => self.groupnorm_silu_backward_act(dinp, dsum, act, dgb, da, inp, off, ms, gb, x, groups),
-            };
+            return gn.calls(self, da, dout, cs.out());
         }
-        let (dgamma, dbeta) = dgb;
+        let pre = groupnorm::Partials { part: pp, coef: pp + (npart * 4) as u64, nchunks: items / x.n };
+        let meddpm::backend::GnSiluBack { dinp, dsum, res, act, dgb, inp, off, ms, gb, dout_sum, .. } = gn;
+        let ((dgamma, dbeta), (mean, rstd), (gamma, beta)) = (dgb, ms, gb);
         groupnorm::backward(
             dev,
             dinp,
@@ -908,7 +893,7 @@ impl Backend for CudaBackend {
             gamma,
             x,
             groups,
-            (cl, res, pre),
+            (cl, res, Some(pre)),
         );
         drop(scratch);
         if let Some(s) = dout_sum {

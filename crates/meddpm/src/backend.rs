@@ -238,6 +238,25 @@ pub struct GnSiluBack<'a, B> {
     pub dout_sum: Option<&'a mut B>,
 }
 
+impl<B> GnSiluBack<'_, B> {
+    /// The backward as separate calls once `da` holds the data gradient (dout over `yd`): dout's
+    /// channel sums (if asked for), then [`Backend::groupnorm_silu_backward_act`] or, with `res`,
+    /// [`Backend::groupnorm_silu_backward_act_res`]. The trait's default and a backend's fallbacks.
+    pub fn calls<K: Backend<Buf = B> + ?Sized>(self, k: &K, da: &B, dout: &B, yd: Dims) {
+        let GnSiluBack { dinp, dsum, res, act, dgb, inp, off, ms, gb, x, groups, dout_sum } = self;
+        if let Some(s) = dout_sum {
+            k.channel_sum(s, dout, yd);
+        }
+        match res {
+            Some(r) => {
+                assert!(dsum.is_none(), "conv3d_backward_data_gn {x}: res and dsum together");
+                k.groupnorm_silu_backward_act_res(dinp, r, act, dgb, da, inp, off, ms, gb, x, groups)
+            }
+            None => k.groupnorm_silu_backward_act(dinp, dsum, act, dgb, da, inp, off, ms, gb, x, groups),
+        }
+    }
+}
+
 /// The hardware abstraction. Generic code stops at the model (`UNet<B>`, `Trainer<B>`).
 pub trait Backend {
     /// A device buffer of `f32` elements.
@@ -369,18 +388,8 @@ pub trait Backend {
         cs: ConvShape,
         gn: GnSiluBack<'_, Self::Buf>,
     ) {
-        let GnSiluBack { dinp, dsum, res, act, dgb, inp, off, ms, gb, x, groups, dout_sum } = gn;
-        if let Some(s) = dout_sum {
-            self.channel_sum(s, dout, cs.out());
-        }
         self.conv3d_backward_data((&mut *da, Accum::Overwrite), dout, w, cs);
-        match res {
-            Some(r) => {
-                assert!(dsum.is_none(), "conv3d_backward_data_gn {x}: res and dsum together");
-                self.groupnorm_silu_backward_act_res(dinp, r, act, dgb, da, inp, off, ms, gb, x, groups)
-            }
-            None => self.groupnorm_silu_backward_act(dinp, dsum, act, dgb, da, inp, off, ms, gb, x, groups),
-        }
+        gn.calls(self, da, dout, cs.out());
     }
 
     // ---- normalisation and activation -----------------------------------------------------------
