@@ -140,6 +140,12 @@ impl Pinned {
 }
 
 impl CudaBackend {
+    /// The convolution cache and switches, locked; a lock poisoned by a panic elsewhere is taken
+    /// over (the cache holds choices and counters, which a test that panicked leaves usable).
+    fn cache(&self) -> std::sync::MutexGuard<'_, conv3d::ConvCache> {
+        self.conv.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Whether `groupnorm_silu_backward_cat_in` over a concatenation `x` split at channel `ca`,
     /// with a skip conv weight of type `w`, takes the fused path (the elementwise pass writing the
     /// parts, two GEMMs onto them) rather than the trait's three steps: the weight of the
@@ -286,19 +292,19 @@ impl CudaBackend {
 
     /// The cuDNN algorithms chosen so far for a conv shape: [forward, backward-data, backward-filter].
     pub fn conv_algos(&self, cs: &ConvShape) -> [Option<Algo>; 3] {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).chosen(cs)
+        self.cache().chosen(cs)
     }
 
     /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) fusing the conv bias
     /// into cuDNN. For tests and benchmarks.
     pub fn set_conv_fused_bias(&self, mode: Option<bool>) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_fused_bias = mode;
+        self.cache().force_fused_bias = mode;
     }
 
     /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) running convolutions
     /// whose Cin or Cout is not a multiple of 4 through a zero-padded shape. For tests and benchmarks.
     pub fn set_conv_pad(&self, mode: Option<bool>) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_pad = mode;
+        self.cache().force_pad = mode;
     }
 
     /// Use (Some(true)), forbid (Some(false)) or auto-select by timing (None, the default) our
@@ -306,7 +312,7 @@ impl CudaBackend {
     /// gradient of Cout ≤ 4). For tests and benchmarks; `MEDDPM_SMALL_CONV=1/0/auto` sets the
     /// same at start-up.
     pub fn set_small_conv(&self, mode: Option<bool>) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_small = mode;
+        self.cache().force_small = mode;
     }
 
     /// bf16: run the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
@@ -314,7 +320,7 @@ impl CudaBackend {
     /// where Cin is a multiple of 16 up to 64 (true, the default), or through the FMA kernels
     /// (false). For tests and benchmarks; `MEDDPM_SMALL_MMA=0` sets false at start-up.
     pub fn set_small_mma(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_mma = on;
+        self.cache().small_mma = on;
     }
 
     /// bf16 NDHWC on an sm_90 GPU: Some(true) runs every 3×3×3 stride-1 conv with Cin and Cout
@@ -323,44 +329,44 @@ impl CudaBackend {
     /// of a shape and keeps the faster. For tests and benchmarks; `MEDDPM_WGMMA=1/0` sets the
     /// same at start-up.
     pub fn set_wgmma(&self, mode: Option<bool>) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).force_wgmma = mode;
+        self.cache().force_wgmma = mode;
     }
 
     /// How many convolutions (forwards and data gradients) `conv3d_wgmma_*` has computed, first-use
     /// timing runs aside: tests prove the kernel ran with it.
     pub fn wgmma_runs(&self) -> u64 {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_runs
+        self.cache().wgmma_runs
     }
 
     /// The ResBlocks' GroupNorm+SiLU → conv as one pass (`conv3d_wgmma_fwd_gn`) where the conv
     /// runs on `conv3d_wgmma` (true, the default) or as the two calls (false). For tests and
     /// benchmarks; `MEDDPM_WGMMA_GN=0` sets false at start-up.
     pub fn set_wgmma_gn(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_gn = on;
+        self.cache().wgmma_gn = on;
     }
 
     /// How many weight gradients `conv3d_wgmma_wgrad` has computed, first-use timing runs aside.
     pub fn wgmma_wgrad_runs(&self) -> u64 {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_wgrad_runs
+        self.cache().wgmma_wgrad_runs
     }
 
     /// Allow (true, the default: timed against cuDNN, or forced with [`CudaBackend::set_wgmma`])
     /// or forbid `conv3d_wgmma_wgrad` for the wide convs' weight gradients
     /// (`MEDDPM_WGMMA_WGRAD=0`).
     pub fn set_wgmma_wgrad(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_wgrad = on;
+        self.cache().wgmma_wgrad = on;
     }
 
     /// Of [`CudaBackend::wgmma_runs`], the convolutions with the GroupNorm+SiLU prologue.
     pub fn wgmma_gn_runs(&self) -> u64 {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_gn_runs
+        self.cache().wgmma_gn_runs
     }
 
     /// The decoder ResBlocks without their concatenation stored (`Backend::cat_conv_fusable`):
     /// on (true, the default) or the concatenation built (false). For tests and benchmarks;
     /// `MEDDPM_CAT_FREE=0` sets false at start-up.
     pub fn set_cat_free(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).cat_free = on;
+        self.cache().cat_free = on;
     }
 
     /// The fused GroupNorm+SiLU → conv calls take their output's GroupNorm statistics from the
@@ -368,7 +374,7 @@ impl CudaBackend {
     /// or the model runs a statistics pass (false). For tests and benchmarks;
     /// `MEDDPM_CONV_STATS=0` sets false at start-up.
     pub fn set_conv_stats(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).conv_stats = on;
+        self.cache().conv_stats = on;
     }
 
     /// A decoder ResBlock's backward from the parts adds its skip conv's data gradient in the
@@ -376,19 +382,19 @@ impl CudaBackend {
     /// as GEMMs after (false). For tests and benchmarks; `MEDDPM_SKIP_APPLY=0` sets false at
     /// start-up.
     pub fn set_skip_apply(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).skip_apply = on;
+        self.cache().skip_apply = on;
     }
 
     /// An identity-skip ResBlock's skip gradient is added in the GroupNorm+SiLU backward's pass
     /// (true, the default) or by an add_assign / copy pass before it (false). For tests and
     /// benchmarks; `MEDDPM_RES_FOLD=0` sets false at start-up.
     pub fn set_res_fold(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).res_fold = on;
+        self.cache().res_fold = on;
     }
 
     /// Backward passes that took a skip gradient in so far.
     pub fn res_fold_runs(&self) -> u64 {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).res_fold_runs
+        self.cache().res_fold_runs
     }
 
     /// A ResBlock conv's data gradient on our wgmma kernel takes the following GroupNorm+SiLU
@@ -396,64 +402,64 @@ impl CudaBackend {
     /// backward's own pass (false). For tests and benchmarks; `MEDDPM_DGRAD_GN=0` sets false at
     /// start-up.
     pub fn set_dgrad_gn(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).dgrad_gn = on;
+        self.cache().dgrad_gn = on;
     }
 
     /// Data gradients that took the GroupNorm backward's sums so far (`conv3d_wgmma_dgrad_gnb`).
     pub fn dgrad_gn_runs(&self) -> u64 {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).dgrad_gn_runs
+        self.cache().dgrad_gn_runs
     }
 
     /// Calls of `gn_bwd_apply_split_skip` so far.
     pub fn skip_apply_runs(&self) -> u64 {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).skip_apply_runs
+        self.cache().skip_apply_runs
     }
 
     /// Fused convs that took their output's statistics from the epilogue so far.
     pub fn conv_stats_runs(&self) -> u64 {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).wgmma_ystats_runs
+        self.cache().wgmma_ystats_runs
     }
 
     /// Calls of `cat_skip_stats_ndhwc` (a decoder ResBlock's skip conv and statistics from the
     /// concatenation's parts) so far.
     pub fn cat_free_runs(&self) -> u64 {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).cat_free_runs
+        self.cache().cat_free_runs
     }
 
     /// bf16 NDHWC: the output head's GroupNorm → SiLU → Conv3 (64 channels → Cout ≤ 4) as one
     /// pass (true, the default; `conv3d_fwd_gn_small_cout`) or as GroupNorm+SiLU then the conv
     /// (false). For tests and benchmarks; `MEDDPM_FUSED_HEAD=0` sets false at start-up.
     pub fn set_fused_head(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).fused_head = on;
+        self.cache().fused_head = on;
     }
 
     /// The forward of Cout = 1 convs in NDHWC as a cuBLAS GEMM plus our tap sum (true, the
     /// default) or through the direct FMA kernel (false). For tests and benchmarks;
     /// `MEDDPM_SMALL_GEMM=0` sets false at start-up.
     pub fn set_small_gemm(&self, on: bool) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_gemm = on;
+        self.cache().small_gemm = on;
     }
 
     /// Bytes of tap products per slab of the GEMM route above (default 64 MiB; at least 8
     /// planes a slab). For tests, to run several slabs on small volumes.
     pub fn set_small_gemm_budget(&self, bytes: usize) {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_gemm_budget = bytes;
+        self.cache().small_gemm_budget = bytes;
     }
 
     /// Whether the latest [forward, data gradient] of `cs` ran our few-channel kernels (None: no
     /// such call yet, or not a shape of theirs).
     pub fn conv_small_used(&self, cs: &ConvShape) -> [Option<bool>; 2] {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).small_used(cs)
+        self.cache().small_used(cs)
     }
 
     /// Whether the forward of `cs` runs with the bias fused into cuDNN (None: not decided yet).
     pub fn conv_fused_bias(&self, cs: &ConvShape) -> Option<bool> {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).fused_bias(cs)
+        self.cache().fused_bias(cs)
     }
 
     /// Forward convolutions run per shape since the last call (which resets the counts).
     pub fn take_conv_counts(&self) -> Vec<(ConvShape, u64)> {
-        let mut c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.cache();
         c.fwd_calls.drain().collect()
     }
 
@@ -767,7 +773,7 @@ impl Backend for CudaBackend {
         b: Option<&Self::Buf>,
         cs: ConvShape,
     ) {
-        let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache();
         conv3d::forward(&self.dev, &mut cache, out, inp, w, b, cs);
     }
     fn conv3d_forward_res(
@@ -779,7 +785,7 @@ impl Backend for CudaBackend {
         z: &Self::Buf,
         cs: ConvShape,
     ) {
-        let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache();
         conv3d::forward_res(&self.dev, &mut cache, out, inp, w, b, z, cs);
     }
     fn conv3d_backward(
@@ -792,11 +798,11 @@ impl Backend for CudaBackend {
         w: &Self::Buf,
         cs: ConvShape,
     ) {
-        let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache();
         conv3d::backward(&self.dev, &mut cache, dinp, dw, db, dout, inp, w, cs);
     }
     fn conv3d_backward_data(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, w: &Self::Buf, cs: ConvShape) {
-        let mut cache = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache();
         conv3d::backward_data(&self.dev, &mut cache, dinp, dout, w, cs);
     }
     /// The GroupNorm backward's channel sums come from the data gradient's epilogue
@@ -816,7 +822,7 @@ impl Backend for CudaBackend {
         assert!(gn.res.is_none() || gn.dsum.is_none(), "conv3d_backward_data_gn {x}: res and dsum together");
         let bf = [&*da, dout, gn.inp, &*gn.dinp.0].iter().all(|b| b.dtype() == meddpm::DType::Bf16);
         let eligible = {
-            let c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+            let c = self.cache();
             cl && bf
                 && c.dgrad_gn
                 && gn.res.is_none_or(|r| c.res_fold && r.dtype() == gn.dinp.0.dtype())
@@ -852,7 +858,7 @@ impl Backend for CudaBackend {
             dys: ysp,
         };
         let (took, ys_took) = {
-            let mut c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+            let mut c = self.cache();
             let took = conv3d::backward_data_gn(dev, &mut c, da, dout, w, cs, sums);
             c.res_fold_runs += (took.0 && gn.res.is_some()) as u64;
             took
@@ -978,7 +984,7 @@ impl Backend for CudaBackend {
         cs: ConvShape,
         groups: usize,
     ) {
-        let fits = self.conv.lock().unwrap_or_else(|e| e.into_inner()).gn_head_fits(cs, groups, inp.bf() == 1);
+        let fits = self.cache().gn_head_fits(cs, groups, inp.bf() == 1);
         if !fits {
             if fresh {
                 self.groupnorm_silu_forward(act, mean, rstd, inp, None, gamma, beta, cs.x, groups);
@@ -994,11 +1000,11 @@ impl Backend for CudaBackend {
         conv3d::gn_head_forward(&self.dev, out, inp, (mean, rstd), (gamma, beta), (w, b), cs, groups);
     }
     fn gn_conv_fusable(&self, inp: &Self::Buf, w: &Self::Buf, cs: ConvShape, add: bool, groups: usize) -> bool {
-        let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conv = self.cache();
         conv3d::gn_wgmma_chosen(&self.dev, &mut conv, cs, add, (inp, w), groups)
     }
     fn fused_conv_out_stats(&self) -> bool {
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).conv_stats
+        self.cache().conv_stats
     }
     fn groupnorm_silu_conv3d_fused(
         &self,
@@ -1015,7 +1021,7 @@ impl Backend for CudaBackend {
         if fresh {
             groupnorm::stats(&self.dev, inp, off, mean, rstd, cs.x, groups, self.cl());
         }
-        let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conv = self.cache();
         let ys = ystats.map(|(m, r, o)| (m, r, o, groups));
         conv3d::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), None, (mean, rstd), gb, wbz, cs, groups, ys);
     }
@@ -1028,7 +1034,7 @@ impl Backend for CudaBackend {
         ca: usize,
         groups: usize,
     ) -> bool {
-        let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conv = self.cache();
         conv3d::cat_free_chosen(&self.dev, &mut conv, cs, (x, w, w_skip), ca, groups)
     }
     fn concat_skip_conv_stats(
@@ -1043,7 +1049,7 @@ impl Backend for CudaBackend {
     ) {
         assert!(cs.k == 1 && cs.stride == 1, "concat_skip_conv_stats {cs:?}: a 1×1×1 conv");
         groupnorm::cat_skip_stats(&self.dev, out, parts, stats, wb, cs.x, ca, cs.cout, groups);
-        self.conv.lock().unwrap_or_else(|e| e.into_inner()).cat_free_runs += 1;
+        self.cache().cat_free_runs += 1;
     }
     fn groupnorm_silu_conv3d_fused_cat(
         &self,
@@ -1057,7 +1063,7 @@ impl Backend for CudaBackend {
         groups: usize,
         ystats: Option<meddpm::backend::YStats<'_, Self::Buf>>,
     ) {
-        let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conv = self.cache();
         let wbz = (w, None, None);
         let ys = ystats.map(|(m, r, o)| (m, r, o, groups));
         conv3d::gn_wgmma_forward(
@@ -1210,7 +1216,7 @@ impl Backend for CudaBackend {
         groups: usize,
     ) {
         let on = {
-            let mut c = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+            let mut c = self.cache();
             let on = c.res_fold && res.dtype() == dinp.0.dtype();
             c.res_fold_runs += on as u64;
             on
@@ -1307,7 +1313,7 @@ impl Backend for CudaBackend {
             let pm = ((&mut *ph, mh), (&mut *ps, msk));
             // the skip conv's data gradient in the GroupNorm+SiLU backward's pass where it fits
             let fused = {
-                let mut conv = self.conv.lock().unwrap_or_else(|e| e.into_inner());
+                let mut conv = self.cache();
                 let on = conv.skip_apply && dt == DType::Bf16 && groupnorm::skip_apply_fits(xd.c, cs.cout, ca);
                 conv.skip_apply_runs += on as u64;
                 on
