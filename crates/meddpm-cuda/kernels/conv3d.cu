@@ -3,7 +3,7 @@
 // on these (no tensor-core kernel fits 3 or 1 channels; layout conversions around the generic ones),
 // while they are nearly memory-bound, so they are done here with f32 FMA arithmetic, twins of the
 // CPU reference (src/cpu/conv3d.rs). They run wherever they apply (MEDDPM_SMALL_CONV=0 forbids
-// them, =auto times them against cuDNN per shape; conv3d.rs). In bf16 the forward of Cin <= 4 and
+// them, =auto times them against cuDNN per shape; conv3d.rs). In bf16 the forward of Cin <= 8 and
 // the data gradient of Cout <= 4 use the tensor cores instead (small_cin_mma_body, below).
 //   off(t) = (kd - 1, kh - 1, kw - 1) for tap t = kd*9 + kh*3 + kw.
 //
@@ -693,27 +693,31 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 }
 
 // -- conv3d_fwd_small_cin_mma / conv3d_dgrad_small_cout_mma: small_cin_body's job on the tensor
-// cores, for NDHWC with CI <= 4 and CO a multiple of 8 up to 64 (the whole-head first conv 2 -> 64
-// and the output conv's data gradient 1 -> 64). ncu showed the FMA kernel issue-bound
-// (docs/perf/h200-2026-12-01c); here the 27 taps x 4 channels (CI padded with zeros) are the
-// K = 108 of an implicit GEMM, padded to 112 = 7 steps of mma.m16n8k16 (bf16 operands, f32 sums).
+// cores, for NDHWC with CI <= 8 and CO a multiple of 8 up to 64 (the whole-head first conv 3 -> 64,
+// BraTS' 8 -> 64, and the output convs' data gradients 1 -> 64 and 4 -> 64). ncu showed the FMA
+// kernel issue-bound (docs/perf/h200-2026-12-01c); here the 27 taps x CIP channels (CI padded with
+// zeros to CIP = 4, or 8 where CI > 4) are the K of an implicit GEMM: 108 padded to 112 = 7 steps
+// of mma.m16n8k16 (four taps a step), or 216 padded to 224 = 14 steps (two taps a step), bf16
+// operands, f32 sums. (cuDNN ran BraTS' 8 -> 64 forward in 3.64 ms at 144 x 192 x 192 on the H200,
+// 120 blocks of an sm90 segment-k kernel: docs/perf/h200-2026-12-02i/call11-prof-brats-bf16.)
 // Inputs are rounded to bf16 when staged (as cuDNN's bf16 convs and PyTorch's autocast round
 // them); bias, accumulation and the output (f32 or bf16) as small_cin_body.
 //   The job is writing the CO-channel output: a memory-bound pass (268 MB at 128^3 x 64 bf16). A
 // block walks a column of 8 (h) x 16 (w) voxels through DC planes of d (one work item; the host
 // picks DC, see small_mma_run): warp i takes row h0 + i, one m16 tile along w, all CO outputs
 // (CO / 8 n8 tiles, 32 f32 sums a thread). The input halo sits in a ring of four 10 x 18 planes
-// (4 bf16 channels a voxel, zeros outside the volume): the three the current plane's taps read and
-// the next one, loaded into registers during the previous plane's MMAs and stored after them, so a
-// plane costs one halo plane of loads and one barrier. Each warp stages its 16 x CO results in f32
-// through shared memory (32 channels at a time) and writes them as 16-byte vectors, whole
+// (CIP bf16 channels a voxel, zeros outside the volume): the three the current plane's taps read
+// and the next one, loaded into registers during the previous plane's MMAs and stored after them,
+// so a plane costs one halo plane of loads and one barrier. Each warp stages its 16 x CO results
+// in f32 through shared memory (32 channels at a time) and writes them as 16-byte vectors, whole
 // 32-byte sectors. The first version (a 3-plane halo reloaded per 8 x 16 tile, 4-byte stores of
 // the fragments) wrote at 0.8 TB/s (324 us at 128^3, docs/perf/h200-2026-12-01p); this one takes
 // 199 us (docs/perf/h200-2026-12-02a; ncu on a draft: issue-bound, which the straight-line mma
 // loop below and one cvt a bf16 pair answered).
-//   Shared memory: the weights in B-fragment order (wf[(ks*8 + nt)*32 + lane] = the two 32-bit
-// registers lane needs), arranged once per block; the halo ring; the staging. A fragment register
-// = the 2 channels (ci, ci + 1) of one tap at one voxel: a single 32-bit shared-memory load.
+//   Shared memory (dynamic, conv3d.rs small_mma_smem bytes): the per-channel bias, the staging,
+// the halo ring, and the weights in B-fragment order (wf[(ks*8 + nt)*32 + lane] = the two 32-bit
+// registers lane needs), arranged once per block. A fragment register = the 2 channels
+// (ci, ci + 1) of one tap at one voxel: a single 32-bit shared-memory load.
 //   tw as small_cin_body: 0 forward (w = (CO, CI) weights), 1 data gradient of the conv with CI
 // outputs and CO inputs (w'[co, ci, t] = w[ci, co, 26 - t]).
 #define MMA_TH 8
@@ -756,39 +760,74 @@ __device__ __forceinline__ u32 raw_ld(const bf16* p, i64 i) { return (u32)p[i].b
 __device__ __forceinline__ u32 raw_ld(const float* p, i64 i) { return __float_as_uint(p[i]); }
 __device__ __forceinline__ float raw_f(u32 r, const bf16*) { return __uint_as_float(r << 16); }
 __device__ __forceinline__ float raw_f(u32 r, const float*) { return __uint_as_float(r); }
-// this thread's voxel of halo plane dd (threads < MMA_PL), zeros outside the volume and past CI
-template <typename TX>
-__device__ __forceinline__ void mma_plane_load(u32 (&r)[4], const TX* x, int CI, int n, int dd, int h0, int w0,
+// this thread's voxel of halo plane dd (threads < MMA_PL), zeros outside the volume and past CI;
+// the 8 channels of an aligned voxel in one or two 16-byte loads
+template <typename TX, int CIP>
+__device__ __forceinline__ void mma_plane_load(u32 (&r)[CIP], const TX* x, int CI, int n, int dd, int h0, int w0,
                                                int D, int H, int W) {
-    r[0] = r[1] = r[2] = r[3] = 0u;
+#pragma unroll
+    for (int ci = 0; ci < CIP; ci++) r[ci] = 0u;
     const int i = threadIdx.x;
     const int c = i % (MMA_TW + 2), rr = i / (MMA_TW + 2);
     const int hh = h0 + rr - 1, ww = w0 + c - 1;
     if (i >= MMA_PL || dd < 0 || dd >= D || hh < 0 || hh >= H || ww < 0 || ww >= W) return;
     const i64 o = ((((i64)n * D + dd) * H + hh) * W + ww) * CI;
+    if constexpr (CIP == 8 && sizeof(TX) == 2) {
+        if (CI == 8 && (reinterpret_cast<size_t>(x) & 15) == 0) {
+            const uint4 v = *reinterpret_cast<const uint4*>(x + o);
+            const u32 p[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int ci = 0; ci < 4; ci++)
+            for (int j = 0; j < CIP / 2; j++) {
+                r[2 * j] = p[j] & 0xffffu;
+                r[2 * j + 1] = p[j] >> 16;
+            }
+            return;
+        }
+    }
+    if constexpr (CIP == 8 && sizeof(TX) == 4) {
+        if (CI == 8 && (reinterpret_cast<size_t>(x) & 15) == 0) {
+            const float4 v0 = *reinterpret_cast<const float4*>(x + o);
+            const float4 v1 = *reinterpret_cast<const float4*>(x + o + 4);
+            const float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) r[j] = __float_as_uint(f[j]);
+            return;
+        }
+    }
+#pragma unroll
+    for (int ci = 0; ci < CIP; ci++)
         if (ci < CI) r[ci] = raw_ld(x, o + ci);
 }
-template <typename TX>
-__device__ __forceinline__ void mma_plane_store(uint2* xs, int plane, const u32 (&r)[4]) {
+template <typename TX, int CIP>
+__device__ __forceinline__ void mma_plane_store(u32* xs, int plane, const u32 (&r)[CIP]) {
     const TX* t = nullptr;
-    if (threadIdx.x < MMA_PL)
-        xs[((plane + 1) & (MMA_RING - 1)) * MMA_PL + threadIdx.x] =
+    if (threadIdx.x >= MMA_PL) return;
+    u32* dst = xs + (((plane + 1) & (MMA_RING - 1)) * MMA_PL + threadIdx.x) * (CIP / 2);
+    if constexpr (CIP == 4) {
+        *reinterpret_cast<uint2*>(dst) =
             make_uint2(pack_bf2(raw_f(r[0], t), raw_f(r[1], t)), pack_bf2(raw_f(r[2], t), raw_f(r[3], t)));
+    } else {
+        *reinterpret_cast<uint4*>(dst) =
+            make_uint4(pack_bf2(raw_f(r[0], t), raw_f(r[1], t)), pack_bf2(raw_f(r[2], t), raw_f(r[3], t)),
+                       pack_bf2(raw_f(r[4], t), raw_f(r[5], t)), pack_bf2(raw_f(r[6], t), raw_f(r[7], t)));
+    }
 }
-template <typename TX>
-__device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, const void* xv, const void* w, int wbf,
+// k steps of 16 over the 27 taps x CIP channels
+__host__ __device__ constexpr int mma_ksteps(int cip) { return (27 * cip + 15) / 16; }
+template <typename TX, int CIP>
+__device__ void small_cin_mma_body(uint2* wf, u32* xs, float* st, float* sb, const void* xv, const void* w, int wbf,
                                    const float* bias, void* y, int ybf, int N, int CI, int CO, int D, int H, int W,
                                    int DC, int accum, int tw) {
+    constexpr int UPV = CIP / 2;  // 32-bit words a voxel in the ring
+    constexpr int KS = mma_ksteps(CIP);
     const TX* x = (const TX*)xv;
-    // W'(n, k) for k = tap*4 + ci: 0 past the 27 taps, CI or CO
+    // W'(n, k) for k = tap*CIP + ci: 0 past the 27 taps, CI or CO
     auto wk = [&](int n, int k) -> float {
-        const int t = k >> 2, ci = k & 3;
+        const int t = k / CIP, ci = k % CIP;
         if (t >= 27 || ci >= CI || n >= CO) return 0.0f;
         return tw ? wat(w, wbf, ci, n, 26 - t, CI, CO, 1) : wat(w, wbf, n, ci, t, CO, CI, 1);
     };
-    for (int i = threadIdx.x; i < 7 * 8 * 32; i += blockDim.x) {
+    for (int i = threadIdx.x; i < KS * 8 * 32; i += blockDim.x) {
         const int l = i & 31, nt = (i >> 5) & 7, ks = i >> 8;
         const int n = nt * 8 + (l >> 2), k = ks * 16 + (l & 3) * 2;
         wf[i] = make_uint2(pack_bf2(wk(n, k), wk(n, k + 1)), pack_bf2(wk(n, k + 8), wk(n, k + 9)));
@@ -797,22 +836,26 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, c
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
     const ColGrid cg = col_grid(N, D, H, W, DC);
     float* sw = st + wi * 16 * MMA_SROW;  // this warp's staging rows
-    // this thread's A fragments: k = ks*16 + tig*2 (+ 8) -> taps ks*4 + tig/2 (+ 2), channels
-    // (tig & 1) * 2 + {0, 1}; the u32 index of tap (0, 0, 0)'s a0 voxel within a ring slot is tb
+    // this thread's A fragments: k = ks*16 + tig*2 (+ 8). CIP 4: taps ks*4 + tig/2 (+ 2), channels
+    // (tig & 1) * 2 + {0, 1}; CIP 8: taps ks*2 (+ 1), channels tig*2 + {0, 1}. The word index of
+    // tap (0, 0, 0)'s a0 voxel within a ring slot is tb.
     const bool hi = (tig >> 1) != 0;
-    const int tb = (wi * (MMA_TW + 2) + g) * 2 + (tig & 1);
-    const u32* xw = reinterpret_cast<const u32*>(xs);
+    const int tb = (wi * (MMA_TW + 2) + g) * UPV + (CIP == 4 ? (tig & 1) : tig);
+    // word offset of tap t within the three slots sl
+    auto toff = [&](const int (&sl)[3], int t) {
+        return sl[t / 9] + ((t / 3) % 3) * (MMA_TW + 2) * UPV + (t % 3) * UPV;
+    };
     for (i64 it = blockIdx.x; it < cg.items; it += gridDim.x) {
         const ColItem ci = col_item(cg, it, D, DC);
         const int n = ci.n, d0 = ci.d0, d1 = ci.d1, h0 = ci.h0, w0 = ci.w0;
         __syncthreads();  // the weights are arranged / the previous item's reads of the ring are done
-        u32 r[4];
+        u32 r[CIP];
 #pragma unroll 1
         for (int p = d0 - 1; p <= d0 + 1; p++) {
-            mma_plane_load(r, x, CI, n, p, h0, w0, D, H, W);
-            mma_plane_store<TX>(xs, p, r);
+            mma_plane_load<TX, CIP>(r, x, CI, n, p, h0, w0, D, H, W);
+            mma_plane_store<TX, CIP>(xs, p, r);
         }
-        mma_plane_load(r, x, CI, n, d0 + 2, h0, w0, D, H, W);
+        mma_plane_load<TX, CIP>(r, x, CI, n, d0 + 2, h0, w0, D, H, W);
         __syncthreads();
         const int h = h0 + wi, nv = min(MMA_TW, W - w0);
 #pragma unroll 1
@@ -827,21 +870,29 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, c
             // tap (kd, kh, kw) of output plane z reads plane z - 1 + kd, in ring slot (z + kd) & 3
             int sl[3];
 #pragma unroll
-            for (int kd = 0; kd < 3; kd++) sl[kd] = ((z + kd) & (MMA_RING - 1)) * (MMA_PL * 2);
+            for (int kd = 0; kd < 3; kd++) sl[kd] = ((z + kd) & (MMA_RING - 1)) * (MMA_PL * UPV);
 #pragma unroll
-            for (int ks = 0; ks < 7; ks++) {
+            for (int ks = 0; ks < KS; ks++) {
                 // fragment order a0 (row g, k lo), a1 (row g + 8, k lo), a2 (row g, k hi), a3 (row g + 8, k hi)
                 u32 a[4];
 #pragma unroll
                 for (int half = 0; half < 2; half++) {
-                    // the thread's tap is t0 or t0 + 1 (tig >> 1): both known at compile time
-                    const int t0 = ks * 4 + 2 * half, t1 = t0 + 1;
-                    const int o0 = t0 < 27 ? sl[t0 / 9] + ((t0 / 3) % 3) * (MMA_TW + 2) * 2 + (t0 % 3) * 2 : 0;
-                    const int o1 = t1 < 27 ? sl[t1 / 9] + ((t1 / 3) % 3) * (MMA_TW + 2) * 2 + (t1 % 3) * 2 : 0;
-                    const bool live = hi ? t1 < 27 : t0 < 27;
-                    const int base = (hi ? o1 : o0) + tb;
-                    a[2 * half] = live ? xw[base] : 0u;
-                    a[2 * half + 1] = live ? xw[base + 16] : 0u;
+                    int base;
+                    bool live;
+                    if constexpr (CIP == 4) {
+                        // the thread's tap is t0 or t0 + 1 (tig >> 1): both known at compile time
+                        const int t0 = ks * 4 + 2 * half, t1 = t0 + 1;
+                        const int o0 = t0 < 27 ? toff(sl, t0) : 0;
+                        const int o1 = t1 < 27 ? toff(sl, t1) : 0;
+                        live = hi ? t1 < 27 : t0 < 27;
+                        base = (hi ? o1 : o0) + tb;
+                    } else {
+                        const int t = ks * 2 + half;
+                        live = t < 27;
+                        base = (t < 27 ? toff(sl, t) : 0) + tb;
+                    }
+                    a[2 * half] = live ? xs[base] : 0u;
+                    a[2 * half + 1] = live ? xs[base + 8 * UPV] : 0u;
                 }
                 // all 8 n tiles whatever CO (the weights past CO are zeros): a runtime exit here
                 // made ptxas shuffle the sums between registers around every mma (~15 moves each)
@@ -853,8 +904,8 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, c
             }
             // the next plane into the free slot, the one after into registers
             if (z + 1 < d1) {
-                mma_plane_store<TX>(xs, z + 2, r);
-                if (z + 2 < d1) mma_plane_load(r, x, CI, n, z + 3, h0, w0, D, H, W);
+                mma_plane_store<TX, CIP>(xs, z + 2, r);
+                if (z + 2 < d1) mma_plane_load<TX, CIP>(r, x, CI, n, z + 3, h0, w0, D, H, W);
             }
             // c0, c1: row g, columns tig*2 + {0, 1}; c2, c3: row g + 8 (the bias already in them).
             // Staged 32 channels at a time (rows of MMA_SROW f32), then written by the warp in
@@ -922,23 +973,38 @@ __device__ void small_cin_mma_body(uint2* wf, uint2* xs, float* st, float* sb, c
     }
 }
 
-// The two entry points (one profiler category each): the forward of a Cin <= 4 conv (bias b, f32
-// CO) and the data gradient of a Cout <= 4 conv (CI = that conv's Cout, CO = its Cin; no bias).
-// dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. NDHWC only; CO % 8 == 0, CO <= 64, CI <= 4. DC:
-// planes of d a work item.
+// The two entry points (one profiler category each): the forward of a Cin <= 8 conv (bias b, f32
+// CO) and the data gradient of a Cout <= 8 conv (CI = that conv's Cout, CO = its Cin; no bias).
+// dt: bit 0 x bf16, bit 1 w bf16, bit 2 y bf16. NDHWC only; CO % 8 == 0, CO <= 64, CI <= 8. DC:
+// planes of d a work item. Dynamic shared memory: small_mma_smem(CIP) bytes (CIP = 4 where
+// CI <= 4, else 8).
+__host__ __device__ constexpr int small_mma_smem(int cip) {
+    return 64 * 4 + 8 * 16 * MMA_SROW * 4 + MMA_RING * MMA_PL * (cip / 2) * 4 + mma_ksteps(cip) * 8 * 32 * 8;
+}
+template <typename TX>
+__device__ __forceinline__ void small_mma_entry(const void* x, const void* w, const float* b, void* y, int N, int CI,
+                                                int CO, int D, int H, int W, int DC, int dt, int accum, int tw) {
+    extern __shared__ __align__(16) float smm[];
+    float* sb = smm;
+    float* st = sb + 64;
+    u32* xs = reinterpret_cast<u32*>(st + 8 * 16 * MMA_SROW);
+    const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;
+    if (CI <= 4) {
+        uint2* wf = reinterpret_cast<uint2*>(xs + MMA_RING * MMA_PL * 2);
+        small_cin_mma_body<TX, 4>(wf, xs, st, sb, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, tw);
+    } else {
+        uint2* wf = reinterpret_cast<uint2*>(xs + MMA_RING * MMA_PL * 4);
+        small_cin_mma_body<TX, 8>(wf, xs, st, sb, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, tw);
+    }
+}
 #define SMALL_MMA_ENTRY(NAME, TW)                                                                          \
     extern "C" __global__ void __launch_bounds__(256, 3)                                                   \
         NAME(const void* x, const void* w, const float* b, void* y, int N, int CI, int CO, int D, int H, int W, \
              int DC, int dt, int accum) {                                                                  \
-        __shared__ uint2 wf[7 * 8 * 32];                                                                   \
-        __shared__ uint2 xs[MMA_RING * MMA_PL];                                                            \
-        __shared__ __align__(16) float st[8 * 16 * MMA_SROW];                                              \
-        __shared__ __align__(16) float sb[64];                                                             \
-        const int wbf = (dt >> 1) & 1, ybf = (dt >> 2) & 1;                                                \
         if (dt & 1)                                                                                        \
-            small_cin_mma_body<bf16>(wf, xs, st, sb, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, TW); \
+            small_mma_entry<bf16>(x, w, b, y, N, CI, CO, D, H, W, DC, dt, accum, TW);                      \
         else                                                                                               \
-            small_cin_mma_body<float>(wf, xs, st, sb, x, w, wbf, b, y, ybf, N, CI, CO, D, H, W, DC, accum, TW); \
+            small_mma_entry<float>(x, w, b, y, N, CI, CO, D, H, W, DC, dt, accum, TW);                     \
     }
 SMALL_MMA_ENTRY(conv3d_fwd_small_cin_mma, 0)
 SMALL_MMA_ENTRY(conv3d_dgrad_small_cout_mma, 1)

@@ -315,7 +315,7 @@ pub(crate) struct ConvCache {
     /// (`small_fwd_kind`, `small_dgrad`; the default is Some(true)); None: time them against
     /// cuDNN on first use.
     pub(crate) force_small: Option<bool>,
-    /// bf16 only: the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
+    /// bf16 only: the few-channel forward of Cin ≤ 8 and data gradient of Cout ≤ 4 on the tensor
     /// cores (`conv3d_fwd_small_cin_mma`, `conv3d_dgrad_small_cout_mma`) where the other side is
     /// a multiple of 8 up to 64, and the Cout = 1 and 4 weight gradients' stage 1
     /// (`conv3d_wgrad_small{1,4}_mma`) where Cin is a multiple of 16; false: the FMA kernels
@@ -391,7 +391,8 @@ pub(crate) struct ConvCache {
     pub(crate) dgrad_gn_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
-    /// Per (shape, direction): whether the latest call ran our few-channel kernel.
+    /// Per (shape, direction): whether the latest call ran our few-channel kernel; absent where
+    /// the latest call's configuration had none for the shape.
     small_used: HashMap<(ConvShape, Dir), bool>,
     identity: ActDesc,
     disk: HashMap<String, Algo>,
@@ -902,9 +903,9 @@ pub(crate) fn forward(
             return;
         }
     };
-    if let Some(kind) = small_fwd_kind(cs) {
-        let cl = cache.layout == Layout::Ndhwc;
-        let (mma, gemm) = (cache.mma_on(), if cache.small_gemm { cache.small_gemm_budget } else { 0 });
+    let (cl, mma) = (cache.layout == Layout::Ndhwc, cache.mma_on());
+    if let Some(kind) = small_fwd_kind_in(cs, (cl, mma)) {
+        let gemm = if cache.small_gemm { cache.small_gemm_budget } else { 0 };
         let ours = match small_decided(cache, cs, Dir::Fwd) {
             Some(f) => f,
             None => time_small(dev, cache, cs, Dir::Fwd, |cache, ours| {
@@ -920,6 +921,9 @@ pub(crate) fn forward(
             small_forward(dev, kind, out, inp, w, b, cs, (cl, mma, gemm));
             return;
         }
+    } else {
+        // not ours in this configuration (Cin 5 to 8 with the tensor-core kernels off)
+        cache.small_used.remove(&(cs, Dir::Fwd));
     }
     cudnn_forward(dev, cache, out, inp, w, b, cs);
 }
@@ -1826,11 +1830,29 @@ fn small_cout_launch(x: Dims, cl: bool, xdt: DType, sms: u32) -> ((u32, u32, u32
 }
 
 /// Whether the tensor-core kernels (`conv3d_fwd_small_cin_mma`, `conv3d_dgrad_small_cout_mma`)
-/// compute a few-channel conv of `ci` ≤ 4 inputs and `co` outputs (the forward's, or the data
+/// compute a few-channel conv of `ci` ≤ 8 inputs and `co` outputs (the forward's, or the data
 /// gradient's with the roles swapped): NDHWC, `co` a multiple of 8 up to 64, asked for (`mma`:
-/// bf16 precision and `ConvCache::small_mma`).
+/// bf16 precision and `ConvCache::small_mma`). Cin 5 to 8 (BraTS' first conv, 8 → 64) has no
+/// FMA twin: there the choice is these kernels or cuDNN.
 fn mma_fits(cl: bool, mma: bool, ci: usize, co: usize) -> bool {
-    cl && mma && ci <= 4 && co.is_multiple_of(8) && co <= 64
+    cl && mma && (1..=8).contains(&ci) && co.is_multiple_of(8) && co <= 64
+}
+
+/// Dynamic shared memory of [`small_mma_run`]'s kernels for `ci` input channels (kernels/conv3d.cu
+/// `small_mma_smem`): the bias (64 f32), the staging (8 warps × 16 rows × 36 f32), the ring of
+/// four 180-voxel halo planes (4 or 8 bf16 channels a voxel), the B fragments (7 or 14 k steps ×
+/// 8 n tiles × 32 lanes × 8 bytes).
+fn small_mma_smem(ci: usize) -> u32 {
+    let cip: usize = if ci <= 4 { 4 } else { 8 };
+    let ksteps = (27 * cip).div_ceil(16);
+    (64 * 4 + 8 * 16 * 36 * 4 + 4 * 180 * (cip / 2) * 4 + ksteps * 8 * 32 * 8) as u32
+}
+
+/// The few-channel forward that runs `cs` in a backend with NDHWC `cl` and tensor-core kernels
+/// `mma`: [`small_fwd_kind`]'s, or the tensor-core Cin kernel for Cin 5 to 8 where it fits.
+fn small_fwd_kind_in(cs: ConvShape, (cl, mma): (bool, bool)) -> Option<SmallFwd> {
+    small_fwd_kind(cs)
+        .or_else(|| (cs.k == 3 && cs.stride == 1 && mma_fits(cl, mma, cs.x.c, cs.cout)).then_some(SmallFwd::Cin))
 }
 
 /// `conv3d_fwd_small_cin_mma` (`tw` false) / `conv3d_dgrad_small_cout_mma` (`tw` true): y (= or +=
@@ -1867,7 +1889,7 @@ fn small_mma_run(
         I((acc == Accum::Add) as i32),
     ];
     let name = if tw { "conv3d_dgrad_small_cout_mma" } else { "conv3d_fwd_small_cin_mma" };
-    dev.launch(name, (grid as u32, 1, 1), (256, 1, 1), &args);
+    dev.launch_shared(name, (grid as u32, 1, 1), (256, 1, 1), small_mma_smem(ci), &args);
 }
 
 /// Dynamic shared memory of `conv3d_fwd_gn_small_cout` for `co` outputs (kernels/conv3d.cu):
@@ -2681,6 +2703,19 @@ mod tests {
         assert_eq!(small_fwd_kind(cs(1, 64, 8, 8, 8, 1, 3, 2)), None);
         assert_eq!(small_fwd_kind(cs(1, 3, 8, 8, 8, 64, 1, 1)), None);
         assert_eq!(small_fwd_kind(cs(1, 0, 8, 8, 8, 1, 3, 1)), None);
+        // Cin 5 to 8 only on the tensor cores: NDHWC, mma on, Cout a multiple of 8 up to 64
+        let brats = cs(1, 8, 144, 192, 192, 64, 3, 1);
+        assert_eq!(small_fwd_kind(brats), None);
+        assert_eq!(small_fwd_kind_in(brats, (true, true)), Some(SmallFwd::Cin));
+        assert_eq!(small_fwd_kind_in(brats, (false, true)), None);
+        assert_eq!(small_fwd_kind_in(brats, (true, false)), None);
+        assert_eq!(small_fwd_kind_in(cs(1, 5, 5, 5, 5, 24, 3, 1), (true, true)), Some(SmallFwd::Cin));
+        assert_eq!(small_fwd_kind_in(cs(1, 8, 5, 5, 5, 20, 3, 1), (true, true)), None);
+        assert_eq!(small_fwd_kind_in(cs(1, 8, 5, 5, 5, 72, 3, 1), (true, true)), None);
+        assert_eq!(small_fwd_kind_in(cs(1, 9, 5, 5, 5, 64, 3, 1), (true, true)), None);
+        assert_eq!(small_fwd_kind_in(cs(1, 8, 8, 8, 8, 64, 3, 2), (true, true)), None);
+        // the kernels' shared memory (kernels/conv3d.cu small_mma_smem): 38784 and 58880 bytes
+        assert_eq!((small_mma_smem(3), small_mma_smem(8)), (38784, 58880));
         assert!(!small_dgrad(cs(1, 3, 8, 8, 8, 64, 3, 1)), "the first conv's dgrad is cuDNN's");
         assert!(!small_dgrad(cs(1, 64, 8, 8, 8, 5, 3, 1)));
         assert!(!small_dgrad(cs(1, 64, 8, 8, 8, 1, 3, 2)));

@@ -270,7 +270,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
             g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
             check(&format!("{tag} y (slabs of 8 planes)"), &get_act(g, &yg, o), &y_c, mm_frac(g));
             g.set_small_gemm_budget(64 << 20);
-            check_small_path(g, cs, small, 0, &tag);
+            check_small_path(g, cs, small, 0, &tag, false);
             // twice: the second call uses the cached algorithm and must accumulate the same way;
             // a third time without the bias gradient (db None: db untouched, the rest the same)
             for rep in 0..3 {
@@ -293,7 +293,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
                     if with_dinp == Some(Accum::Overwrite) {
                         check(&format!("{tag} dx overwrite (rep {rep})"), &dx_g, &dx_c, mm_frac(g));
                     }
-                    check_small_path(g, cs, small, 1, &tag);
+                    check_small_path(g, cs, small, 1, &tag, false);
                 } else {
                     assert_eq!(dx_g, dx0, "{tag}: dinp None must leave the buffer alone");
                 }
@@ -310,7 +310,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
                     &inc(&dx_c, &dx0),
                     mm_frac(g),
                 );
-                check_small_path(g, cs, small, 1, &tag);
+                check_small_path(g, cs, small, 1, &tag, false);
             }
         }
         g.set_small_conv(None); // the defaults

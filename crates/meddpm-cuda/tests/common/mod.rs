@@ -59,19 +59,21 @@ pub fn check_forward_acc(
 }
 
 /// Which of our few-channel direct kernels (kernels/conv3d.cu) a conv shape may run through,
-/// decided by hand from the shape: [forward (Cin ≤ 4 or Cout ≤ 4), data gradient (Cout ≤ 4)];
-/// 3×3×3 stride 1 only.
-pub fn small_expected(cs: ConvShape) -> [bool; 2] {
+/// decided by hand from the shape: [forward (Cin ≤ 4 or Cout ≤ 4, or where `cin8`, a bf16 NDHWC
+/// backend with the tensor-core kernels on, Cin ≤ 8 with Cout a multiple of 8 up to 64), data
+/// gradient (Cout ≤ 4)]; 3×3×3 stride 1 only.
+pub fn small_expected(cs: ConvShape, cin8: bool) -> [bool; 2] {
     let direct = cs.k == 3 && cs.stride == 1;
-    [direct && (cs.x.c <= 4 || cs.cout <= 4), direct && cs.cout <= 4]
+    let cin8 = cin8 && cs.x.c <= 8 && cs.cout.is_multiple_of(8) && cs.cout <= 64;
+    [direct && (cs.x.c <= 4 || cs.cout <= 4 || cin8), direct && cs.cout <= 4]
 }
 
 /// After a call with our few-channel kernels forced on/off (`small`), the path the backend reports
 /// for direction `i` (0 forward, 1 data gradient) is the forced one where the shape is theirs.
-pub fn check_small_path(g: &CudaBackend, cs: ConvShape, small: Option<bool>, i: usize, tag: &str) {
+pub fn check_small_path(g: &CudaBackend, cs: ConvShape, small: Option<bool>, i: usize, tag: &str, cin8: bool) {
     let used = g.conv_small_used(&cs)[i];
     let what = format!("{tag}: {} ran ours: {used:?}", ["forward", "data gradient"][i]);
-    match (small_expected(cs)[i], small) {
+    match (small_expected(cs, cin8)[i], small) {
         (false, _) => assert_eq!(used, None, "{what}"),
         (true, Some(f)) => assert_eq!(used, Some(f), "{what}"),
         (true, None) => assert!(used.is_some(), "{what}"), // timed: either path
