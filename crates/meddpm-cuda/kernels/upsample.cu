@@ -201,60 +201,128 @@ extern "C" __global__ void upsample_bwd_cl(void* dx, const void* dout, int C, in
     DISPATCH_V(bf, V, upsample_bwd_cl_t, dx, dout, C, D, H, W, accum);
 }
 
-// ---- NDHWC, one block per row, separable through shared memory -----------------------------------
+// ---- NDHWC, separable through shared memory --------------------------------------------------------
 // The kernels above gather 8 (forward) or up to 64 (backward) 16-byte vectors per 16-byte result
 // and pay 64-bit index divisions per vector; on the H200 the top-level ones ran at 0.5–0.9 TB/s.
-// These split the interpolation: a block first combines the (at most 4) rows along d and h that
-// its row needs into t[w][c] in shared memory (f32), then interpolates along w from there. The
-// forward's block is an output row (n, od, oh); the backward's an input row (n, d, h), which
-// gathers its (at most 4 × 4) output rows. Results equal the kernels above up to the order of
-// the f32 additions. The host uses them where t fits in 48 KB and falls back otherwise.
+// These split the interpolation: a block first combines the rows along d and h that its rows
+// need into t[w][c] in shared memory (f32), then interpolates along w from there. The backward's
+// block is an input row (n, d, h), which gathers its (at most 4 x 4) output rows. Results equal
+// the kernels above up to the order of the f32 additions. The host uses them where t fits in
+// shared memory (227 KB the forward, 48 KB the backward) and, the forward, a block has at least
+// as many threads as a voxel has channel vectors; else the per-voxel kernels.
 
-// x: (N, D, H, W, C); out: (N, 2D, 2H, 2W, C); grid N·2D·2H blocks; shared W·C floats.
+// The forward's block is the four output rows (n, 2i + pd, 2j + ph), pd, ph in {0, 1}, that
+// source rows i (along d) and j (along h) feed (the row-per-block version, one output row a block
+// blending 4 source rows and recomputing the w weights per vector, was issue-bound on the H200: ncu
+// 71 % of issue slots, DRAM 34 %, 169 us at 128^3 x 64 bf16, docs/perf/h200-2026-12-03l). It loads
+// the 3 x 3 source rows (i - 1, i, i + 1) x (j - 1, j, j + 1), clamped, once per vector of
+// channels, blends along h and then d into t[pd][ph][w][c] (f32, shared), and then writes each
+// row's output pair (2w, 2w + 1) from t[w - 1], t[w], t[w + 1]. The weights are src_index's: output
+// 2i reads (i - 1, i) with (0.25, 0.75), but (i, i + 1) with (1, 0) at i = 0, which is the
+// clamped pair (0, 0) with (1, 0); output 2i + 1 reads (i, i + 1 clamped) with (0.75, 0.25).
+// x: (N, D, H, W, C); out: (N, 2D, 2H, 2W, C); grid N·D·H blocks; shared 4·W·C floats.
+// t's layout: row r (of the four) at r * W * C floats; within a row the vector of channel lanes q
+// at voxel w is element w * lanes + q, stored as V floats, except V = 8, stored as two halves of 4
+// (W * C / 2 floats apart) so that a warp's 16-byte shared loads and stores are consecutive.
+template <int V>
+__device__ __forceinline__ void quad_st(float* t, int half_stride, int e, const float* v) {
+    if (V == 8) {
+        *reinterpret_cast<float4*>(t + e * 4) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(t + half_stride + e * 4) = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+        stv<V>(t, (i64)e * V, v);
+    }
+}
+template <int V>
+__device__ __forceinline__ void quad_ld(const float* t, int half_stride, int e, float* v) {
+    if (V == 8) {
+        const float4 a = *reinterpret_cast<const float4*>(t + e * 4);
+        const float4 b = *reinterpret_cast<const float4*>(t + half_stride + e * 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        ldv<V>(t, (i64)e * V, v);
+    }
+}
+// A thread keeps one channel vector q = threadIdx.x % lanes and walks w = threadIdx.x / lanes in
+// steps of blockDim.x / lanes (lanes <= blockDim.x, the host's condition), so no index division
+// runs per vector (ncu on the first version: the integer pipe 74 % busy, 139 us at 128^3 x 64).
 template <typename T, int V>
-__device__ void upsample_fwd_rows_t(void* outv, const void* xv, int C, int D, int H, int W) {
+__device__ void upsample_fwd_quad_t(void* outv, const void* xv, int C, int D, int H, int W) {
     extern __shared__ float4 smem4[];
     float* t = reinterpret_cast<float*>(smem4);
     T* out = (T*)outv;
     const T* x = (const T*)xv;
-    int Do = 2 * D, Ho = 2 * H, Wo = 2 * W, lanes = C / V;
-    int row = blockIdx.x, oh = row % Ho, od = (row / Ho) % Do, n = row / (Ho * Do);
-    int d0, d1, h0, h1;
-    float ld0, ld1, lh0, lh1;
-    src_index(od, D, d0, d1, ld0, ld1);
-    src_index(oh, H, h0, h1, lh0, lh1);
-    i64 xb = (i64)n * D * H * W * C, rs = (i64)W * C;
-    const T* r00 = x + xb + ((i64)d0 * H + h0) * rs;
-    const T* r01 = x + xb + ((i64)d0 * H + h1) * rs;
-    const T* r10 = x + xb + ((i64)d1 * H + h0) * rs;
-    const T* r11 = x + xb + ((i64)d1 * H + h1) * rs;
-    for (int k = threadIdx.x; k < W * lanes; k += blockDim.x) {
-        int i = k * V;  // = w·C + c
-        float a[V], b[V], e[V], f[V], s[V];
-        ldv<V>(r00, i, a);
-        ldv<V>(r01, i, b);
-        ldv<V>(r10, i, e);
-        ldv<V>(r11, i, f);
+    const int lanes = C / V, wstep = blockDim.x / lanes;
+    const int q = threadIdx.x % lanes, w0 = threadIdx.x / lanes;
+    const int b = blockIdx.x, j = b % H, i = (b / H) % D, n = b / (H * D);
+    const int rs = W * C, hs = rs / 2;  // a source row (and a row of t); t's half stride (V = 8)
+    const int dr[3] = {max(i - 1, 0), i, min(i + 1, D - 1)};
+    const int hr[3] = {max(j - 1, 0), j, min(j + 1, H - 1)};
+    // parity p reads rows (p, p + 1) of the three, with weights (l0[p], l1[p])
+    const float ld0[2] = {i == 0 ? 1.0f : 0.25f, 0.75f}, ld1[2] = {i == 0 ? 0.0f : 0.75f, 0.25f};
+    const float lh0[2] = {j == 0 ? 1.0f : 0.25f, 0.75f}, lh1[2] = {j == 0 ? 0.0f : 0.75f, 0.25f};
+    if (w0 < wstep) {
+        const T* xr[3][3];
 #pragma unroll
-        for (int j = 0; j < V; j++) s[j] = ld0 * (lh0 * a[j] + lh1 * b[j]) + ld1 * (lh0 * e[j] + lh1 * f[j]);
-        stv<V>(t, i, s);
+        for (int r = 0; r < 3; r++)
+#pragma unroll
+            for (int c = 0; c < 3; c++) xr[r][c] = x + (((i64)n * D + dr[r]) * H + hr[c]) * rs + q * V;
+        for (int w = w0; w < W; w += wstep) {
+            const int o = w * C, e = w * lanes + q;
+            float prev[2][V];  // the previous d row blended along h, per ph
+#pragma unroll
+            for (int r = 0; r < 3; r++) {
+                float a[3][V], cur[2][V];
+#pragma unroll
+                for (int c = 0; c < 3; c++) ldv<V>(xr[r][c], o, a[c]);
+#pragma unroll
+                for (int ph = 0; ph < 2; ph++)
+#pragma unroll
+                    for (int k = 0; k < V; k++) cur[ph][k] = lh0[ph] * a[ph][k] + lh1[ph] * a[ph + 1][k];
+                if (r > 0) {
+                    const int pd = r - 1;
+#pragma unroll
+                    for (int ph = 0; ph < 2; ph++) {
+                        float s[V];
+#pragma unroll
+                        for (int k = 0; k < V; k++) s[k] = ld0[pd] * prev[ph][k] + ld1[pd] * cur[ph][k];
+                        quad_st<V>(t + (pd * 2 + ph) * rs, hs, e, s);
+                    }
+                }
+#pragma unroll
+                for (int ph = 0; ph < 2; ph++)
+#pragma unroll
+                    for (int k = 0; k < V; k++) prev[ph][k] = cur[ph][k];
+            }
+        }
     }
     __syncthreads();
-    T* o = out + (((i64)n * Do + od) * Ho + oh) * ((i64)Wo * C);
-    for (int k = threadIdx.x; k < Wo * lanes; k += blockDim.x) {
-        int ow = k / lanes, c = (k - ow * lanes) * V;
-        int w0, w1;
-        float lw0, lw1, p[V], q[V];
-        src_index(ow, W, w0, w1, lw0, lw1);
-        ldv<V>(t, w0 * C + c, p);
-        ldv<V>(t, w1 * C + c, q);
+    if (w0 >= wstep) return;
+    const int Ho = 2 * H, Do = 2 * D;
+#pragma unroll 1
+    for (int r = 0; r < 4; r++) {
+        const float* tr = t + r * rs;
+        T* orow = out + (((i64)n * Do + 2 * i + (r >> 1)) * Ho + 2 * j + (r & 1)) * (2 * (i64)rs) + q * V;
+        for (int w = w0; w < W; w += wstep) {
+            float a[V], m[V], e[V];
+            quad_ld<V>(tr, hs, max(w - 1, 0) * lanes + q, a);
+            quad_ld<V>(tr, hs, w * lanes + q, m);
+            quad_ld<V>(tr, hs, min(w + 1, W - 1) * lanes + q, e);
+            const float l0 = w == 0 ? 1.0f : 0.25f, l1 = w == 0 ? 0.0f : 0.75f;
 #pragma unroll
-        for (int j = 0; j < V; j++) p[j] = lw0 * p[j] + lw1 * q[j];
-        stv<V>(o, (i64)k * V, p);
+            for (int k = 0; k < V; k++) {
+                a[k] = l0 * a[k] + l1 * m[k];
+                e[k] = 0.75f * m[k] + 0.25f * e[k];
+            }
+            stv<V>(orow, 2 * w * C, a);
+            stv<V>(orow, (2 * w + 1) * C, e);
+        }
     }
 }
-extern "C" __global__ void upsample_fwd_rows(void* out, const void* x, int C, int D, int H, int W, int bf, int V) {
-    DISPATCH_V(bf, V, upsample_fwd_rows_t, out, x, C, D, H, W);
+// three blocks an SM (64 KB of shared memory each at the whole-head top level: 64 x 64 channels)
+extern "C" __global__ void __launch_bounds__(256, 3)
+    upsample_fwd_quad(void* out, const void* x, int C, int D, int H, int W, int bf, int V) {
+    DISPATCH_V(bf, V, upsample_fwd_quad_t, out, x, C, D, H, W);
 }
 
 // dx: (N, D, H, W, C) from dout: (N, 2D, 2H, 2W, C); grid N·D·H blocks; shared 2W·C floats.

@@ -101,7 +101,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "upsample_bwd",
     "upsample_fwd_cl",
     "upsample_bwd_cl",
-    "upsample_fwd_rows",
+    "upsample_fwd_quad",
     "upsample_bwd_rows",
     "loss_partial",
     "loss_final",

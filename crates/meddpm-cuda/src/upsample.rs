@@ -1,6 +1,8 @@
 //! Trilinear ×2 upsampling, align_corners=False, forward and backward (kernels/upsample.cu).
 //! Semantics: `Backend::upsample_*` (PyTorch F.interpolate); CPU twin cpu/upsample.rs. NDHWC runs
-//! the row kernels (separable through shared memory) where a row fits in 48 KB, else per voxel.
+//! the kernels that are separable through shared memory where their rows fit (the forward: 2 × 2
+//! output rows a block, four rows of f32 in 227 KB, a thread per channel vector of a voxel; the
+//! backward: one input row a block, 48 KB), else per voxel.
 
 use meddpm::{Accum, Dims};
 
@@ -8,14 +10,21 @@ use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
 use crate::elementwise::{row_launch, row_vec, same_bf};
 
-/// Threads of an `upsample_{fwd,bwd}_rows` block.
+/// Threads of an `upsample_fwd_quad` / `upsample_bwd_rows` block.
 const ROWS_BLOCK: u32 = 256;
 
-/// Shared memory of an `upsample_*_rows` block holding `floats` f32 (one row of all channels), or
+/// Shared memory of an `upsample_bwd_rows` block holding `floats` f32 (one row of all channels), or
 /// None where that exceeds the 48 KB a launch gets without opting in (the per-voxel kernels run).
 fn rows_smem(floats: usize) -> Option<u32> {
     let bytes = floats * 4;
     (bytes <= 48 * 1024).then_some(bytes as u32)
+}
+
+/// Shared memory of an `upsample_fwd_quad` block with `v` channels a vector: four rows of W·C f32;
+/// None past 227 KB or where a block has fewer threads than a voxel has vectors.
+fn quad_smem(x: Dims, v: usize) -> Option<u32> {
+    let bytes = 4 * x.w * x.c * 4;
+    (bytes <= 227 * 1024 && x.c / v <= ROWS_BLOCK as usize).then_some(bytes as u32)
 }
 
 pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl: bool) {
@@ -29,13 +38,13 @@ pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl:
     let bf = same_bf("upsample_forward", &[out, inp]);
     if cl {
         let v = row_vec(x, true, bf);
-        if let Some(smem) = rows_smem(x.w * x.c) {
-            // one block per output row, separable through shared memory
+        if let Some(smem) = quad_smem(x, v) {
+            // one block per 2 × 2 output rows (a source row's), separable through shared memory
             let (op_, ip) = (dev.ptr_mut(out), dev.ptr(inp));
             let dims = [x.c, x.d, x.h, x.w].map(|d| I(d as i32));
             let args = [P(op_), P(ip), dims[0], dims[1], dims[2], dims[3], I(bf), I(v as i32)];
-            let grid = ((x.n * 2 * x.d * 2 * x.h) as u32, 1, 1);
-            return dev.launch_shared("upsample_fwd_rows", grid, (ROWS_BLOCK, 1, 1), smem, &args);
+            let grid = ((x.n * x.d * x.h) as u32, 1, 1);
+            return dev.launch_shared("upsample_fwd_quad", grid, (ROWS_BLOCK, 1, 1), smem, &args);
         }
         // channels-last: each thread interpolates V channels of one voxel (16-byte accesses)
         let (grid, block) = row_launch(dev, x.up2(), v, true);

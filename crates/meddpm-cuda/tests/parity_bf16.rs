@@ -1368,8 +1368,17 @@ fn skip_apply_bf16_parity() {
 fn upsample_bf16_parity() {
     let Some(gs) = gpus() else { return };
     let cpu = CpuBackend::bf16();
-    for x in [ODD, Dims::new(1, 64, 8, 8, 8), Dims::new(1, 128, 1, 2, 97)] {
-        // the last one's rows exceed the row kernels' 48 KB of shared memory: the per-voxel kernels
+    for x in [
+        ODD,
+        Dims::new(1, 64, 8, 8, 8),
+        Dims::new(1, 16, 3, 1, 5),
+        Dims::new(1, 128, 1, 2, 97),
+        Dims::new(1, 256, 1, 2, 60),
+        Dims::new(1, 1028, 1, 1, 2),
+    ] {
+        // odd D, H, W, D = 1, H = 1; the forward per voxel for the last two (its four rows of f32
+        // past 227 KB of shared memory; 257 channel vectors a voxel, past the 256 threads of a
+        // block), the backward per voxel for the 97- and 60-wide ones (two rows of f32 past 48 KB)
         let u = x.up2();
         let xin = rb(&rnd(x.numel(), 1, 1.0));
         let dy = rb(&rnd(u.numel(), 2, 1.0));

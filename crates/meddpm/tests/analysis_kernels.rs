@@ -160,7 +160,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("upsample_bwd", Elementwise),
     ("upsample_fwd_cl", Elementwise),
     ("upsample_bwd_cl", Elementwise),
-    ("upsample_fwd_rows", Elementwise),
+    ("upsample_fwd_quad", Elementwise),
     ("upsample_bwd_rows", Elementwise),
     ("randn", Elementwise),
     ("q_sample", Elementwise),

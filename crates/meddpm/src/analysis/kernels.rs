@@ -213,7 +213,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("upsample_bwd", Category::Elementwise),
     ("upsample_fwd_cl", Category::Elementwise),
     ("upsample_bwd_cl", Category::Elementwise),
-    ("upsample_fwd_rows", Category::Elementwise),
+    ("upsample_fwd_quad", Category::Elementwise),
     ("upsample_bwd_rows", Category::Elementwise),
     ("loss_partial", Category::Reduction),
     ("loss_final", Category::Reduction),
