@@ -22,14 +22,23 @@ struct bf16 {
     u16 b;
 };
 __device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((u32)h.b) << 16); }
+// Round to nearest even. From sm_80 one cvt instruction (a NaN becomes the canonical quiet NaN);
+// before, the integer form (a NaN stays a quiet NaN with its sign and upper payload), which is
+// also what round_bf16 computes for every non-NaN value. The integer form was ~8 integer ops a
+// value: ncu found bf16 elementwise kernels issue-bound on the integer pipe
+// (docs/perf/h200-2026-12-03l).
 __device__ __forceinline__ bf16 f2bf(float f) {
-    u32 u = __float_as_uint(f);
     bf16 r;
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.b) : "f"(f));
+#else
+    u32 u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
         r.b = (u16)((u | 0x00400000u) >> 16);  // NaN stays a (quiet) NaN
     } else {
         r.b = (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     }
+#endif
     return r;
 }
 
@@ -243,7 +252,15 @@ __device__ __forceinline__ void unpack2(u32 w, float* v) {
     v[0] = __uint_as_float(w << 16);
     v[1] = __uint_as_float(w & 0xffff0000u);
 }
-__device__ __forceinline__ u32 pack2(float a, float b) { return (u32)f2bf(a).b | ((u32)f2bf(b).b << 16); }
+__device__ __forceinline__ u32 pack2(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+#else
+    return (u32)f2bf(a).b | ((u32)f2bf(b).b << 16);
+#endif
+}
 template <int V>
 __device__ __forceinline__ void ldv(const bf16* p, i64 i, float* v) {
     if (V == 8) {

@@ -131,6 +131,14 @@ fn bf16_storage_rounds_to_nearest_even() {
         let mut h = rnd(x.numel(), 1, 3.0);
         h[0] = 1.0 + 1.0 / 256.0; // tie -> 1.0
         h[1] = 1.0 + 3.0 / 256.0; // tie -> 1 + 2^-6
+                                  // the edges of the hardware conversion (cvt.rn.bf16 from sm_80): overflow to infinity,
+                                  // the largest finite value, subnormals (one a tie), signed zero, infinity
+        h[2] = f32::MAX;
+        h[3] = -3.0e38;
+        h[4] = 1.0e-40;
+        h[5] = f32::from_bits(0x0000_8000);
+        h[6] = -0.0;
+        h[7] = f32::NEG_INFINITY;
         let b = act(g, &h, x);
         assert_eq!(b.dtype(), DType::Bf16);
         assert_eq!(b.bytes(), 2 * x.numel(), "a bf16 buffer holds 2 bytes per element");
@@ -138,6 +146,8 @@ fn bf16_storage_rounds_to_nearest_even() {
         assert_eq!(back, rb(&h), "{}: upload rounds to nearest even, download is exact", name(g));
         assert_eq!(back[0], 1.0);
         assert_eq!(back[1], 1.0 + 1.0 / 64.0);
+        assert_eq!(back[2], f32::INFINITY);
+        assert_eq!(back[6].to_bits(), (-0.0f32).to_bits());
         // device-side conversion (the weight copies): same rounding as the host's
         let src = raw(g, &h);
         let mut dst = g.alloc_act(h.len()).unwrap();
