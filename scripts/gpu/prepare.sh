@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # prepare.sh: build (here, release, stripped) everything the integrated GPU run needs and put it in
 # .devbin/all (ignored by git; a device call carries it). Then: scripts/gpu/run.sh PART... there.
+# PACK=1 also writes .devbin/all.tar.xz (about a third of the bytes): a call carries that instead
+# (the tracked tree plus the carried paths must stay under 64 MiB, and two builds for an A/B do
+# not fit unpacked); run.sh and multigpu.sh unpack every .devbin/NAME.tar.xz whose folder is missing
+# (pack .devbin/old or .devbin/alt for abbin the same way: tar -C .devbin -cJf .devbin/old.tar.xz old).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEST=${1:-.devbin/all}
@@ -19,3 +23,8 @@ for line in sys.stdin:
 ' "$DEST"
 strip "$DEST"/* 2>/dev/null || true
 du -sh "$DEST"; ls "$DEST"
+if [ -n "${PACK:-}" ]; then
+  rm -f "$DEST.tar.xz"
+  tar -C "$(dirname "$DEST")" -cf - "$(basename "$DEST")" | xz -T0 -6 >"$DEST.tar.xz"
+  du -sh "$DEST.tar.xz"
+fi
