@@ -280,6 +280,23 @@ pub(crate) fn nvrtc_version() -> std::result::Result<(i32, i32), String> {
     Ok((a, b))
 }
 
+/// The oldest compute capability the kernels compile for: 8.0 (Ampere). Several use `cp.async` and
+/// the bf16 `mma.m16n8k16` (ptxas rejects them for sm_75 and older).
+pub const MIN_CC: (i32, i32) = (8, 0);
+
+/// Ok where a device of compute capability `cc` can run the kernels, else the message a user sees
+/// instead of ptxas' (`name`: the device's name).
+pub fn check_cc(cc: (i32, i32), name: &str) -> std::result::Result<(), String> {
+    if cc >= MIN_CC {
+        return Ok(());
+    }
+    Err(format!(
+        "{name} has compute capability {}.{}: meddpm's CUDA kernels need {}.{} or newer (Ampere, Ada, \
+         Hopper or later); run on the CPU instead (--device cpu)",
+        cc.0, cc.1, MIN_CC.0, MIN_CC.1
+    ))
+}
+
 /// The NVRTC target of a device of compute capability `cc`: sm_90 devices get sm_90a, whose
 /// cubin has the warpgroup MMA (`conv3d_wgmma`) and runs only there; others their own sm_XY.
 pub fn kernel_arch(cc: (i32, i32)) -> String {
@@ -428,6 +445,7 @@ impl Device {
         let mut drv = 0;
         unsafe { dsys::cuDriverGetVersion(&mut drv) };
         let info_base = (ctx.name().unwrap_or_default(), ctx.total_mem().unwrap_or(0));
+        check_cc(cc, &info_base.0)?;
 
         // cuDNN
         let mut h: nsys::cudnnHandle_t = std::ptr::null_mut();
@@ -643,6 +661,18 @@ impl Device {
 
 #[cfg(test)]
 mod tests {
+    /// Pre-Ampere devices get a clear message (the kernels do not compile for sm_75: ptxas rejects
+    /// cp.async and the bf16 mma); Ampere and later pass.
+    #[test]
+    fn devices_older_than_ampere_are_refused_by_name() {
+        let e = super::check_cc((7, 5), "Tesla T4").unwrap_err();
+        assert!(e.contains("Tesla T4") && e.contains("7.5") && e.contains("8.0") && e.contains("--device cpu"), "{e}");
+        assert!(super::check_cc((6, 1), "GTX 1080").is_err());
+        for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+            assert!(super::check_cc(cc, "gpu").is_ok(), "{cc:?}");
+        }
+    }
+
     /// The profiler's exact-name table (`meddpm::analysis::kernels::OUR_KERNELS`) must list every
     /// kernel this crate compiles, and nothing else, so no kernel of ours lands in "other".
     #[test]
