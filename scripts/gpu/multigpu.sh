@@ -23,15 +23,7 @@
 # NVLink multicast must stay off on these machines (../shared/docs/gpu-machine.md): the three
 # variables below are exported here and `--gpus` sets them in every rank again.
 set -uo pipefail
-BIN_DIR=${BIN_DIR:-.devbin/all}
-# packed builds (prepare.sh with PACK=1; also .devbin/old, .devbin/alt for abbin) are unpacked
-# next to where they were carried, unless their folder came too
-for pk in "$(dirname "$BIN_DIR")"/*.tar.xz; do
-  if [ -f "$pk" ] && [ ! -d "${pk%.tar.xz}" ]; then
-    tar -C "$(dirname "$pk")" -xJf "$pk" || { echo "cannot unpack $pk" >&2; exit 1; }
-  fi
-done
-BIN=$(cd "$BIN_DIR" && pwd)
+source scripts/gpu/bins.sh  # BIN (packed builds unpacked first)
 OUT=${OUT:-$PWD/gpu-out}
 RES="$OUT/multigpu"
 mkdir -p "$RES"

@@ -39,15 +39,7 @@
 # BENCH_ARGS (default --torch) are extra arguments of the bench part.
 # Each part writes $OUT/<part>.tar.gz (its full results) and one line to $OUT/summary.txt.
 set -uo pipefail
-BIN_DIR=${BIN_DIR:-.devbin/all}
-# packed builds (prepare.sh with PACK=1; also .devbin/old, .devbin/alt for abbin) are unpacked
-# next to where they were carried, unless their folder came too
-for pk in "$(dirname "$BIN_DIR")"/*.tar.xz; do
-  if [ -f "$pk" ] && [ ! -d "${pk%.tar.xz}" ]; then
-    tar -C "$(dirname "$pk")" -xJf "$pk" || { echo "cannot unpack $pk" >&2; exit 1; }
-  fi
-done
-BIN=$(cd "$BIN_DIR" && pwd)
+source scripts/gpu/bins.sh  # BIN (packed builds unpacked first)
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
