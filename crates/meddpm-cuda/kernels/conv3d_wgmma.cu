@@ -194,6 +194,7 @@ extern "C" __global__ void conv3d_wgmma_pack(const void* w, int wbf, int CI, int
 #define WS_FULL(b) (1 + (b))
 #define WS_EMPTY(b) (1 + WM_NS + (b))
 #define WS_EPI (1 + 2 * WM_NS)
+#define WS_EPI2 (5 + 2 * WM_NS)  // the second MMA warpgroup's (conv3d_wgmma_dgrad2)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 struct WmGn {
     const float *mean, *rstd, *gamma, *beta, *off;
@@ -258,6 +259,7 @@ __device__ __forceinline__ void wm_sts16(u32 a, uint4 v) {
     asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
 }
+template <int NC = 1, int NS = WM_NS>
 __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, const float* b, bf16* y,
                                                 const bf16* z, int N, int CI, int CO, int D, int H, int W, int DC,
                                                 int accum, WmGn gn, int reuse, WmGb gb = WmGb{}) {
@@ -265,16 +267,22 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
     const int CG = CI / 64, KS = 3 * CG, period = KS * 36;
     reuse = reuse && CG == 1;
     const ColGrid g = col_grid(N, D, H, W, DC, WM_TH, WM_TW);
-    const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, ms = blockIdx.y;
+    // NC MMA warpgroups (consumers), each its own 64-output-channel slice of the same stages, and
+    // the producer; NT threads; XOFF bytes of stages and staging rows before the tables
+    constexpr int NT = 128 * (NC + 1);
+    constexpr u32 STG = WM_TH * WM_TW * WM_YR, XOFF = NS * WM_STAGE + NC * STG;
+    const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
+    const int wg = NC == 1 ? 0 : (int)(threadIdx.x >> 7) < NC ? (int)(threadIdx.x >> 7) : 0;
+    const int ms = NC == 1 ? blockIdx.y : blockIdx.y * NC + wg, epi = NC == 1 || !wg ? WS_EPI : WS_EPI2;
     const u32 sbase = (u32)__cvta_generic_to_shared(wm_smem);
-    const u32 stg = sbase + WM_NS * WM_STAGE;
+    const u32 stg = sbase + NS * WM_STAGE + wg * STG;
     // the per-(n, ci) affine map (sc, sh) of the GroupNorm as gn_apply computes it, past the
     // staging rows (float4 = two channels)
     const bool xf = gn.mean != nullptr;
     if (xf) {
-        float2* t2 = reinterpret_cast<float2*>(wm_smem + WM_SMEM);
+        float2* t2 = reinterpret_cast<float2*>(wm_smem + XOFF);
         const int cpg = CI / gn.G;
-        for (int i = threadIdx.x; i < N * CI; i += 256) {
+        for (int i = threadIdx.x; i < N * CI; i += NT) {
             const int n = i / CI, c = i - n * CI, ng = n * gn.G + c / cpg;
             float sc, sh;
             gn_affine(gn.rstd[ng], gn.gamma[c], gn.beta[c], gn.mean[ng] - (gn.off ? gn.off[i] : 0.0f), sc, sh);
@@ -282,10 +290,10 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
         }
     }
     // with gb: the per-(n, co) (mu, sc, sh) of the GroupNorm whose backward sums are taken
-    float4* const gtab = reinterpret_cast<float4*>(wm_smem + WM_SMEM);
+    float4* const gtab = reinterpret_cast<float4*>(wm_smem + XOFF);
     if (gb.x) {
         const int cpg = CO / gb.G;
-        for (int i = threadIdx.x; i < N * CO; i += 256) {
+        for (int i = threadIdx.x; i < N * CO; i += NT) {
             const int n = i / CO, c = i - n * CO, ng = n * gb.G + c / cpg;
             const float mu = gb.mean[ng] - (gb.off ? gb.off[i] : 0.0f);
             float sc, sh;
@@ -297,10 +305,12 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
     WmCur cu;
     wm_start(cu, g, D, DC);
     if (!cu.live) return;
-    if (threadIdx.x >= 128) {
+    if (threadIdx.x >= 128 * NC) {
+        // with two MMA warpgroups the registers go to them (168 a thread at launch)
+        if constexpr (NC == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         // ---- producer: copies (channels 32 * (t % 2) .. + 31 of halo voxels t / 2 + 64 m), then
         // the transform of the same 16-byte chunks once they landed
-        const float4* tab = reinterpret_cast<const float4*>(wm_smem + WM_SMEM);
+        const float4* tab = reinterpret_cast<const float4*>(wm_smem + XOFF);
         const int c4 = (t & 1) * 4, r0 = t >> 1;
         struct St {
             const bf16* p;  // the stage's corner voxel (h0 - 1, w0 - 1), this thread's channels
@@ -379,7 +389,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         };
         // Stage s's copies are issued after stage s - 1 is handed over and waited for at the next
-        // stage, after the wait for a free buffer (the producer runs up to WM_NS - 1 stages ahead,
+        // stage, after the wait for a free buffer (the producer runs up to NS - 1 stages ahead,
         // so the copies land while it waits) and no copy is in flight at the proxy fence (a
         // MEMBAR.ALL.CTA). Issued before stage s - 1's transform instead, the times were the same.
         // The loads in order: with reuse, planes d0 - 1 .. d1 of each item (lp), once each; else
@@ -410,7 +420,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
         // ms * 64 + 8 (t & 7) .. + 7 of voxels t / 8 + 16 i of the tile; the item's running sums
         // in threads t < 64 (channel ms * 64 + t), written once its last plane is summed
         float rs[3] = {0.0f, 0.0f, 0.0f};
-        float* const red = reinterpret_cast<float*>(wm_smem + WM_SMEM + N * CO * 16);
+        float* const red = reinterpret_cast<float*>(wm_smem + XOFF + N * CO * 16);
         auto sums = [&](const Pl& p, bool fin) {
             nb_sync(WB_FULL, 256);  // plane p's g in the staging rows
             const int c8 = t & 7, vr = t >> 3;
@@ -582,12 +592,12 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
         adv();
         int s = 1;
         for (; lc.live; s++) {
-            const int buf = s % WM_NS;
-            if (s >= WM_NS) nb_sync(WS_EMPTY(buf), 256);  // load s - WM_NS's last MMAs are done
+            const int buf = s % NS;
+            if (s >= NS) nb_sync(WS_EMPTY(buf), NT);  // load s - NS's last MMAs are done
             wm_cp_wait<0>();
-            xform(prev, (s - 1) % WM_NS);
-            dysum(prev, pdy, (s - 1) % WM_NS);
-            nb_arrive(WS_FULL((s - 1) % WM_NS), 256);
+            xform(prev, (s - 1) % NS);
+            dysum(prev, pdy, (s - 1) % NS);
+            nb_arrive(WS_FULL((s - 1) % NS), NT);
             delivered(pcomp, pinf);
             prev = cur();
             pinf = info(pcomp);
@@ -596,16 +606,17 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
             adv();
         }
         wm_cp_wait<0>();
-        xform(prev, (s - 1) % WM_NS);
-        dysum(prev, pdy, (s - 1) % WM_NS);
-        nb_arrive(WS_FULL((s - 1) % WM_NS), 256);
+        xform(prev, (s - 1) % NS);
+        dysum(prev, pdy, (s - 1) % NS);
+        nb_arrive(WS_FULL((s - 1) % NS), NT);
         delivered(pcomp, pinf);
         // the consumer releases stages 0 .. s - 2: take the releases not waited for above
-        for (int r = max(0, s - WM_NS); r <= s - 2; r++) nb_sync(WS_EMPTY(r % WM_NS), 256);
+        for (int r = max(0, s - NS); r <= s - 2; r++) nb_sync(WS_EMPTY(r % NS), NT);
         if (gb.x && havep) sums(pend, true);
         return;
     }
     // ---- consumer: the MMA loop and the epilogue
+    if constexpr (NC == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     wp += (i64)ms * period * 128 + t;
     float d[128];
 #pragma unroll
@@ -643,9 +654,9 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
         for (int k = 0; k < KS; k++, q++) {
             // reuse (KS = 3, k = kd): plane pd + k - 1 is load base + pd - d0 + k, first used by
             // output plane max(d0, plane - 1) and last by min(d1 - 1, plane + 1)
-            const int buf = reuse ? (base + pd - pc.d0 + k) % WM_NS : q % WM_NS;
+            const int buf = reuse ? (base + pd - pc.d0 + k) % NS : q % NS;
             const bool first = !reuse || k == 2 || pd == pc.d0, last = !reuse || k == 0 || pd == pc.d1 - 1;
-            if (first) nb_sync(WS_FULL(buf), 256);
+            if (first) nb_sync(WS_FULL(buf), NT);
             const u32 sb = sbase + buf * WM_STAGE;
 #pragma unroll
             for (int tap = 0; tap < 9; tap++) {
@@ -659,7 +670,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
                 wm_wait<1>(d);
                 // the previous stage's last MMAs are done: its buffer goes back to the producer
                 // after its plane's last use
-                if (tap == 0 && q > 0 && plast) nb_arrive(WS_EMPTY(pbuf), 256);
+                if (tap == 0 && q > 0 && plast) nb_arrive(WS_EMPTY(pbuf), NT);
                 int nx = wb + (tap + 2) * 4;
                 nx = nx >= period ? nx - period : nx;
 #pragma unroll
@@ -674,7 +685,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
         if (reuse && (!cu.live || cu.it != pit)) base += pc.d1 - pc.d0 + 2;
         wm_wait<0>(d);
         if (accum) wm_cp_wait<0>();
-        nb_sync(WS_EPI, 128);  // the old output landed (every consumer thread's copies)
+        nb_sync(epi, 128);  // the old output landed (every consumer thread's copies)
         // with gb: the producer has read the previous plane's rows (its sums)
         if (gb.x) nb_sync(WB_EMPTY, 256);
 #pragma unroll
@@ -699,7 +710,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
                          "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                          : "memory");
         }
-        nb_sync(WS_EPI, 128);
+        nb_sync(epi, 128);
         if (gb.x) nb_arrive(WB_FULL, 256);  // the plane's rows for the producer's sums
         const i64 vb = (((i64)pc.n * D + pd) * H) * W;
         // with gn.ys, the statistics of the stored outputs: this thread's 8 channels ((t & 7) * 8
@@ -743,7 +754,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
                 su[e] += __shfl_xor_sync(0xffffffffu, su[e], 16);
                 sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], 16);
             }
-            float* red = reinterpret_cast<float*>(wm_smem + WM_SMEM + N * CI * 8);
+            float* red = reinterpret_cast<float*>(wm_smem + XOFF + N * CI * 8);
             if (lane < 8) {
 #pragma unroll
                 for (int e = 0; e < 8; e++) {
@@ -751,7 +762,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
                     red[(warp * 8 + lane) * 16 + 8 + e] = sq[e];
                 }
             }
-            nb_sync(WS_EPI, 128);
+            nb_sync(epi, 128);
             if (t < 64) {
                 const int c = t >> 3, e = t & 7;
                 float ss = 0.0f, qq = 0.0f;
@@ -784,7 +795,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
                 }
             }
         }
-        nb_sync(WS_EPI, 128);  // the staging rows read before the next plane writes them
+        nb_sync(epi, 128);  // the staging rows read before the next plane writes them
     }
 }
 #endif
@@ -806,6 +817,20 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
     }
 WGMMA_ENTRY(conv3d_wgmma_fwd)
 WGMMA_ENTRY(conv3d_wgmma_dgrad)
+// The data gradient with a result of 128k channels: two MMA warpgroups a block, each one of the two
+// 64-channel slices of blockIdx.y (grid (items, CO / 128)), on the same staged dy planes (loaded
+// once for both, against once per slice), a ring of three stages (the two warpgroups' staging rows
+// take the fourth's room), registers moved from the producer to them (setmaxnreg: 40 and 232 a
+// thread). The tensor pipe runs one warpgroup's MMAs while the other stores its plane. Block 384,
+// dynamic shared memory WM_DUAL_SMEM.
+#define WM_DUAL_SMEM (3 * WM_STAGE + 2 * WM_TH * WM_TW * WM_YR)
+extern "C" __global__ void __launch_bounds__(384, 1)
+    conv3d_wgmma_dgrad2(const bf16* x, const uint4* wp, const float* b, bf16* y, const bf16* z, int N, int CI,
+                        int CO, int D, int H, int W, int DC, int accum, int reuse) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    wgmma_conv_body<2, 3>(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{}, reuse);
+#endif
+}
 // the data gradient with the GroupNorm+SiLU backward's channel sums of its output (WmGb): grid as
 // the others, block 256, dynamic shared memory WM_SMEM + 16 * N * CO + WM_GBSUMS; no accumulation
 extern "C" __global__ void __launch_bounds__(256, 1)

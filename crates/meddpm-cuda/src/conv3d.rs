@@ -351,6 +351,12 @@ pub(crate) struct ConvCache {
     /// three output planes that read it (true, the default), or once per output plane
     /// (`MEDDPM_WGMMA_REUSE=0`, A/B benchmarks).
     pub(crate) wgmma_reuse: bool,
+    /// Data gradients with a result of 128k channels on `conv3d_wgmma_dgrad2`, both 64-channel
+    /// slices in one block on the same staged dy planes (true, the default), or a block a slice
+    /// (`conv3d_wgmma_dgrad`; `MEDDPM_WGMMA_DUAL=0`, A/B benchmarks).
+    pub(crate) wgmma_dual: bool,
+    /// Of `wgmma_runs`, the data gradients `conv3d_wgmma_dgrad2` computed (tests).
+    pub(crate) wgmma_dual_runs: u64,
     /// The weight gradients of the wide convs may run on `conv3d_wgmma_wgrad` (true, the default:
     /// timed against cuDNN's as the other directions, or forced by `force_wgmma`), or never
     /// (`MEDDPM_WGMMA_WGRAD=0`, A/B benchmarks).
@@ -495,6 +501,8 @@ impl ConvCache {
             wgmma_gn: std::env::var("MEDDPM_WGMMA_GN").map_or(true, |v| v != "0"),
             wgmma_gn_runs: 0,
             wgmma_reuse: std::env::var("MEDDPM_WGMMA_REUSE").map_or(true, |v| v != "0"),
+            wgmma_dual: std::env::var("MEDDPM_WGMMA_DUAL").map_or(true, |v| v != "0"),
+            wgmma_dual_runs: 0,
             wgmma_wgrad: std::env::var("MEDDPM_WGMMA_WGRAD").map_or(true, |v| v != "0"),
             wgmma_wgrad_runs: 0,
             cat_free: std::env::var("MEDDPM_CAT_FREE").map_or(true, |v| v != "0"),
@@ -1069,7 +1077,9 @@ fn wgmma_decided(
     if !worth {
         return false;
     }
-    let k = choice_key("wgmma", dir, &cs, (cache.layout, cache.precision), add);
+    // the data gradients `conv3d_wgmma_dgrad2` computes are their own choice (A/B)
+    let dual = dir == Dir::BwdData && cache.wgmma_dual && cs.x.c.is_multiple_of(128);
+    let k = choice_key(if dual { "wgmma2" } else { "wgmma" }, dir, &cs, (cache.layout, cache.precision), add);
     if let Some(on) = cache.disk_choice(&k) {
         if conv_log() {
             eprintln!(
@@ -2406,7 +2416,8 @@ fn dgrad_trial(
     acc: Accum,
 ) {
     if ours {
-        crate::conv_wgmma::run(dev, (dyp, wp, 0, tp, 0), wbf, cs.out(), cs.x.c, acc, true, cache.wgmma_reuse, T_WPD);
+        let modes = (cache.wgmma_reuse, cache.wgmma_dual);
+        crate::conv_wgmma::run_dgrad(dev, (dyp, wp, 0, tp, 0), wbf, cs.out(), cs.x.c, acc, modes, T_WPD);
     } else {
         cudnn_dgrad(dev, cache, tp, DType::Bf16, acc, w, dyp, cs);
     }
@@ -2437,17 +2448,10 @@ fn data_grad(
             dgrad_trial(dev, cache, ours, tp, (dyp, wp, wbf), w, cs, acc)
         });
         if ours {
-            crate::conv_wgmma::run(
-                dev,
-                (dyp, wp, 0, dev.ptr_mut(dx), 0),
-                wbf,
-                yd,
-                cs.x.c,
-                acc,
-                true,
-                cache.wgmma_reuse,
-                T_WPD,
-            );
+            let (ptrs, modes) = ((dyp, wp, 0, dev.ptr_mut(dx), 0), (cache.wgmma_reuse, cache.wgmma_dual));
+            if crate::conv_wgmma::run_dgrad(dev, ptrs, wbf, yd, cs.x.c, acc, modes, T_WPD) {
+                cache.wgmma_dual_runs += 1;
+            }
             cache.wgmma_runs += 1;
             return;
         }

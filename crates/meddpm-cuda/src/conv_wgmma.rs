@@ -70,7 +70,24 @@ pub(crate) fn run(
     reuse: bool,
     slot: u8,
 ) {
-    run_gn(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, None, reuse, slot)
+    launch(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, None, (reuse, false), slot);
+}
+
+/// [`run`] for the data gradient (`tw`); with `dual` and a result of 128k channels (`co`) on
+/// `conv3d_wgmma_dgrad2` (both 64-channel slices in one block; `ConvCache::wgmma_dual`). Returns
+/// whether it ran there.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_dgrad(
+    dev: &Device,
+    ptrs: (u64, u64, u64, u64, u64),
+    wbf: bool,
+    x: Dims,
+    co: usize,
+    acc: Accum,
+    (reuse, dual): (bool, bool),
+    slot: u8,
+) -> bool {
+    launch(dev, ptrs, wbf, x, co, acc, true, None, (reuse, dual), slot)
 }
 
 /// [`run`], and with `gn` the forward of silu(GN(x + off)) (`conv3d_wgmma_fwd_gn`: the
@@ -88,6 +105,23 @@ pub(crate) fn run_gn(
     reuse: bool,
     slot: u8,
 ) {
+    launch(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, gn, (reuse, false), slot);
+}
+
+/// [`run_gn`], and [`run_dgrad`]'s choice of `conv3d_wgmma_dgrad2` (`dual`): whether it ran.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    dev: &Device,
+    (xp, wp, bp, yp, zp): (u64, u64, u64, u64, u64),
+    wbf: bool,
+    x: Dims,
+    co: usize,
+    acc: Accum,
+    tw: bool,
+    gn: Option<GnPro>,
+    (reuse, dual): (bool, bool),
+    slot: u8,
+) -> bool {
     use Arg::{I, P};
     assert!(!(tw && gn.is_some()), "conv3d_wgmma: the GroupNorm prologue is a forward's");
     let ci = x.c;
@@ -118,12 +152,23 @@ pub(crate) fn run_gn(
         }
         None => {
             args.push(I(reuse as i32));
+            if tw && dual && co.is_multiple_of(128) {
+                // two MMA warpgroups, one a 64-channel slice, on the same staged planes
+                let grid = (grid as u32, (co / 128) as u32, 1);
+                dev.launch_shared("conv3d_wgmma_dgrad2", grid, (384, 1, 1), DUAL_SMEM, &args);
+                return true;
+            }
             (if tw { "conv3d_wgmma_dgrad" } else { "conv3d_wgmma_fwd" }, SMEM)
         }
     };
     // a producer warpgroup beside the MMA warpgroup
     dev.launch_shared(name, (grid as u32, (co / 64) as u32, 1), (256, 1, 1), smem, &args);
+    false
 }
+
+/// Dynamic shared memory of `conv3d_wgmma_dgrad2` (WM_DUAL_SMEM: three stages, two warpgroups'
+/// staging rows).
+const DUAL_SMEM: u32 = 3 * 44_032 + 2 * 32 * 8 * 144;
 
 /// The weights packed into the kernels' fragment order (`conv3d_wgmma_pack`, a kept temporary of
 /// co · ci · 27 bf16 in `slot`); `tw`: the data gradient's flipped, transposed weights.

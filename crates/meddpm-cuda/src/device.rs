@@ -137,6 +137,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_wgmma_fwd",
     "conv3d_wgmma_fwd_gn",
     "conv3d_wgmma_dgrad",
+    "conv3d_wgmma_dgrad2",
     "conv3d_wgmma_dgrad_gnb",
     "conv3d_wgmma_pack",
     "conv3d_wgmma_wgrad",

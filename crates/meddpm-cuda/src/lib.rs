@@ -338,6 +338,18 @@ impl CudaBackend {
         self.cache().wgmma_runs
     }
 
+    /// Data gradients with a result of 128k channels on `conv3d_wgmma_dgrad2` (both 64-channel
+    /// slices in one block; true, the default) or `conv3d_wgmma_dgrad` (a block a slice). For
+    /// tests and benchmarks; `MEDDPM_WGMMA_DUAL=0` sets false at start-up.
+    pub fn set_wgmma_dual(&self, on: bool) {
+        self.cache().wgmma_dual = on;
+    }
+
+    /// Of [`Self::wgmma_runs`], the data gradients `conv3d_wgmma_dgrad2` computed.
+    pub fn wgmma_dual_runs(&self) -> u64 {
+        self.cache().wgmma_dual_runs
+    }
+
     /// The ResBlocks' GroupNorm+SiLU → conv as one pass (`conv3d_wgmma_fwd_gn`) where the conv
     /// runs on `conv3d_wgmma` (true, the default) or as the two calls (false). For tests and
     /// benchmarks; `MEDDPM_WGMMA_GN=0` sets false at start-up.

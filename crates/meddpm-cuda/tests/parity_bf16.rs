@@ -356,10 +356,11 @@ fn conv3d_bf16_parity() {
 }
 
 /// The wide 3×3×3 convs on the warpgroup MMA (`conv3d_wgmma_fwd` / `_dgrad`, NDHWC, sm_90 only),
-/// forced on: tiles of 32 (h) × 8 (w) cut by H = 35 / 33 / 7 and W = 9 / 17 / 10; Cin 64, 128
-/// and 192 (one to three 64-channel stages a plane); Cout 64 and 128 (two 64-channel slices; its
-/// data gradient reads 128 channels of dy); batch 2; D = 3…5 with the work items' chunks of d;
-/// more work items than SMs (W = 272).
+/// forced on: tiles of 32 (h) × 8 (w) cut by H = 35 / 33 / 7 and W = 9 / 17 / 10; Cin 64, 128,
+/// 192 and 256 (one to four 64-channel stages a plane); Cout 64 and 128 (two 64-channel slices;
+/// its data gradient reads 128 channels of dy); batch 2; D = 2…5 with the work items' chunks of
+/// d; more work items than SMs (W = 272). Data gradients with 128 or 256 result channels run on
+/// `conv3d_wgmma_dgrad2` (two slices a block; its own counter proves it).
 /// Forward with a bias, accumulated with and without one, conv + b + z; the data gradient
 /// overwritten and accumulated (`conv3d_backward_data`, and within `conv3d_backward`). The
 /// kernel's run counter proves it computed every call, and that an NCDHW backend never runs it.
@@ -377,6 +378,11 @@ fn wgmma_conv_bf16_parity() {
         // more column items than an H200's 132 SMs: blocks that run two items (the window of
         // input planes, 64 channels, restarts at each item)
         (Dims::new(2, 64, 5, 33, 272), 64),
+        // data gradients with a result of 128k channels (conv3d_wgmma_dgrad2): two blocks of two
+        // slices; 128 channels of dy (no window); more column items than SMs
+        (Dims::new(1, 256, 3, 9, 10), 64),
+        (Dims::new(1, 128, 4, 35, 9), 128),
+        (Dims::new(2, 128, 2, 33, 272), 64),
     ];
     g.set_wgmma(Some(true));
     for (i, (xd, co)) in cases.into_iter().enumerate() {
@@ -426,7 +432,7 @@ fn wgmma_conv_bf16_parity() {
             let mut want = dx0.clone();
             let (mut dw_c, mut db_c) = (vec![0f32; cs.w_len()], vec![0f32; co]);
             cpu.conv3d_backward(Some((&mut want, acc)), &mut dw_c, Some(&mut db_c), &dy, &x, &w, cs);
-            let (runs, wruns) = (g.wgmma_runs(), g.wgmma_wgrad_runs());
+            let (runs, wruns, druns) = (g.wgmma_runs(), g.wgmma_wgrad_runs(), g.wgmma_dual_runs());
             let mut dxg = act(g, &dx0, xd);
             g.conv3d_backward_data((&mut dxg, acc), &dyg, &wg, cs);
             check(&format!("{tag} dx {acc:?} (data only)"), &get_act(g, &dxg, xd), &want, BF);
@@ -435,6 +441,8 @@ fn wgmma_conv_bf16_parity() {
             check(&format!("{tag} dx {acc:?}"), &get_act(g, &dxg, xd), &want, BF);
             check(&format!("{tag} dw {acc:?}"), &get_param(g, &dwg, &wshape), &dw_c, BF);
             assert_eq!(g.wgmma_runs() - runs, 2, "{tag}: the data gradients ran conv3d_wgmma_dgrad");
+            let dual = if xd.c % 128 == 0 { 2 } else { 0 };
+            assert_eq!(g.wgmma_dual_runs() - druns, dual, "{tag}: data gradients on conv3d_wgmma_dgrad2");
             assert_eq!(g.wgmma_wgrad_runs() - wruns, 1, "{tag}: the weight gradient ran conv3d_wgmma_wgrad");
         }
     }

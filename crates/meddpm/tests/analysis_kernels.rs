@@ -204,6 +204,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     // a decoder ResBlock's skip conv and statistics from its concatenation's parts
     ("cat_skip_stats_ndhwc", ConvForward),
     ("conv3d_wgmma_dgrad", ConvDgrad),
+    ("conv3d_wgmma_dgrad2", ConvDgrad),
     ("conv3d_wgmma_dgrad_gnb", ConvDgrad),
     ("conv3d_wgmma_pack", Layout),
 ];

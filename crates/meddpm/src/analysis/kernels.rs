@@ -254,6 +254,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("cat_skip_stats_ndhwc", Category::ConvForward),
     ("gn_bwd_apply_split_skip", Category::Normalization),
     ("conv3d_wgmma_dgrad", Category::ConvDgrad),
+    ("conv3d_wgmma_dgrad2", Category::ConvDgrad),
     ("conv3d_wgmma_dgrad_gnb", Category::ConvDgrad),
     ("conv3d_wgmma_pack", Category::Layout),
 ];
