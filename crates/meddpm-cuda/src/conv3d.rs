@@ -1305,12 +1305,14 @@ pub(crate) fn gn_wgmma_forward(
     let ptrs = (dev.ptr(inp), dev.ptr(w), bp, dev.ptr_mut(out), zp);
     let wbf = w.dtype() == DType::Bf16;
     match ystats {
-        None => crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), reuse, T_WPF),
+        None => {
+            crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), (reuse, false), T_WPF);
+        }
         Some((ym, yr, yoff, yg)) => {
             let items = crate::conv_wgmma::items(dev, x);
             let part = dev.scratch(items * cs.cout * 3);
             let gn = crate::conv_wgmma::GnPro { ys: dev.ptr(&*part), ..gn };
-            crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), reuse, T_WPF);
+            crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), (reuse, false), T_WPF);
             let od = cs.out();
             crate::groupnorm::finalize_stats_counted(dev, dev.ptr(&*part), yoff, (ym, yr), od, yg, items / x.n);
             cache.wgmma_ystats_runs += 1;

@@ -70,7 +70,7 @@ pub(crate) fn run(
     reuse: bool,
     slot: u8,
 ) {
-    launch(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, None, (reuse, false), slot);
+    run_gn(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, None, (reuse, false), slot);
 }
 
 /// [`run`] for the data gradient (`tw`); with `dual` and a result of 128k channels (`co`) on
@@ -87,30 +87,14 @@ pub(crate) fn run_dgrad(
     (reuse, dual): (bool, bool),
     slot: u8,
 ) -> bool {
-    launch(dev, ptrs, wbf, x, co, acc, true, None, (reuse, dual), slot)
+    run_gn(dev, ptrs, wbf, x, co, acc, true, None, (reuse, dual), slot)
 }
 
 /// [`run`], and with `gn` the forward of silu(GN(x + off)) (`conv3d_wgmma_fwd_gn`: the
-/// GroupNorm+SiLU applied to each staged input plane in shared memory, never stored).
+/// GroupNorm+SiLU applied to each staged input plane in shared memory, never stored); with `dual`
+/// [`run_dgrad`]'s choice of `conv3d_wgmma_dgrad2`. Returns whether that ran.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_gn(
-    dev: &Device,
-    (xp, wp, bp, yp, zp): (u64, u64, u64, u64, u64),
-    wbf: bool,
-    x: Dims,
-    co: usize,
-    acc: Accum,
-    tw: bool,
-    gn: Option<GnPro>,
-    reuse: bool,
-    slot: u8,
-) {
-    launch(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, gn, (reuse, false), slot);
-}
-
-/// [`run_gn`], and [`run_dgrad`]'s choice of `conv3d_wgmma_dgrad2` (`dual`): whether it ran.
-#[allow(clippy::too_many_arguments)]
-fn launch(
     dev: &Device,
     (xp, wp, bp, yp, zp): (u64, u64, u64, u64, u64),
     wbf: bool,

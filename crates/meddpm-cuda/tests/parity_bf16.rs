@@ -360,7 +360,8 @@ fn conv3d_bf16_parity() {
 /// 192 and 256 (one to four 64-channel stages a plane); Cout 64 and 128 (two 64-channel slices;
 /// its data gradient reads 128 channels of dy); batch 2; D = 2…5 with the work items' chunks of
 /// d; more work items than SMs (W = 272). Data gradients with 128 or 256 result channels run on
-/// `conv3d_wgmma_dgrad2` (two slices a block; its own counter proves it).
+/// `conv3d_wgmma_dgrad2` (two slices a block; its own counter proves it), bit for bit the
+/// block-a-slice kernel's (`set_wgmma_dual(false)`).
 /// Forward with a bias, accumulated with and without one, conv + b + z; the data gradient
 /// overwritten and accumulated (`conv3d_backward_data`, and within `conv3d_backward`). The
 /// kernel's run counter proves it computed every call, and that an NCDHW backend never runs it.
@@ -444,6 +445,21 @@ fn wgmma_conv_bf16_parity() {
             let dual = if xd.c % 128 == 0 { 2 } else { 0 };
             assert_eq!(g.wgmma_dual_runs() - druns, dual, "{tag}: data gradients on conv3d_wgmma_dgrad2");
             assert_eq!(g.wgmma_wgrad_runs() - wruns, 1, "{tag}: the weight gradient ran conv3d_wgmma_wgrad");
+            if dual > 0 {
+                // a block a slice: the same MMAs in the same order, the same epilogue
+                g.set_wgmma_dual(false);
+                let mut dx1 = act(g, &dx0, xd);
+                g.conv3d_backward_data((&mut dx1, acc), &dyg, &wg, cs);
+                g.set_wgmma_dual(true);
+                let d = g.wgmma_dual_runs() - druns;
+                assert_eq!(d, 2, "{tag}: set_wgmma_dual(false) ran conv3d_wgmma_dgrad");
+                let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+                let (two, one) = (get_act(g, &dxg, xd), get_act(g, &dx1, xd));
+                assert!(
+                    bits(two) == bits(one),
+                    "{tag} dx {acc:?}: conv3d_wgmma_dgrad2 differs from conv3d_wgmma_dgrad"
+                );
+            }
         }
     }
     g.set_wgmma(None);
