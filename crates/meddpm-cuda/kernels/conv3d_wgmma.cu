@@ -821,8 +821,10 @@ WGMMA_ENTRY(conv3d_wgmma_dgrad)
 // 64-channel slices of blockIdx.y (grid (items, CO / 128)), on the same staged dy planes (loaded
 // once for both, against once per slice), a ring of three stages (the two warpgroups' staging rows
 // take the fourth's room), registers moved from the producer to them (setmaxnreg: 40 and 232 a
-// thread). The tensor pipe runs one warpgroup's MMAs while the other stores its plane. Block 384,
-// dynamic shared memory WM_DUAL_SMEM.
+// thread). Both wait for the same stages and share the tensor pipe, so they finish a plane and
+// store it together: the epilogues are not hidden behind the other's MMAs (work in an epilogue
+// costs as in the one-slice kernel, docs/perf/h200-2026-12-03n). Block 384, dynamic shared memory
+// WM_DUAL_SMEM.
 #define WM_DUAL_SMEM (3 * WM_STAGE + 2 * WM_TH * WM_TW * WM_YR)
 extern "C" __global__ void __launch_bounds__(384, 1)
     conv3d_wgmma_dgrad2(const bf16* x, const uint4* wp, const float* b, bf16* y, const bf16* z, int N, int CI,

@@ -1078,7 +1078,7 @@ fn wgmma_decided(
         return false;
     }
     // the data gradients `conv3d_wgmma_dgrad2` computes are their own choice (A/B)
-    let dual = dir == Dir::BwdData && cache.wgmma_dual && cs.x.c.is_multiple_of(128);
+    let dual = dir == Dir::BwdData && crate::conv_wgmma::dual_fits(cs.x.c, cache.wgmma_dual);
     let k = choice_key(if dual { "wgmma2" } else { "wgmma" }, dir, &cs, (cache.layout, cache.precision), add);
     if let Some(on) = cache.disk_choice(&k) {
         if conv_log() {

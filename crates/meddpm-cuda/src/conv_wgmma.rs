@@ -136,7 +136,7 @@ pub(crate) fn run_gn(
         }
         None => {
             args.push(I(reuse as i32));
-            if tw && dual && co.is_multiple_of(128) {
+            if tw && dual_fits(co, dual) {
                 // two MMA warpgroups, one a 64-channel slice, on the same staged planes
                 let grid = (grid as u32, (co / 128) as u32, 1);
                 dev.launch_shared("conv3d_wgmma_dgrad2", grid, (384, 1, 1), DUAL_SMEM, &args);
@@ -148,6 +148,13 @@ pub(crate) fn run_gn(
     // a producer warpgroup beside the MMA warpgroup
     dev.launch_shared(name, (grid as u32, (co / 64) as u32, 1), (256, 1, 1), smem, &args);
     false
+}
+
+/// Whether a data gradient with `co` result channels runs on `conv3d_wgmma_dgrad2` where the
+/// switch (`ConvCache::wgmma_dual`) is `on`: both 64-channel slices of a block, co a multiple of
+/// 128.
+pub(crate) fn dual_fits(co: usize, on: bool) -> bool {
+    on && co.is_multiple_of(128)
 }
 
 /// Dynamic shared memory of `conv3d_wgmma_dgrad2` (WM_DUAL_SMEM: three stages, two warpgroups'
