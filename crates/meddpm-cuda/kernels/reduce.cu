@@ -565,151 +565,163 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // bit: the same coefficients, the same arithmetic). y = GN(x), x read from the parts as stored
 // (xh + xbias, xs), g = dy (the in_layers conv's data gradient, C channels), (A, B, K) from the
 // statistics and gn_bwd_finalize's coef as gn_bwd_apply_body computes them.
-// Grid (nchunks, N), block 256, chunks of chunk_len voxels (a multiple of T); dynamic shared
-// memory: W^T (C rows of CO + 32 bf16), two dout tiles (T rows of CO + 32 bf16 each: the next
-// tile's rows arrive by cp.async while this one is summed and applied), the tile's sums (T rows
-// of C + 4 floats). Per tile: the dout rows by cp.async, the sums on mma.m16n8k16 with the
-// voxels on M (cat_skip_stats_ndhwc's fragment reads, K = CO permuted the same way, B = W^T
-// rows), staged in f32, then the elementwise pass (thread (l, r): channels 8l .. 8l + 7 of voxels
-// r, r + rows, ..., one part, its coefficients in registers; two voxels' loads at a time).
-// Requires C and CO multiples of 64 and ca a multiple of 8 (host: skip_apply_fits).
+// Grid (nchunks, N), chunks of chunk_len voxels (a multiple of 16); block: C / 32 warps, or a
+// multiple R of them up to 8. Each warp owns one 32-channel group of C and every R-th 16-voxel
+// item of the chunk (from the (warp / (C / 32))-th), and runs it alone (no block barrier after
+// W^T and the coefficients are staged):
+//   its dy, x (and old part) loads issued first; the item's 16 x 32 sums on mma.m16n8k16
+//   (voxels on M, K = CO permuted as cat_skip_stats_ndhwc reads it, A = the dout rows straight
+//   from global, B = W^T rows from shared memory); the sums turned through the warp's own shared
+//   tile so that lane (g, t4) holds channels t4·8 .. t4·8 + 7 of voxels g and g + 8; then the
+//   elementwise pass on those two voxels, its coefficients from a shared table.
+// At 128³ (C 128, CO 64) ncu: 0.74 ms, 68 % of DRAM bandwidth, L2 81 % busy. Before, a block
+// staged 64-voxel tiles and alternated the MMAs and the elementwise pass behind __syncthreads:
+// 0.83 ms, 60 %, 0.87 eligible warps a scheduler. Not kept: the dout loads marked
+// L1::no_allocate (0.75 ms), the dout rows shared by the C / 32 warps of an item through a
+// cp.async tile and a named barrier (0.77 ms; the L2 stayed 78 % busy).
+// Dynamic shared memory: W^T (C rows of CO + 32 bf16), the (A, B, K, sh) table (C float4,
+// entry (c % 8)·(C / 8) + c / 8: a warp's four t4 read consecutive entries), a 16 x 32 float
+// tile a warp. Requires C and CO multiples of 64, C <= 256 and ca a multiple of 8 (host:
+// skip_apply_fits).
 #define SD_XR(K) ((K) + 32)
-__device__ __forceinline__ void unpack8(uint4 t, float* v) {
-    unpack2(t.x, v);
-    unpack2(t.y, v + 2);
-    unpack2(t.z, v + 4);
-    unpack2(t.w, v + 6);
+// Element j (a constant after unrolling) of 8 packed bf16.
+__device__ __forceinline__ float bf_at(uint4 t, int j) {
+    const u32 w = j < 2 ? t.x : j < 4 ? t.y : j < 6 ? t.z : t.w;
+    return __uint_as_float(j & 1 ? w & 0xffff0000u : w << 16);
 }
+// 16 bytes stored as one vector (as a uint4 assignment, ptxas split one of the pass's two stores
+// into four under register pressure).
+__device__ __forceinline__ void st_v4(void* p, const u32* w) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+}
+// A warp's turn tile: 16 rows of 32 floats, row r's float4 chunk k stored at chunk
+// k ^ (2·(r & 3) + (r & 1)): the MMA fragments' float2 stores (half a warp: rows 0-3, chunks
+// 2nt, 2nt + 1) and the lanes' float4 reads (a quarter: rows g, g + 1, chunks 2·t4 (+ 1)) each
+// reach 32 distinct banks (unswizzled with 36-float rows, the stores conflicted two ways).
+#define SD_TR 32
+__device__ __forceinline__ int sd_chunk(int r, int k) { return k ^ (2 * (r & 3) + (r & 1)); }
 extern "C" __global__ void __launch_bounds__(256, 2)
     gn_bwd_apply_split_skip(const bf16* dy, const float* mean, const float* rstd, const float* gamma,
                             const float* beta, const float* coef, bf16* dxh, bf16* dxs, bf16* act, int C, i64 S,
                             int G, int accum, int ca, const bf16* xh, const bf16* xs, const float* xbias,
-                            const bf16* dout, const bf16* w, int CO, int chunk_len, int T) {
+                            const bf16* dout, const bf16* w, int CO, int chunk_len) {
     extern __shared__ __align__(16) unsigned char sd_smem[];
-    const int XR = SD_XR(CO), GR = C + 4;
-    bf16* wt = (bf16*)sd_smem;                    // W^T: C rows of XR
-    bf16* dt = wt + (i64)C * XR;                  // two dout tiles: T rows of XR each
-    float* gs = (float*)(dt + 2 * (i64)T * XR);   // the tile's skip data gradient: T rows of GR
+    const int XR = SD_XR(CO), C8 = C / 8;
+    bf16* wt = (bf16*)sd_smem;                   // W^T: C rows of XR
+    float4* tab = (float4*)(wt + (i64)C * XR);   // (A, B, K, sh) a channel
+    float* turn = (float*)(tab + C);             // 16 x SD_TR a warp (swizzled: sd_chunk)
     const int n = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const i64 v0 = (i64)blockIdx.x * chunk_len, v1 = min(S, v0 + (i64)chunk_len);
     if (v0 >= v1) return;  // the whole block: v0 is the block's
-    for (int i = tid; i < CO * C; i += 256) {
+    for (int i = tid; i < CO * C; i += blockDim.x) {
         const int o = i / C, c = i - o * C;
         wt[c * XR + o] = w[i];
     }
-    // this thread's channels, their part and coefficients
-    const int lanes = C / 8, rows = 256 / lanes, l = tid % lanes, r = tid / lanes, c0 = l * 8;
-    const bool fa = c0 < ca;
-    const int cp = fa ? ca : C - ca, cc = fa ? c0 : c0 - ca, cpg = C / G;
-    const bf16* xin = fa ? xh : xs;
-    bf16* out = fa ? dxh : dxs;
-    const int acc = fa ? (accum & 1) : ((accum >> 1) & 1);
-    float tA[8], tB[8], tK[8], tS[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int c = c0 + j, ng = n * G + c / cpg;
+    const int cpg = C / G;
+    for (int c = tid; c < C; c += blockDim.x) {
+        const int ng = n * G + c / cpg;
         const float rs = rstd[ng], m1 = coef[2 * ng], m2 = coef[2 * ng + 1], mu = mean[ng];
         float A, sh;
         gn_affine(rs, gamma[c], beta[c], mu, A, sh);
-        tA[j] = A;
-        tB[j] = -rs * rs * m2;
-        tK[j] = rs * (mu * rs * m2 - m1);
-        tS[j] = sh;
+        tab[(c % 8) * C8 + c / 8] = make_float4(A, -rs * rs * m2, rs * (mu * rs * m2 - m1), sh);
     }
+    __syncthreads();
+    // this warp's channel group and items, this lane's channels, their part
+    const int NG = C / 32, R = (int)(blockDim.x >> 5) / NG, cg = (warp % NG) * 32;
+    const int t4 = lane & 3, g = lane >> 2, c0 = cg + t4 * 8;
+    const bool fa = c0 < ca;
+    const int cp = fa ? ca : C - ca, cc = fa ? c0 : c0 - ca;
+    const bf16* xin = fa ? xh : xs;
+    bf16* out = fa ? dxh : dxs;
+    const int acc = fa ? (accum & 1) : ((accum >> 1) & 1);
     const bool hb = fa && xbias;
-    const int t4 = lane & 3, g = lane >> 2, items = (T / 16) * (C / 32), CO8 = CO / 8;
-    // the dout tile of voxels tb.. into buffer b, by cp.async (rows past the chunk zero-filled)
-    auto load_tile = [&](i64 tb, int b) {
-        const int tv = (int)min((i64)T, v1 - tb);
-        bf16* d = dt + (i64)b * T * XR;
-        for (int i = tid; i < T * CO8; i += 256) {
-            const int vi = i / CO8, k = i - vi * CO8;
-            const bool ok = vi < tv;
-            cp_async16(d + vi * XR + k * 8, ok ? dout + ((i64)n * S + tb + vi) * CO + k * 8 : dout, ok);
-        }
-        cp_async_commit();
-    };
-    load_tile(v0, 0);
-    int buf = 0;
-    for (i64 tb = v0; tb < v1; tb += T, buf ^= 1) {
-        const int tv = (int)min((i64)T, v1 - tb);
-        cp_async_wait<0>();
-        __syncthreads();  // this tile (and W^T) in; the previous tile's sums read, its buffer free
-        if (tb + T < v1) load_tile(tb + T, buf ^ 1);  // the next tile arrives during this one
-        const bf16* dtb = dt + (i64)buf * T * XR;
-        // sums: work item = 16 voxels x 32 channels
-        for (int it = warp; it < items; it += 8) {
-            const int mt = it % (T / 16), cg = (it / (T / 16)) * 32;
-            if (mt * 16 >= tv) continue;
-            const bf16* ar = dtb + (mt * 16 + g) * XR + t4 * 8;
-            float s4[4][4];
+    const float4* tb = tab + c0 / 8;
+    float* tw = turn + warp * 16 * SD_TR;
+    const bf16* wr = wt + (cg + g) * XR + t4 * 8;  // B rows: channel cg + nt·8 + g
+    const int items = (int)((v1 - v0 + 15) / 16);
+    for (int it = warp / NG; it < items; it += R) {
+        const i64 vb = v0 + (i64)it * 16;
+        const int tv = (int)min((i64)16, v1 - vb);
+        const i64 va = (i64)n * S + vb + g;  // this lane's voxels: va and va + 8
+        const bool ok[2] = {g < tv, g + 8 < tv};
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        uint4 graw[2], xraw[2], oraw[2];  // packed until used: unpacked, two voxels spilled
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) s4[nt][0] = s4[nt][1] = s4[nt][2] = s4[nt][3] = 0.0f;
-            for (int kb = 0; kb < CO; kb += 32) {
-                const uint4 lo = *reinterpret_cast<const uint4*>(ar + kb);
-                const uint4 hi = *reinterpret_cast<const uint4*>(ar + 8 * XR + kb);
-                const u32 a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
+        for (int u = 0; u < 2; u++) {
+            const i64 v = va + 8 * u;
+            graw[u] = ok[u] ? *reinterpret_cast<const uint4*>(dy + v * C + c0) : z;
+            xraw[u] = ok[u] ? *reinterpret_cast<const uint4*>(xin + v * cp + cc) : z;
+            oraw[u] = ok[u] && acc ? *reinterpret_cast<const uint4*>(out + v * cp + cc) : z;
+        }
+        // the skip conv's data gradient of the item's 16 voxels x 32 channels
+        float s4[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) s4[nt][0] = s4[nt][1] = s4[nt][2] = s4[nt][3] = 0.0f;
+        const bf16* ar = dout + va * CO + t4 * 8;
+#pragma unroll 1
+        for (int kb = 0; kb < CO; kb += 64) {
+            uint4 lo[2], hi[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                lo[h] = ok[0] ? *reinterpret_cast<const uint4*>(ar + kb + 32 * h) : z;
+                hi[h] = ok[1] ? *reinterpret_cast<const uint4*>(ar + 8 * CO + kb + 32 * h) : z;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const u32 a0[4] = {lo[h].x, hi[h].x, lo[h].y, hi[h].y}, a1[4] = {lo[h].z, hi[h].z, lo[h].w, hi[h].w};
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) {
-                    const uint4 wv = *reinterpret_cast<const uint4*>(wt + (cg + nt * 8 + g) * XR + kb + t4 * 8);
+                    const uint4 wv = *reinterpret_cast<const uint4*>(wr + nt * 8 * XR + kb + 32 * h);
                     mma_bf16_16816(s4[nt], a0, wv.x, wv.y);
                     mma_bf16_16816(s4[nt], a1, wv.z, wv.w);
                 }
             }
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int c = cg + nt * 8 + 2 * t4;
-                float* g0 = gs + (mt * 16 + g) * GR + c;
-                *reinterpret_cast<float2*>(g0) = make_float2(s4[nt][0], s4[nt][1]);
-                *reinterpret_cast<float2*>(g0 + 8 * GR) = make_float2(s4[nt][2], s4[nt][3]);
-            }
         }
-        __syncthreads();
-        if (r >= rows) continue;
-        // two voxels an iteration, both voxels' loads issued before any arithmetic (one at a time
-        // left too few bytes in flight at two blocks an SM: 1.08 ms for the 128³ 64 + 64 case,
-        // two 0.98 ms; four, with the coefficients moved to shared memory to make room, 1.20 ms)
-        for (int vi = r; vi < tv; vi += 2 * rows) {
-            const bool two = vi + rows < tv;
-            uint4 graw[2], xraw[2], oraw[2];  // packed until used: unpacked, two voxels spilled
+        __syncwarp();  // the previous item's reads of the turn tile are done
 #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                if (u == 1 && !two) break;
-                const i64 v = (i64)n * S + tb + vi + u * rows;
-                graw[u] = *reinterpret_cast<const uint4*>(dy + v * C + c0);
-                xraw[u] = *reinterpret_cast<const uint4*>(xin + v * cp + cc);
-                if (acc) oraw[u] = *reinterpret_cast<const uint4*>(out + v * cp + cc);
-            }
+        for (int nt = 0; nt < 4; nt++) {
+            float* t0 = tw + g * SD_TR + sd_chunk(g, 2 * nt + (t4 >> 1)) * 4 + 2 * (t4 & 1);
+            *reinterpret_cast<float2*>(t0) = make_float2(s4[nt][0], s4[nt][1]);
+            *reinterpret_cast<float2*>(t0 + 8 * SD_TR) = make_float2(s4[nt][2], s4[nt][3]);
+        }
+        __syncwarp();
+        // the elementwise pass, a voxel at a time (values unpacked as used, results packed as
+        // made: both voxels' values unpacked at once took 134 registers, over the 128 of two
+        // blocks an SM)
+        float xb[8];  // the first part's bias
 #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                if (u == 1 && !two) break;
-                const int vu = vi + u * rows;
-                const i64 v = (i64)n * S + tb + vu;
-                float gv[8], xv[8], o[8];
-                unpack8(graw[u], gv);
-                unpack8(xraw[u], xv);
-                if (acc) unpack8(oraw[u], o);
-                if (hb) {  // the first part's bias, from L1 (in registers it spilled)
-                    float xb[8];
-                    ldv<8>(xbias, c0, xb);
+        for (int j = 0; j < 8; j++) xb[j] = 0.0f;
+        if (hb) ldv<8>(xbias, c0, xb);
 #pragma unroll
-                    for (int j = 0; j < 8; j++) xv[j] = as_stored<bf16>(xv[j] + xb[j]);
+        for (int u = 0; u < 2; u++) {
+            const float* tr = tw + (g + 8 * u) * SD_TR;
+            const float4 s0 = *reinterpret_cast<const float4*>(tr + sd_chunk(g, 2 * t4) * 4);
+            const float4 s1 = *reinterpret_cast<const float4*>(tr + sd_chunk(g, 2 * t4 + 1) * 4);
+            const float sk[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+            u32 yp[4], op[4];
+            float ye = 0.0f, oe = 0.0f;  // an even channel's results, packed with the odd one's
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float4 f = lds4(tb + j * C8);  // (A, B, K, sh) of channel c0 + j
+                float xj = bf_at(xraw[u], j);
+                if (hb) xj = as_stored<bf16>(xj + xb[j]);
+                const float yy = gn_y(xj, f.x, f.w), sg = sigmoid_t<bf16>(yy);
+                const float gj = bf_at(graw[u], j) * (sg * (1.0f + yy * (1.0f - sg)));
+                const float d = f.x * gj + f.y * xj + f.z;
+                const float oj = (acc ? bf_at(oraw[u], j) + d : d) + sk[j];
+                if (j & 1) {
+                    yp[j / 2] = pack2(ye, yy * sg);
+                    op[j / 2] = pack2(oe, oj);
+                } else {
+                    ye = yy * sg;
+                    oe = oj;
                 }
-                const float4 s0 = *reinterpret_cast<const float4*>(gs + vu * GR + c0);
-                const float4 s1 = *reinterpret_cast<const float4*>(gs + vu * GR + c0 + 4);
-                const float sk[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-                float y[8];
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const float yy = gn_y(xv[j], tA[j], tS[j]), sg = sigmoid_t<bf16>(yy);
-                    const float gj = gv[j] * (sg * (1.0f + yy * (1.0f - sg)));
-                    y[j] = yy * sg;
-                    const float d = tA[j] * gj + tB[j] * xv[j] + tK[j];
-                    o[j] = (acc ? o[j] + d : d) + sk[j];
-                }
-                stv<8>(act, v * C + c0, y);
-                stv<8>(out, v * cp + cc, o);
             }
+            if (!ok[u]) continue;
+            const i64 v = va + 8 * u;
+            st_v4(act + v * C + c0, yp);
+            st_v4(out + v * cp + cc, op);
         }
     }
 }

@@ -81,6 +81,24 @@ __device__ __forceinline__ int readers(int k, int in, int* os, float* ws) {
     return m;
 }
 
+// readers as four entries, in registers: outputs 2k - 1 .. 2k + 2 in order, those outside [0, 2·in)
+// or not reading k with weight 0 and a row that exists (adding 0·dout leaves a sum as it was).
+__device__ __forceinline__ void readers4(int k, int in, int* os, float* ws) {
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const int o = 2 * k - 1 + t;
+        float w = 0.0f;
+        if (o >= 0 && o < 2 * in) {
+            int i0, i1;
+            float l0, l1;
+            src_index(o, in, i0, i1, l0, l1);
+            w = (i0 == k ? l0 : 0.0f) + (i1 == k ? l1 : 0.0f);
+        }
+        os[t] = min(max(o, 0), 2 * in - 1);
+        ws[t] = w;
+    }
+}
+
 // dx (N, C, D, H, W) from dout (N, C, 2D, 2H, 2W).
 template <typename T>
 __device__ void upsample_bwd_t(void* dxv, const void* doutv, int C, int D, int H, int W, i64 total, int cl,
@@ -336,21 +354,27 @@ __device__ void upsample_bwd_rows_t(void* dxv, const void* doutv, int C, int D, 
     int row = blockIdx.x, h = row % H, d = (row / H) % D, n = row / (H * D);
     int od[4], oh[4];
     float wd[4], wh[4];
-    int md = readers(d, D, od, wd), mh = readers(h, H, oh, wh);
+    readers4(d, D, od, wd);
+    readers4(h, H, oh, wh);
     i64 rs = (i64)Wo * C, ob = (i64)n * 2 * D * Ho * rs;
     for (int k = threadIdx.x; k < Wo * lanes; k += blockDim.x) {
         int i = k * V;  // = ow·C + c
-        float s[V], sb[V], q[V];
+        float s[V];
 #pragma unroll
         for (int j = 0; j < V; j++) s[j] = 0.0f;
-        for (int a = 0; a < md; a++) {
+        // the 16 rows' loads a d reader at a time, 4 in flight (a fixed count: with the reader
+        // counts in loop bounds, one load was in flight, 0.22 ms at 128³ for 0.3 GB moved)
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            float q[4][V], sb[V];
+#pragma unroll
+            for (int b = 0; b < 4; b++) ldv<V>(dout, ob + ((i64)od[a] * Ho + oh[b]) * rs + i, q[b]);
 #pragma unroll
             for (int j = 0; j < V; j++) sb[j] = 0.0f;
-            for (int b = 0; b < mh; b++) {
-                ldv<V>(dout, ob + ((i64)od[a] * Ho + oh[b]) * rs + i, q);
 #pragma unroll
-                for (int j = 0; j < V; j++) sb[j] += wh[b] * q[j];
-            }
+            for (int b = 0; b < 4; b++)
+#pragma unroll
+                for (int j = 0; j < V; j++) sb[j] += wh[b] * q[b][j];
 #pragma unroll
             for (int j = 0; j < V; j++) s[j] += wd[a] * sb[j];
         }

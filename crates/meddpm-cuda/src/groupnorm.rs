@@ -734,29 +734,31 @@ pub(crate) fn backward_act_split_from_parts(
     backward_ptrs(dev, d, g.0, g.1, dp, b, ip, mean, rstd, gamma, xd, groups, true, bf, (0, ap, 0), split, None);
 }
 
-/// `gn_bwd_apply_split_skip`'s tile for C concatenated channels and `co` skip-conv outputs: 64
-/// voxels, or fewer (16 at least) where its shared memory would pass 100 KB (two blocks an SM).
-fn skip_apply_tile(c: usize, co: usize) -> Option<usize> {
-    [64, 32, 16].into_iter().find(|&t| skip_apply_bytes(c, co, t) <= 100 * 1024)
+/// `gn_bwd_apply_split_skip`'s warps for C concatenated channels: one a 32-channel group, times the
+/// most that keeps a block within 8 warps (C ≤ 256).
+fn skip_apply_warps(c: usize) -> usize {
+    let ng = c / 32;
+    ng * (8 / ng).max(1)
 }
 
-/// Bytes of shared memory `gn_bwd_apply_split_skip` takes: W^T (C rows of co + 32 bf16), two dout
-/// tiles (t rows of co + 32 bf16 each), the tile's sums (t rows of C + 4 floats).
-fn skip_apply_bytes(c: usize, co: usize, t: usize) -> usize {
-    (c + 2 * t) * (co + 32) * 2 + t * (c + 4) * 4
+/// Bytes of shared memory `gn_bwd_apply_split_skip` takes: W^T (C rows of co + 32 bf16), the
+/// (A, B, K, sh) table (a float4 a channel), a 16 × 32 float tile a warp.
+fn skip_apply_bytes(c: usize, co: usize) -> usize {
+    c * (co + 32) * 2 + c * 16 + skip_apply_warps(c) * 16 * 32 * 4
 }
 
 /// Whether [`backward_act_split_from_parts`] can add a decoder ResBlock's skip conv data gradient
-/// in its pass (`gn_bwd_apply_split_skip`): C and Cout multiples of 64, the parts of 8-channel
-/// multiples, at most 256 lanes of 8 channels, the shared memory within two blocks an SM.
+/// in its pass (`gn_bwd_apply_split_skip`): C and Cout multiples of 64, C at most 256 (a warp per
+/// 32 channels in a block of at most 8), the parts of 8-channel multiples, the shared memory within
+/// two blocks an SM (100 KB).
 pub(crate) fn skip_apply_fits(c: usize, co: usize, ca: usize) -> bool {
     c.is_multiple_of(64)
         && co.is_multiple_of(64)
         && ca.is_multiple_of(8)
         && ca > 0
         && ca < c
-        && c / 8 <= 256
-        && skip_apply_tile(c, co).is_some()
+        && c <= 256
+        && skip_apply_bytes(c, co) <= 100 * 1024
 }
 
 /// Whether [`backward_act_split_from_parts`] takes a concatenation of `x` at channel `ca` with
@@ -886,9 +888,9 @@ fn backward_ptrs(
         Some((dx2, _, ca, [xh, xs, xb], Some((doutp, wp, co)))) => {
             // from the parts, with the skip conv's data gradient added (gn_bwd_apply_split_skip)
             assert!(xh != 0 && bp != 0 && offp == 0 && bf == 1, "gn_bwd_apply_split_skip: bf16, from the parts, SiLU");
-            let t = skip_apply_tile(x.c, co).expect("skip_apply_fits was checked");
+            // chunks of 16-voxel items, two blocks an SM
             let want = (2 * dev.info.sms as usize).div_ceil(x.n).max(1);
-            let len = x.s().div_ceil(want).div_ceil(t) * t;
+            let len = x.s().div_ceil(want).div_ceil(16) * 16;
             let nchunks = x.s().div_ceil(len);
             let acc = args[14];
             let a = [
@@ -913,10 +915,10 @@ fn backward_ptrs(
                 P(wp),
                 I(co as i32),
                 I(len as i32),
-                I(t as i32),
             ];
-            let smem = skip_apply_bytes(x.c, co, t) as u32;
-            dev.launch_shared("gn_bwd_apply_split_skip", (nchunks as u32, x.n as u32, 1), (256, 1, 1), smem, &a)
+            let smem = skip_apply_bytes(x.c, co) as u32;
+            let threads = 32 * skip_apply_warps(x.c) as u32;
+            dev.launch_shared("gn_bwd_apply_split_skip", (nchunks as u32, x.n as u32, 1), (threads, 1, 1), smem, &a)
         }
         Some((dx2, _, ca, [xh, xs, xb], None)) => {
             let mut a = args.to_vec();

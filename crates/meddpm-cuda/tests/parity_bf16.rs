@@ -1316,8 +1316,9 @@ fn gn_cat_in_bf16_parity() {
 /// A decoder ResBlock's backward from its concatenation's parts with the skip conv's data
 /// gradient added in the GroupNorm+SiLU backward's pass (`gn_bwd_apply_split_skip`) against the
 /// same call with it switched off (the pass, then cuBLAS GEMMs with β = 1 onto the parts): odd
-/// volumes (a chunk's last tile cut short; chunks of one and of three tiles), batch 2, parts of 64 + 64, 64 + 128, 128 + 64
-/// channels, 64 and 128 outputs, every accumulation of the two parts, with and without the first
+/// volumes (a chunk's last 16-voxel item cut short; chunks of one and of many items), batch 2,
+/// parts of 64 + 64, 64 + 128, 128 + 64, 128 + 128 and 32 + 32 channels (blocks of 8, 6 and 8
+/// warps), 64 and 128 outputs, every accumulation of the two parts, with and without the first
 /// part's bias. The parts' gradients within `BF` (rounded once instead of twice), silu(GN(x))
 /// written into x, dγ, dβ and the skip conv's weight gradient bit for bit; the kernel counted.
 #[test]
@@ -1331,9 +1332,11 @@ fn skip_apply_bf16_parity() {
         (Dims::new(2, 0, 3, 7, 10), 64, 128, 128, (Add, Overwrite), false),
         (Dims::new(1, 0, 4, 6, 6), 128, 64, 64, (Add, Add), true),
         (Dims::new(2, 0, 2, 33, 9), 64, 64, 128, (Overwrite, Overwrite), true),
-        // 36000 voxels: chunks of three 64-voxel tiles (the next tile's rows prefetched while
-        // one is applied), the last chunk's last tile cut short
+        // 36000 voxels: chunks of several 16-voxel items a warp, the last one cut short
         (Dims::new(1, 0, 20, 40, 45), 64, 64, 64, (Add, Overwrite), true),
+        // blocks of 8 warps, one a 32-channel group (C 256) and 4 warps a group (C 64)
+        (Dims::new(1, 0, 3, 11, 13), 128, 128, 64, (Overwrite, Add), true),
+        (Dims::new(2, 0, 4, 5, 7), 32, 32, 64, (Add, Add), false),
     ];
     for (i, (x, ca, cb, cout, (mh, msk), with_bias)) in cases.into_iter().enumerate() {
         let (xo, xa, xb, xy) = (x.with_c(ca + cb), x.with_c(ca), x.with_c(cb), x.with_c(cout));
