@@ -235,6 +235,7 @@ pub(crate) fn cudnn_ck(st: nsys::cudnnStatus_t, what: &str) -> std::result::Resu
     if unsafe { nsys::cudnnGetVersion() } >= 90000 {
         let mut buf = [0 as std::ffi::c_char; 1024];
         unsafe { nsys::cudnnGetLastErrorString(buf.as_mut_ptr(), buf.len()) };
+        buf[buf.len() - 1] = 0; // terminated even where the message filled the buffer
         let s = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
         if !s.trim().is_empty() {
             last = format!("; cuDNN says: {}", s.trim());
