@@ -19,9 +19,12 @@ use crate::device::{Arg, Device};
 
 /// Output tile of a work item, (h, w): the kernel's WM_TH × WM_TW.
 const TILE: (usize, usize) = (32, 8);
-/// Dynamic shared memory of `conv3d_wgmma` (WM_SMEM: four 44 032-byte stages and the 36 864-byte
-/// epilogue staging).
-const SMEM: u32 = 4 * 44_032 + 32 * 8 * 36 * 4;
+/// One input stage of the wgmma convs (WM_STAGE): 64 channels of a halo plane, 44 032 bytes.
+const STAGE: u32 = 44_032;
+/// An MMA warpgroup's epilogue staging rows (WM_TH · WM_TW · WM_YR): 36 864 bytes.
+const STAGING: u32 = 32 * 8 * 144;
+/// Dynamic shared memory of `conv3d_wgmma` (WM_SMEM: four stages and the epilogue staging).
+const SMEM: u32 = 4 * STAGE + STAGING;
 
 /// Whether `conv3d_wgmma` can compute a conv over the volume `x` (`x.c` input channels) with `co`
 /// outputs, 3×3×3, stride 1, here: an sm_90 device (the kernel is compiled for sm_90a), NDHWC
@@ -159,7 +162,7 @@ pub(crate) fn dual_fits(co: usize, on: bool) -> bool {
 
 /// Dynamic shared memory of `conv3d_wgmma_dgrad2` (WM_DUAL_SMEM: three stages, two warpgroups'
 /// staging rows).
-const DUAL_SMEM: u32 = 3 * 44_032 + 2 * 32 * 8 * 144;
+const DUAL_SMEM: u32 = 3 * STAGE + 2 * STAGING;
 
 /// The weights packed into the kernels' fragment order (`conv3d_wgmma_pack`, a kept temporary of
 /// co · ci · 27 bf16 in `slot`); `tw`: the data gradient's flipped, transposed weights.
@@ -294,8 +297,8 @@ pub(crate) fn gn_fits(x: Dims, groups: usize) -> bool {
 }
 
 /// Dynamic shared memory of `conv3d_wgmma_wgrad` (WW_NS · WW_STAGE): three stages of a 32 × 8
-/// tile of dy (256 voxel rows of 128 bytes) and x's halo plane (44 032 bytes).
-const WGRAD_SMEM: u32 = 3 * (256 * 128 + 44_032);
+/// tile of dy (256 voxel rows of 128 bytes) and x's halo plane (a `STAGE`).
+const WGRAD_SMEM: u32 = 3 * (256 * 128 + STAGE);
 /// Output tile of `conv3d_wgmma_wgrad_tf32` (WT_TH × WT_TW): f32 operands take twice the bytes.
 const TILE_TF32: (usize, usize) = (16, 8);
 /// Dynamic shared memory of `conv3d_wgmma_wgrad_tf32` (WT_SMEM): two transposed 16 × 8 dy tiles
