@@ -59,6 +59,36 @@ extern "C" __global__ void q_sample(float* xt, const float* x0, const float* eps
     }
 }
 
+// The training step's network input in one pass (Backend::q_sample_input): eps = N(0, 1) drawn
+// as randn draws it (the element of logical NCDHW index j gets normal(offset + j)), x_t = a[n]*x0 +
+// b[n]*eps as q_sample forms it, input = cat([x_t, cond]) along channels (ci image channels, cc
+// condition channels), x_t never stored. Grid-stride over the launch's (sample, voxel) pairs;
+// pointers and offset already advanced to its first sample; cl: NDHWC. (randn, q_sample and
+// concat_channels were three passes, ~85 µs at 128³; the draws' double-precision Box-Muller
+// bounds this one.)
+extern "C" __global__ void q_sample_input(float* input, float* eps, const float* x0, const float* cond, QCoef k,
+                                          u64 seed, u64 stream, u64 offset, int ci, int cc, i64 S, i64 total,
+                                          int cl) {
+    const int C = ci + cc;
+    GRID_STRIDE(v, total) {
+        const i64 n = v / S, s = v % S;
+        float a = 0.0f, b = 0.0f;  // k.a[n] by constant indices: no local copy of the parameters
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            if (j == n) a = k.a[j], b = k.b[j];
+        for (int c = 0; c < ci; c++) {
+            const i64 j = (n * ci + c) * S + s;
+            const i64 m = cl ? (n * S + s) * ci + c : j;
+            const float e = philox_normal(seed, stream, offset + (u64)j);
+            eps[m] = e;
+            input[cl ? (n * S + s) * C + c : (n * C + c) * S + s] = a * x0[m] + b * e;
+        }
+        for (int c = 0; c < cc; c++)
+            input[cl ? (n * S + s) * C + ci + c : (n * C + ci + c) * S + s] =
+                cond[cl ? (n * S + s) * cc + c : (n * cc + c) * S + s];
+    }
+}
+
 struct DdpmCoef {
     float v[16 * 5];  // per sample: recip, recipm1, coef1, coef2, sigma
 };

@@ -16,57 +16,168 @@
 // reads x alone: gn_stats_finalize adds the offset to each chunk's channel mean (the chunk's M2
 // does not move), and every elementwise pass uses mu - off[n*C + c] as the channel's mean.
 
-// grid G, block 256 (loops over n). Writes mean[n*G + g], rstd[n*G + g] of x + off. One pass over
-// the chunk partials (count c_k, mean m_k, M2_k): in double, sum c_k*m_k and sum (M2_k + c_k*m_k^2),
-// one block reduction of both; var = the second / count - mu^2 (double: the f32 partials' own
-// rounding, ~1e-7 relative, dominates the cancellation by far). chunk_len 0: the partials carry
-// their counts, (m_k, M2_k, c_k) per (n, chunk, c) (a conv epilogue's tiles, conv3d_wgmma_fwd_gn).
-extern "C" __global__ void gn_stats_finalize(const float* part, const float* off, float* mean, float* rstd, int N,
-                                             int C, i64 S, int G, int chunk_len, int nchunks, float eps) {
-    __shared__ double2 sh[32];
-    int g = blockIdx.x, cpg = C / G;
-    int items = nchunks * cpg;
-    double total = (double)S * cpg;
-    const int stride = chunk_len ? 2 : 3;
-    for (int n = 0; n < N; n++) {
-        double s1 = 0.0, s2 = 0.0;
-        for (int j = threadIdx.x; j < items; j += blockDim.x) {
-            int k = j / cpg, c = g * cpg + j % cpg;
-            i64 idx = (((i64)n * nchunks + k) * C + c) * stride;
-            double cnt = chunk_len ? (double)min((i64)chunk_len, S - (i64)k * chunk_len) : (double)part[idx + 2];
-            double m = (double)part[idx] + (off ? (double)off[n * C + c] : 0.0);
-            s1 += cnt * m;
-            s2 += (double)part[idx + 1] + cnt * m * m;
+// ---- the finalizers: chunk partials → per-group results ------------------------------------------
+// grid (G, Q), block FIN_T. Block (g, q) takes chunks [q·kc, min((q+1)·kc, nchunks)) of group g's
+// partials (kc = ceil(nchunks / Q)), thread (r, cc) = (t / nc, t % nc) for a slice of nc channels:
+// chunk k0 + r, k0 + r + R, ... of channel cc, so that a warp's loads cover whole chunk islands
+// (one group's channels are consecutive within a chunk). Its sums go through a fixed reduction
+// tree to ws (double), and the last of the group's Q blocks to arrive (a counter per group in
+// `cnt`, set back to 0 by that block) combines the Q block sums in the order q = 0 .. Q-1 and
+// writes the group's results. Every sum has a fixed order: the results do not depend on which
+// block ran when. (One block a group reading ~1000 chunks a channel, lane-strided, was bound by
+// L1 wavefronts: 32 sectors a load instruction, 10-16 µs a call at 128³.)
+#define FIN_T 256
+
+// The last of the Q blocks of group g to call this gets true (its reads of the others' ws writes
+// then go through L2: __ldcg). Every thread calls it after writing its share of ws.
+__device__ bool fin_last(unsigned* cnt, int g) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned prev = atomicAdd(&cnt[g], 1u);
+        last = prev == gridDim.y - 1;
+        if (last) cnt[g] = 0;  // every block of this grid has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+// Tree sum over rows r < R of v[r * nc + cc] (three arrays at once, v1/v2 may be null), result in
+// row 0. Called by all threads of the block, after the rows are written.
+__device__ void fin_tree(double* v0, double* v1, double* v2, int R, int nc) {
+    __syncthreads();
+    int t = threadIdx.x;
+    for (int rc = R; rc > 1;) {
+        int s = 1 << (31 - __clz(rc - 1));  // largest power of two below rc
+        if (t < (rc - s) * nc) {
+            v0[t] += v0[t + s * nc];
+            if (v1) v1[t] += v1[t + s * nc];
+            if (v2) v2[t] += v2[t + s * nc];
         }
-        block_sum_d2(s1, s2, sh);
-        if (threadIdx.x == 0) {
-            double mu = s1 / total;
-            double var = fmax(s2 / total - mu * mu, 0.0);
-            mean[n * G + g] = (float)mu;
-            rstd[n * G + g] = (float)(1.0 / sqrt(var + (double)eps));
-        }
+        rc = s;
+        __syncthreads();
     }
 }
 
-// grid G, block 256. dgamma[c] += sum_n r*B, dbeta[c] += sum_n A; coef[(n*G+g)*2] = (m1, m2).
+// mean and rstd of a group from its sums s1 = sum x, s2 = sum x^2 over `total` values.
+__device__ __forceinline__ void fin_stats_out(float* mean, float* rstd, int k, double s1, double s2, double total,
+                                              float eps) {
+    double mu = s1 / total;
+    double var = fmax(s2 / total - mu * mu, 0.0);
+    mean[k] = (float)mu;
+    rstd[k] = (float)(1.0 / sqrt(var + (double)eps));
+}
+
+// Writes mean[n*G + g], rstd[n*G + g] of x + off. The chunk partials are (count c_k, mean m_k,
+// M2_k): in double, sum c_k*m_k and sum (M2_k + c_k*m_k^2) over the group's chunks and channels;
+// var = the second / count - mu^2 (double: the f32 partials' own rounding, ~1e-7 relative,
+// dominates the cancellation by far). chunk_len 0: the partials carry their counts, (m_k, M2_k,
+// c_k) per (n, chunk, c) (a conv epilogue's tiles, conv3d_wgmma_fwd_gn); else (m_k, M2_k) with
+// c_k from chunk_len. ws: N·G·Q double2.
+extern "C" __global__ void gn_stats_finalize(const float* part, const float* off, float* mean, float* rstd, int N,
+                                             int C, i64 S, int G, int chunk_len, int nchunks, float eps,
+                                             double2* ws, unsigned* cnt) {
+    __shared__ double2 sh[32];
+    const int g = blockIdx.x, q = blockIdx.y, Q = gridDim.y, cpg = C / G, t = threadIdx.x;
+    const int kc = (nchunks + Q - 1) / Q, k0 = q * kc, k1 = min(nchunks, k0 + kc);
+    const int stride = chunk_len ? 2 : 3;
+    for (int n = 0; n < N; n++) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int cb = 0; cb < cpg; cb += FIN_T) {
+            const int nc = min(FIN_T, cpg - cb), R = FIN_T / nc, r = t / nc, c = g * cpg + cb + t % nc;
+            if (r >= R) continue;
+            const double o = off ? (double)off[n * C + c] : 0.0;
+#pragma unroll 8
+            for (int k = k0 + r; k < k1; k += R) {
+                i64 idx = (((i64)n * nchunks + k) * C + c) * stride;
+                double ck = chunk_len ? (double)min((i64)chunk_len, S - (i64)k * chunk_len) : (double)part[idx + 2];
+                double m = (double)part[idx] + o;
+                s1 += ck * m;
+                s2 += (double)part[idx + 1] + ck * m * m;
+            }
+        }
+        block_sum_d2(s1, s2, sh);
+        if (Q == 1) {  // the block has the group's sums: no second phase
+            if (t == 0) fin_stats_out(mean, rstd, n * G + g, s1, s2, (double)S * cpg, eps);
+            continue;
+        }
+        if (t == 0) ws[((i64)g * N + n) * Q + q] = make_double2(s1, s2);
+    }
+    if (Q == 1 || !fin_last(cnt, g)) return;
+    const double2* w = ws;
+    for (int n = 0; n < N; n++) {
+        double s1 = 0.0, s2 = 0.0;
+        if (t < Q) {
+            double2 v = __ldcg(w + ((i64)g * N + n) * Q + t);
+            s1 = v.x;
+            s2 = v.y;
+        }
+        block_sum_d2(s1, s2, sh);
+        if (t == 0) fin_stats_out(mean, rstd, n * G + g, s1, s2, (double)S * cpg, eps);
+    }
+}
+
+// dgamma[c] += sum_n r*B, dbeta[c] += sum_n A; coef[(n*G+g)*2] = (m1, m2).
 // part holds `stride` floats per (n, chunk, c): (A, B) partials, and with stride 3 also U =
 // sum (x - mu) (chan_gnbwd3_*). With dsum (stride 3, N * C/G <= GNB_MAXNC): dsum[n*C + c] = the
 // channel sum of dx, r * (gamma_c * A - S * m1 - m2 * r * U) (sum over the channel's voxels of
 // dx = r * (gamma_c * g - m1 - xhat * m2), xhat = (x - mu) * r), no pass over dx needed.
-// The group's (channel, sample) items go a warp each (the warp sums the item's chunk partials in
-// double, one shuffle reduction: no block barrier per item; with an item at a time and a block
-// reduction each, a training step's 39 calls averaged 11 µs, 16 items a group at 512 channels), in rounds of whole channels over a
-// slice of at most GNB_MAXNC samples; then one thread a sample adds the round's channels to its
-// coefficients and one thread a channel adds the slice's samples to dgamma and dbeta, each in the
-// order the one-item-at-a-time version did (bit for bit its results, up to the double sums' order).
-#define GNB_MAXNC 256
+// ws: N·C·Q·3 doubles, the blocks' (A, B, U) sums of each (sample, channel). The last block: the
+// group's (channel, sample) items go a warp each (the warp sums the item's Q block sums, one
+// shuffle reduction), in rounds of whole channels over a slice of at most GNB_MAXNC samples; then
+// one thread a sample adds the round's channels to its coefficients and one thread a channel adds
+// the slice's samples to dgamma and dbeta, in order.
+#define GNB_MAXNC FIN_T
 extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd, const float* gamma, float* dgamma,
                                            float* dbeta, float* coef, int N, int C, i64 S, int G, int nchunks,
-                                           int stride, float* dsum) {
+                                           int stride, float* dsum, double* ws, unsigned* cnt) {
     __shared__ double ra[GNB_MAXNC], rb[GNB_MAXNC], ru[GNB_MAXNC];
-    __shared__ float rm1[GNB_MAXNC], rm2[GNB_MAXNC];
-    int g = blockIdx.x, cpg = C / G;
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, t = threadIdx.x;
+    __shared__ double fa[GNB_MAXNC], fb[GNB_MAXNC], fu[GNB_MAXNC];  // local: the (n, cc) sums
+    __shared__ float rm1[GNB_MAXNC], rm2[GNB_MAXNC], cm[2][GNB_MAXNC];
+    const int g = blockIdx.x, q = blockIdx.y, Q = gridDim.y, cpg = C / G;
+    // one block and few (sample, channel) items: the sums stay in shared memory (no ws round trip)
+    const bool local = Q == 1 && N * cpg <= GNB_MAXNC;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, t = threadIdx.x;
+    const int kc = (nchunks + Q - 1) / Q, k0 = q * kc, k1 = min(nchunks, k0 + kc);
+    // this block's chunks: (A, B, U) per (sample, channel) to ws
+    for (int n = 0; n < N; n++) {
+        for (int cb = 0; cb < cpg; cb += FIN_T) {
+            const int nc = min(FIN_T, cpg - cb), R = FIN_T / nc, r = t / nc, cc = cb + t % nc;
+            double a = 0.0, b = 0.0, u = 0.0;
+            if (r < R) {
+                const float* pc = part + ((i64)n * nchunks * C + g * cpg + cc) * stride;
+#pragma unroll 8
+                for (int k = k0 + r; k < k1; k += R) {
+                    const float* p = pc + (i64)k * C * stride;
+                    a += (double)p[0];
+                    b += (double)p[1];
+                    if (dsum) u += (double)p[2];
+                }
+            }
+            ra[t] = a;
+            rb[t] = b;
+            ru[t] = u;
+            fin_tree(ra, rb, dsum ? ru : nullptr, R, nc);
+            if (t < nc && local) {
+                fa[n * cpg + cb + t] = ra[t];
+                fb[n * cpg + cb + t] = rb[t];
+                fu[n * cpg + cb + t] = ru[t];
+            } else if (t < nc) {
+                double* w = ws + ((((i64)g * N + n) * cpg + cb + t) * Q + q) * 3;
+                w[0] = ra[t];
+                w[1] = rb[t];
+                w[2] = ru[t];
+            }
+            __syncthreads();  // ra/rb/ru read before the next slice writes them
+        }
+    }
+    if (Q > 1) {
+        if (!fin_last(cnt, g)) return;
+    } else {
+        __syncthreads();  // this block's ws writes visible to its other threads
+    }
     double inv = 1.0 / ((double)S * cpg);
     for (int n0 = 0; n0 < N; n0 += GNB_MAXNC) {
         int ns = min(GNB_MAXNC, N - n0), cpr = max(1, GNB_MAXNC / ns);
@@ -74,17 +185,23 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
             int ncr = min(cpr, cpg - cc0), count = ncr * ns;
             // item i: channel cc0 + i / ns, sample n0 + i % ns
             for (int i = wid; i < count; i += nw) {
-                int n = n0 + i % ns, c = g * cpg + cc0 + i / ns;
+                int n = n0 + i % ns, cc = cc0 + i / ns, c = g * cpg + cc;
                 double a = 0.0, b = 0.0, u = 0.0;
-                for (int k = lane; k < nchunks; k += 32) {
-                    i64 idx = (((i64)n * nchunks + k) * C + c) * stride;
-                    a += (double)part[idx];
-                    b += (double)part[idx + 1];
-                    if (dsum) u += (double)part[idx + 2];
+                if (local) {
+                    a = fa[n * cpg + cc];
+                    b = fb[n * cpg + cc];
+                    u = fu[n * cpg + cc];
+                } else {
+                    const double* w = ws + (((i64)g * N + n) * cpg + cc) * Q * 3;
+                    for (int k = lane; k < Q; k += 32) {
+                        a += __ldcg(w + k * 3);
+                        b += __ldcg(w + k * 3 + 1);
+                        u += __ldcg(w + k * 3 + 2);
+                    }
+                    a = warp_sum_d(a);
+                    b = warp_sum_d(b);
+                    u = warp_sum_d(u);
                 }
-                a = warp_sum_d(a);
-                b = warp_sum_d(b);
-                if (dsum) u = warp_sum_d(u);
                 if (lane == 0) {
                     double r = (double)rstd[n * G + g];
                     ra[i] = a;
@@ -105,6 +222,10 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
                 }
                 cf[0] = m1;
                 cf[1] = m2;
+                if (n0 + t < GNB_MAXNC) {  // for dsum (which has N <= GNB_MAXNC: one round)
+                    cm[0][n0 + t] = m1;
+                    cm[1][n0 + t] = m2;
+                }
             }
             if (t < ncr) {  // channel cc0 + t: dgamma and dbeta over the slice's samples, in order
                 double ta = 0.0, tb = 0.0;
@@ -123,8 +244,7 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
     // dsum: N * cpg <= GNB_MAXNC, so one round: item cc * N + n holds channel cc's A and U
     for (int j = t; j < N * cpg; j += blockDim.x) {
         int n = j / cpg, cc = j % cpg, c = g * cpg + cc, i = cc * N + n;
-        const float* cf = coef + ((i64)n * G + g) * 2;
-        double r = (double)rstd[n * G + g], m1 = (double)cf[0], m2 = (double)cf[1];
+        double r = (double)rstd[n * G + g], m1 = (double)cm[0][n], m2 = (double)cm[1][n];
         dsum[n * C + c] = (float)(r * ((double)gamma[c] * ra[i] - (double)S * m1 - m2 * r * ru[i]));
     }
 }

@@ -71,6 +71,15 @@ extern "C" __global__ void ema_multi(const MTensor* t, int nt, float decay) {
 
 // dst <- src converted to dst's type on every tensor (p[0] = dst, p[1] = src; p[2] bit 0: dst is
 // bf16, bit 1: src is bf16): the bf16 weight copies in one launch.
+// out = a + b over f32 vectors, one table row (out, a, b, 0) per vector: a network's folded biases
+// (Backend::add_bias_vectors_all), in one launch.
+extern "C" __global__ void add_multi(const MTensor* t, int nt) {
+    const MTensor& e = t[mt_find(t, nt)];
+    i64 i0 = ((i64)blockIdx.x - e.b0) * MT_CHUNK, i1 = min(e.n, i0 + MT_CHUNK);
+    const float *a = (const float*)e.p[1], *b = (const float*)e.p[2];
+    for (i64 i = i0 + threadIdx.x; i < i1; i += blockDim.x) ((float*)e.p[0])[i] = a[i] + b[i];
+}
+
 extern "C" __global__ void cast_multi(const MTensor* t, int nt) {
     const MTensor& e = t[mt_find(t, nt)];
     int dt = (int)e.p[2];

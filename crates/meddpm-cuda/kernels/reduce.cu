@@ -177,7 +177,9 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
         for (int c = t; c < C; c += blockDim.x) {
             float mu, sc, shf;
             gn_chan(gp, n, c, C, mu, sc, shf);
-            gtab[(c % VEC) * lanes + c / VEC] = make_float4(mu, sc, shf, 0.0f);
+            // CAT: .w is the first part's bias (0 for the second part's channels)
+            const float xb = CAT && xbias && c < ca ? xbias[c] : 0.0f;
+            gtab[(c % VEC) * lanes + c / VEC] = make_float4(mu, sc, shf, xb);
         }
         __syncthreads();
     }
@@ -186,7 +188,6 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
     const bool fa = !CAT || c0 < ca;
     const T* xp = CAT ? (fa ? b : (const T*)x2v) : b;
     const int cp = CAT ? (fa ? ca : C - ca) : C;
-    const float* xbp = CAT && fa ? xbias : nullptr;
     i64 base = ((i64)n * S + v0 + r) * C + c0, xi = ((i64)n * S + v0 + r) * cp + (fa ? c0 : c0 - ca);
     const i64 bstep = (i64)rows * C, xstep = (i64)rows * cp;
     if (r < rows) {
@@ -194,16 +195,15 @@ __device__ void chan_partial_ndhwc_t(const void* av, const void* bv, GnBwdIn gp,
             float va[VEC], vb[VEC];
             ldv<VEC>(a, base, va);
             if (OP == OP_GNBWD && CAT) {
-                // the concatenation's values as cat_load gives them: the first part plus its bias
-                ldv<VEC>(xp, xi, vb);
-#pragma unroll
-                for (int j = 0; j < VEC; j++) vb[j] = as_stored<T>(vb[j] + (xbp ? xbp[c0 + j] : 0.0f));
+                ldv<VEC>(xp, xi, vb);  // plus the first part's bias from the table, below
             } else if (OP == OP_GNBWD) {
                 ldv<VEC>(b, base, vb);
             }
 #pragma unroll
             for (int j = 0; j < VEC; j++) {
                 float4 f = OP == OP_GNBWD ? lds4(&gtab[j * lanes + l]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                // the concatenation's value as cat_load gives it: the first part plus its bias
+                if (OP == OP_GNBWD && CAT) vb[j] = as_stored<T>(vb[j] + f.w);
                 chan_acc1<T, OP>(va[j], OP == OP_GNBWD ? vb[j] : 0.0f, silu, f.x, f.y, f.z, shift[j], s[j], q[j]);
                 if (X3) u[j] += vb[j] - f.x;
             }

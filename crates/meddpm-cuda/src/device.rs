@@ -93,6 +93,8 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "pad_nc",
     "unpad_c_bias",
     "rows_sum_accum",
+    "linear_rows_fwd",
+    "linear_rows_bwd",
     "softmax_rows",
     "softmax_bwd_rows",
     "softmax_rows4",
@@ -108,6 +110,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "loss_bwd",
     "randn",
     "q_sample",
+    "q_sample_input",
     "ddpm_step",
     "sampler_step",
     "adam_step",
@@ -116,6 +119,7 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "adam_multi",
     "ema_multi",
     "cast_multi",
+    "add_multi",
     "conv3d_wgrad_small1",
     "conv3d_wgrad_small2",
     "conv3d_wgrad_small3",
@@ -213,6 +217,8 @@ pub(crate) struct Device {
     pub(crate) info: DeviceInfo,
     /// Reduction partials (f32), grown on first use of a larger shape.
     scratch: Mutex<CudaSlice<f32>>,
+    /// The GroupNorm finalizers' block sums and per-group arrival counters (kernels/groupnorm.cu).
+    fin: Mutex<FinWs>,
     /// cuDNN workspace (bytes), grown to the largest chosen algorithm's need.
     workspace: Mutex<CudaSlice<u8>>,
     /// cuBLAS's workspace (set with cublasSetWorkspace; kept alive here).
@@ -220,6 +226,17 @@ pub(crate) struct Device {
     /// Typed temporaries by (elements, type, slot): conversions around cuDNN and attention,
     /// created on the first use of a shape and kept (see [`Device::temp`]).
     temps: Mutex<HashMap<(usize, DType, u8), GpuBuf>>,
+}
+
+/// Most groups a GroupNorm finalizer's launch may have (one arrival counter each).
+pub(crate) const FIN_MAX_GROUPS: usize = 1024;
+
+/// The split GroupNorm finalizers' storage (kernels/groupnorm.cu, `fin_last`): the blocks' double
+/// sums, and one arrival counter per group. Each launch's last block sets its counters back to 0,
+/// so they are zero between kernels (and in a captured graph between replays).
+pub(crate) struct FinWs {
+    pub(crate) ws: CudaSlice<f64>,
+    pub(crate) cnt: CudaSlice<u32>,
 }
 
 /// Check a cuDNN status. A failure's message carries cuDNN's own account of it where the library
@@ -500,6 +517,10 @@ impl Device {
             funcs.insert(k, f);
         }
         let scratch = stream.alloc_zeros::<f32>(1 << 16).map_err(|e| e.to_string())?;
+        let fin = FinWs {
+            ws: stream.alloc_zeros::<f64>(1 << 12).map_err(|e| e.to_string())?,
+            cnt: stream.alloc_zeros::<u32>(FIN_MAX_GROUPS).map_err(|e| e.to_string())?,
+        };
         let workspace = stream.alloc_zeros::<u8>(256).map_err(|e| e.to_string())?;
         let info = DeviceInfo {
             ordinal,
@@ -521,6 +542,7 @@ impl Device {
             funcs,
             info,
             scratch: Mutex::new(scratch),
+            fin: Mutex::new(fin),
             workspace: Mutex::new(workspace),
             temps: Mutex::new(HashMap::new()),
             _blas_ws: blas_ws,
@@ -592,6 +614,18 @@ impl Device {
         let mut g = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if g.len() < len {
             *g = self.alloc_f32(len).unwrap_or_else(|e| panic!("{e}"));
+        }
+        g
+    }
+
+    /// The GroupNorm finalizers' workspace, its block sums at least `doubles` long.
+    pub(crate) fn fin_ws(&self, doubles: usize) -> MutexGuard<'_, FinWs> {
+        let mut g = self.fin.lock().unwrap_or_else(|e| e.into_inner());
+        if g.ws.len() < doubles {
+            g.ws = self
+                .stream
+                .alloc_zeros::<f64>(doubles)
+                .unwrap_or_else(|e| panic!("{}", self.oom(doubles * 8, &e.to_string())));
         }
         g
     }

@@ -1,6 +1,7 @@
 //! Diffusion helpers on the device (kernels/diffusion.cu): Philox normals identical to
 //! crates/meddpm/src/rng.rs (element i in logical NCDHW order, whatever the layout), q_sample and
-//! one ancestral DDPM step. Semantics: `Backend::randn`, `q_sample`, `ddpm_step`.
+//! one ancestral DDPM step; the training input (draw, q_sample and concatenation in one pass).
+//! Semantics: `Backend::randn`, `q_sample`, `q_sample_input`, `ddpm_step`.
 //! Per-sample coefficients travel by value in the kernel parameters, 16 samples per launch.
 
 use meddpm::backend::DdpmCoefs;
@@ -72,6 +73,66 @@ pub(crate) fn q_sample(dev: &Device, xt: &mut GpuBuf, x0: &GpuBuf, eps: &GpuBuf,
                 Raw(&k as *const QCoef as _),
                 L(per as i64),
                 L((cnt * per) as i64),
+            ],
+        );
+    }
+}
+
+/// `Backend::q_sample_input` in one pass (kernel q_sample_input): eps drawn, x_t = a·x0 + b·eps,
+/// input = cat([x_t, cond]); `x` is x0's shape, `cc` cond's channels.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn q_sample_input(
+    dev: &Device,
+    (input, eps): (&mut GpuBuf, &mut GpuBuf),
+    (x0, cond): (&GpuBuf, &GpuBuf),
+    rng: Philox,
+    offset: u64,
+    (a, b): (&[f32], &[f32]),
+    x: Dims,
+    cc: usize,
+    cl: bool,
+) {
+    let (ci, s) = (x.c, x.s());
+    assert!(
+        input.len() == x.with_c(ci + cc).numel()
+            && eps.len() == x.numel()
+            && x0.len() == x.numel()
+            && cond.len() == x.with_c(cc).numel()
+            && a.len() == x.n
+            && b.len() == x.n,
+        "q_sample_input {x}, {cc} condition channels: lengths input {} eps {} x0 {} cond {} a {} b {}",
+        input.len(),
+        eps.len(),
+        x0.len(),
+        cond.len(),
+        a.len(),
+        b.len()
+    );
+    require_f32("q_sample_input", &[input, eps, x0, cond]);
+    let (ip, ep, xp, cp) = (dev.ptr_mut(input), dev.ptr_mut(eps), dev.ptr(x0), dev.ptr(cond));
+    for n0 in (0..x.n).step_by(PER_LAUNCH) {
+        let cnt = PER_LAUNCH.min(x.n - n0);
+        let mut k = QCoef { a: [0.0; PER_LAUNCH], b: [0.0; PER_LAUNCH] };
+        k.a[..cnt].copy_from_slice(&a[n0..n0 + cnt]);
+        k.b[..cnt].copy_from_slice(&b[n0..n0 + cnt]);
+        let at = |c: usize| (n0 * c * s * 4) as u64; // byte offset of sample n0 in a c-channel buffer
+        dev.launch1(
+            "q_sample_input",
+            cnt * s,
+            &[
+                P(ip + at(ci + cc)),
+                P(ep + at(ci)),
+                P(xp + at(ci)),
+                P(cp + at(cc)),
+                Raw(&k as *const QCoef as _),
+                U(rng.seed),
+                U(rng.stream),
+                U(offset + (n0 * ci * s) as u64),
+                I(ci as i32),
+                I(cc as i32),
+                L(s as i64),
+                L((cnt * s) as i64),
+                I(cl as i32),
             ],
         );
     }

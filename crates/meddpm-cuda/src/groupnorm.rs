@@ -191,6 +191,8 @@ fn finalize_launch(
     (chunk_len, nchunks): (usize, usize),
 ) {
     let (mp, rp) = (dev.ptr_mut(mean), dev.ptr_mut(rstd));
+    let q = fin_split(nchunks, x.c / groups, groups);
+    let fin = dev.fin_ws(x.n * groups * q * 2);
     let args = [
         P(pp),
         P(offp),
@@ -203,8 +205,27 @@ fn finalize_launch(
         I(chunk_len as i32),
         I(nchunks as i32),
         F(EPS),
+        P(dev.ptr(&fin.ws)),
+        P(dev.ptr(&fin.cnt)),
     ];
-    dev.launch("gn_stats_finalize", (groups as u32, 1, 1), (256, 1, 1), &args);
+    dev.launch("gn_stats_finalize", (groups as u32, q as u32, 1), (FIN_T, 1, 1), &args);
+}
+
+/// Threads of a finalizer block (kernels/groupnorm.cu FIN_T).
+const FIN_T: u32 = 256;
+
+/// Blocks per group of a finalizer over `nchunks` chunk partials of `cpg` channels a group
+/// (kernels/groupnorm.cu): about eight chunks a thread (one unrolled batch of loads), thread rows of
+/// FIN_T / cpg channels, at most 64 blocks a group. `groups` is checked against the arrival
+/// counters' count.
+pub(crate) fn fin_split(nchunks: usize, cpg: usize, groups: usize) -> usize {
+    assert!(
+        groups <= crate::device::FIN_MAX_GROUPS,
+        "GroupNorm with {groups} groups: the finalizers take at most {}",
+        crate::device::FIN_MAX_GROUPS
+    );
+    let rows = FIN_T as usize / cpg.clamp(1, FIN_T as usize);
+    nchunks.div_ceil(8 * rows).clamp(1, 64)
 }
 
 /// `out` = cat([a (+ a_bias), b]) along channels (as `elementwise::concat`) and the GroupNorm
@@ -836,10 +857,12 @@ fn backward_ptrs(
         let kind = if dsum != 0 { Partial::GnBwd3 } else { Partial::GnBwd };
         launch_partial(dev, kind, x, groups, cl, &[dp, xp, mp, rp, gp, bp, offp], pp, bf);
     }
+    let q = fin_split(nchunks, x.c / groups, groups);
+    let fin = dev.fin_ws(x.n * x.c * q * 3);
     dev.launch(
         "gn_bwd_finalize",
-        (groups as u32, 1, 1),
-        (256, 1, 1),
+        (groups as u32, q as u32, 1),
+        (FIN_T, 1, 1),
         &[
             P(pp),
             P(rp),
@@ -854,8 +877,11 @@ fn backward_ptrs(
             I(nchunks as i32),
             I(stride as i32),
             P(dsum),
+            P(dev.ptr(&fin.ws)),
+            P(dev.ptr(&fin.cnt)),
         ],
     );
+    drop(fin);
     let v = row_vec(x, cl, bf);
     let (grid, block) = row_launch(dev, x, v, cl);
     let args = [

@@ -1437,6 +1437,9 @@ impl Backend for CudaBackend {
         let (op, ap, bp) = (self.dev.ptr_mut(out), self.dev.ptr(a), self.dev.ptr(b));
         elementwise::add_channel_bias_to(&self.dev, op, ap, bp, d, false, false, 0);
     }
+    fn add_bias_vectors_all(&self, triples: &mut [(&mut Self::Buf, &Self::Buf, &Self::Buf)]) {
+        optim::add_all(&self.dev, &self.tables, triples);
+    }
     fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims) {
         assert_eq!(dbias.len(), xd.n * xd.c, "channel_sum {xd}: dbias length");
         buf::require_f32("channel_sum: dbias", &[dbias]);
@@ -1482,6 +1485,19 @@ impl Backend for CudaBackend {
     }
     fn q_sample(&self, xt: &mut Self::Buf, x0: &Self::Buf, eps: &Self::Buf, a: &[f32], b: &[f32], x: Dims) {
         diffusion::q_sample(&self.dev, xt, x0, eps, a, b, x);
+    }
+    fn q_sample_input(
+        &self,
+        input: &mut Self::Buf,
+        (eps, _xt): (&mut Self::Buf, &mut Self::Buf),
+        srcs: (&Self::Buf, &Self::Buf),
+        rng: Philox,
+        offset: u64,
+        ab: (&[f32], &[f32]),
+        x: Dims,
+        cc: usize,
+    ) {
+        diffusion::q_sample_input(&self.dev, (input, eps), srcs, rng, offset, ab, x, cc, self.cl());
     }
     fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims) {
         diffusion::ddpm_step(&self.dev, x, eps, z, coefs, xd);

@@ -177,6 +177,9 @@ pub(crate) fn gemm_ex(
 }
 
 /// out[N,O] = inp[N,I]·wᵀ + b.
+/// Rows (batch) up to which a Linear is one launch each way (kernels/linear.cu LIN_ROWS).
+const LIN_ROWS: usize = 8;
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     dev: &Device,
@@ -197,6 +200,23 @@ pub(crate) fn forward(
         b.len()
     );
     require_f32("linear", &[out, inp, w, b]);
+    if n <= LIN_ROWS {
+        dev.launch(
+            "linear_rows_fwd",
+            (o as u32, 1, 1),
+            (256, 1, 1),
+            &[
+                P(dev.ptr_mut(out)),
+                P(dev.ptr(inp)),
+                P(dev.ptr(w)),
+                P(dev.ptr(b)),
+                I(n as i32),
+                I(i as i32),
+                I(o as i32),
+            ],
+        );
+        return;
+    }
     let op_ = dev.ptr_mut(out);
     let x = Mat::row_major(dev.ptr(inp), i, 0);
     let wm = Mat::row_major(dev.ptr(w), i, 0);
@@ -223,6 +243,22 @@ pub(crate) fn backward(
         "linear backward N {n} I {i} O {o}: lengths"
     );
     require_f32("linear backward", &[dw, db, dout, inp, w]);
+    if n <= LIN_ROWS {
+        let (dxp, acc) = match dinp {
+            Some((dx, acc)) => {
+                assert_eq!(dx.len(), n * i, "linear backward: dinp length");
+                require_f32("linear backward", &[dx]);
+                (dev.ptr_mut(dx), acc == Accum::Add)
+            }
+            None => (0, false),
+        };
+        let blocks = (o * i).div_ceil(1024) + if dxp != 0 { i.div_ceil(32) } else { 0 };
+        #[rustfmt::skip]
+        let args = [P(dev.ptr_mut(dw)), P(dev.ptr_mut(db)), P(dxp), P(dev.ptr(dout)), P(dev.ptr(inp)), P(dev.ptr(w)),
+            I(n as i32), I(i as i32), I(o as i32), I(acc as i32)];
+        dev.launch("linear_rows_bwd", (blocks as u32, 1, 1), (1024, 1, 1), &args);
+        return;
+    }
     let dy = Mat::row_major(dev.ptr(dout), o, 0);
     let x = Mat::row_major(dev.ptr(inp), i, 0);
     // dw[O,I] += doutᵀ·inp

@@ -158,6 +158,18 @@ pub(crate) fn ema_all(dev: &Device, tables: &Mutex<Tables>, ema: &mut [GpuBuf], 
     launch_multi(dev, "ema_multi", tbl, &[F(decay)]);
 }
 
+/// out = a + b for every f32 triple, one launch (kernel add_multi; `Backend::add_bias_vectors_all`).
+pub(crate) fn add_all(dev: &Device, tables: &Mutex<Tables>, triples: &mut [(&mut GpuBuf, &GpuBuf, &GpuBuf)]) {
+    let mut rows = Vec::with_capacity(triples.len());
+    for (o, a, b) in triples.iter_mut() {
+        meddpm::backend::check_bias_vectors(o.len(), a.len(), b.len());
+        crate::buf::require_f32("add_bias_vectors_all", &[&**o, *a, *b]);
+        rows.push(([dev.ptr_mut(*o), dev.ptr(*a), dev.ptr(*b), 0], a.len()));
+    }
+    let tbl = table(dev, tables, &rows);
+    launch_multi(dev, "add_multi", tbl, &[]);
+}
+
 /// dst <- src (type conversion) for every pair in one launch.
 pub(crate) fn cast_all(dev: &Device, tables: &Mutex<Tables>, pairs: &mut [(&mut GpuBuf, &GpuBuf)]) {
     let mut rows = Vec::with_capacity(pairs.len());

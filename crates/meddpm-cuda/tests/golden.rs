@@ -26,7 +26,9 @@ fn backend(layout: Layout) -> Option<CudaBackend> {
 
 fn check(name: &str, bytes: &[u8], layout: Layout) {
     let Some(be) = backend(layout) else { return };
-    let dir = std::env::temp_dir().join(format!("meddpm-golden-{}-{name}", std::process::id()));
+    // one folder per test (name and layout): the layouts' tests run on parallel threads of one
+    // process, and a shared file was read by one while the other rewrote it
+    let dir = std::env::temp_dir().join(format!("meddpm-golden-{}-{name}-{layout:?}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();

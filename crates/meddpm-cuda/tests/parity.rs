@@ -533,7 +533,7 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
             let host = (&xin[..], &dy[..], &dx0[..]);
             let chk = &|w: &str, got: &[f32], want: &[f32]| check(w, got, want, 2e-4);
             let ops = (&gamma[..], &beta[..], &off[..]);
-            common::check_gn_offset(g, &cpu, (x, groups, acc), host, ops, (up, down), (upr, downr), chk, &name(g));
+            common::check_gn_offset(g, &cpu, (x, groups, acc, 0.0), host, ops, (up, down), (upr, downr), chk, &name(g));
         } else {
             g.groupnorm_forward(&mut yg, &mut mg, &mut rg, &xg, &gg, &bg, x, groups);
             g.groupnorm_backward((&mut dxg, acc), &mut dgg, &mut dbg, &dyg, &xg, &mg, &rg, &gg, x, groups);
@@ -561,6 +561,10 @@ fn groupnorm_parity() {
         (Dims::new(2, 32, 40, 40, 40), 32, false, Accum::Overwrite),
         (Dims::new(1, 576, 3, 4, 5), 32, true, Accum::Add), // decoder concat wider than 512
         (Dims::new(3, 320, 2, 3, 4), 1, true, Accum::Add),  // gn_bwd_finalize in rounds: 960 items a group
+        // the finalizers split over blocks (kernels/groupnorm.cu fin_last): 1024 chunks in NDHWC,
+        // 2 blocks a group of 4 channels (2 samples), 4 a group of 6 channels (42 thread rows)
+        (Dims::new(2, 128, 32, 32, 32), 32, true, Accum::Add),
+        (Dims::new(1, 192, 32, 32, 32), 32, false, Accum::Overwrite),
     ];
     for (i, (x, groups, fused, acc)) in cases.into_iter().enumerate() {
         groupnorm_case(&gs, x, groups, fused, acc, 300 + 10 * i as u64);
@@ -612,7 +616,15 @@ fn silu_parity() {
 fn linear_parity() {
     let Some(gs) = gpus() else { return };
     let cpu = Cpu::new();
-    for (n, i, o, acc) in [(2, 64, 256, Some(Accum::Overwrite)), (3, 37, 19, Some(Accum::Add)), (1, 256, 256, None)] {
+    // up to 8 rows one launch each way (kernels/linear.cu linear_rows_*), 9 on cuBLAS
+    let cases = [
+        (2, 64, 256, Some(Accum::Overwrite)),
+        (3, 37, 19, Some(Accum::Add)),
+        (1, 256, 256, None),
+        (8, 300, 70, Some(Accum::Add)),
+        (9, 40, 33, Some(Accum::Overwrite)),
+    ];
+    for (n, i, o, acc) in cases {
         let x = rnd(n * i, 1, 1.0);
         let w = rnd(o * i, 2, 1.0 / (i as f32).sqrt());
         let b = rnd(o, 3, 1.0);
@@ -837,6 +849,41 @@ fn randn_matches_cpu_philox() {
         }
         println!("randn [{}]: {differ} of {} draws differ by 1 ulp, the rest are bit-identical", name(g), got.len());
         assert!(differ * 10_000 <= got.len(), "too many 1-ulp differences: {differ}");
+    }
+}
+
+/// The training input in one pass (CUDA's q_sample_input) against the CPU's three calls (randn,
+/// q_sample, concat_channels): the draws as `randn_matches_cpu_philox` allows (a rare 1-ulp
+/// difference), x_t within f32 rounding, the condition channels copied exactly; 18 samples (two
+/// launches), two image channels (the layouts' index maps).
+#[test]
+fn q_sample_input_parity() {
+    let Some(gs) = gpus() else { return };
+    let cpu = Cpu::new();
+    let (x, cc) = (Dims::new(18, 2, 3, 4, 5), 3);
+    let (xi, xc) = (x.with_c(x.c + cc), x.with_c(cc));
+    let x0 = rnd(x.numel(), 1, 0.8);
+    let cond = rnd(xc.numel(), 2, 1.0);
+    let a: Vec<f32> = (0..x.n).map(|i| 0.99 - 0.05 * i as f32).collect();
+    let b: Vec<f32> = a.iter().map(|v| (1.0 - v * v).max(0.0).sqrt()).collect();
+    let rng = meddpm::rng::Philox::new(0x5EED, 3);
+    let offset = (1u64 << 32) + 11;
+    let (mut inp, mut eps, mut xt) = (vec![0f32; xi.numel()], vec![0f32; x.numel()], vec![0f32; x.numel()]);
+    cpu.q_sample_input(&mut inp, (&mut eps, &mut xt), (&x0, &cond), rng, offset, (&a, &b), x, cc);
+    for g in &gs {
+        let (x0g, cg) = (act(g, &x0, x), act(g, &cond, xc));
+        let (mut ig, mut eg, mut tg) =
+            (g.alloc(xi.numel()).unwrap(), g.alloc(x.numel()).unwrap(), g.alloc(x.numel()).unwrap());
+        g.q_sample_input(&mut ig, (&mut eg, &mut tg), (&x0g, &cg), rng, offset, (&a, &b), x, cc);
+        let tag = name(g);
+        let ge = get_act(g, &eg, x);
+        let far = ge.iter().zip(&eps).filter(|(p, q)| (p.to_bits() as i64 - q.to_bits() as i64).abs() > 1).count();
+        assert_eq!(far, 0, "q_sample_input [{tag}]: draws more than 1 ulp from the CPU's");
+        let gi = get_act(g, &ig, xi);
+        check(&format!("q_sample_input [{tag}] input"), &gi, &inp, 1e-6);
+        let cond_got: Vec<f32> =
+            (0..x.n).flat_map(|n| gi[(n * xi.c + x.c) * x.s()..(n + 1) * xi.c * x.s()].to_vec()).collect();
+        assert!(cond_got == cond, "q_sample_input [{tag}]: condition channels not copied exactly");
     }
 }
 

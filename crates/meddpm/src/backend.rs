@@ -846,6 +846,13 @@ pub trait Backend {
     /// out = a + b over f32 vectors of one length: two biases folded into one (parameters, never
     /// rounded to the activation type).
     fn add_bias_vectors(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf);
+    /// [`Backend::add_bias_vectors`] on every triple (out, a, b): a network's folded biases, all
+    /// refreshed at once when its parameters change. Default: one call per triple.
+    fn add_bias_vectors_all(&self, triples: &mut [(&mut Self::Buf, &Self::Buf, &Self::Buf)]) {
+        for (o, a, b) in triples.iter_mut() {
+            self.add_bias_vectors(o, a, b);
+        }
+    }
     /// dbias[n, c] (overwritten) = Σ over D, H, W of dx[n, c, ...].
     fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims);
     /// db[c] += Σₙ rows[n, c] over f32 rows (n × c): a bias gradient from per-sample channel
@@ -910,6 +917,26 @@ pub trait Backend {
     fn randn(&self, out: &mut Self::Buf, rng: Philox, offset: u64, x: Dims);
     /// x_t[n] = a[n]·x0[n] + b[n]·eps[n] per batch element (`q_sample`); `x` is x0's shape.
     fn q_sample(&self, xt: &mut Self::Buf, x0: &Self::Buf, eps: &Self::Buf, a: &[f32], b: &[f32], x: Dims);
+    /// The training step's network input: [`Backend::randn`] into `eps` (at `offset`),
+    /// [`Backend::q_sample`] of x0 with it into `xt`, and [`Backend::concat_channels`] of x_t and
+    /// `cond` (`cc` channels) into `input`; `x` is x0's shape. Backends may do it in one pass
+    /// (CUDA: x_t never stored, `xt` untouched). This default is the three calls.
+    #[allow(clippy::too_many_arguments)]
+    fn q_sample_input(
+        &self,
+        input: &mut Self::Buf,
+        (eps, xt): (&mut Self::Buf, &mut Self::Buf),
+        (x0, cond): (&Self::Buf, &Self::Buf),
+        rng: Philox,
+        offset: u64,
+        (a, b): (&[f32], &[f32]),
+        x: Dims,
+        cc: usize,
+    ) {
+        self.randn(eps, rng, offset, x);
+        self.q_sample(xt, x0, eps, a, b, x);
+        self.concat_channels(input, xt, cond, x, x.c, cc);
+    }
     /// One ancestral DDPM update in place: x̂₀ = clamp(recip·x − recipm1·ε̂, −1, 1);
     /// x ← coef1·x̂₀ + coef2·x + sigma·z, with per-sample coefficients.
     fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims);

@@ -88,6 +88,7 @@ fn our_nvrtc_kernel_names() {
         ("adam_multi", Optimizer),
         ("ema_multi", Optimizer),
         ("cast_multi", Layout),
+        ("add_multi", Elementwise),
         ("loss_l1_fwd", Reduction),
         ("loss_l1_bwd", Elementwise),
         ("randn_philox", Elementwise),
@@ -139,6 +140,8 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("chan_sum_ndhwc8", Reduction),
     ("chan_sum_finalize", Reduction),
     ("rows_sum_accum", Reduction),
+    ("linear_rows_fwd", GemmAttention),
+    ("linear_rows_bwd", GemmAttention),
     ("loss_partial", Reduction),
     ("loss_final", Reduction),
     ("loss_bwd", Elementwise),
@@ -164,6 +167,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("upsample_bwd_rows", Elementwise),
     ("randn", Elementwise),
     ("q_sample", Elementwise),
+    ("q_sample_input", Elementwise),
     ("ddpm_step", Elementwise),
     ("sampler_step", Elementwise),
     ("adam_step", Optimizer),
@@ -171,6 +175,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("adam_multi", Optimizer),
     ("ema_multi", Optimizer),
     ("cast_multi", Layout),
+    ("add_multi", Elementwise),
     // f32 <-> bf16 conversion
     ("cast_buf", Layout),
     // our weight gradient of few-output-channel convs

@@ -164,7 +164,8 @@ pub fn short_name(name: &str, max: usize) -> String {
 ///   per-channel sums), `gn_*`: normalization;
 /// - `chan_sum_*` (channel sums: the convolution bias gradient) and `rows_sum_accum`: reduction;
 /// - `pad_nc`, `unpad_c_bias` (channel padding for the tensor-core layouts): layout conversion;
-/// - `softmax_*` (attention): GEMM/attention;
+/// - `softmax_*` (attention) and `linear_rows_*` (the time embedding's Linears, bias included):
+///   GEMM/attention;
 /// - `loss_partial`, `loss_final`: reduction; `loss_bwd`: elementwise;
 /// - activations, adds, scales, concat/split (`concat_stats_ndhwc`, the concatenation that also
 ///   takes its GroupNorm statistics, too), upsampling, RNG and the diffusion update: elementwise;
@@ -205,6 +206,8 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("pad_nc", Category::Layout),
     ("unpad_c_bias", Category::Layout),
     ("rows_sum_accum", Category::Reduction),
+    ("linear_rows_fwd", Category::GemmAttention),
+    ("linear_rows_bwd", Category::GemmAttention),
     ("softmax_rows", Category::GemmAttention),
     ("softmax_bwd_rows", Category::GemmAttention),
     ("softmax_rows4", Category::GemmAttention),
@@ -220,6 +223,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("loss_bwd", Category::Elementwise),
     ("randn", Category::Elementwise),
     ("q_sample", Category::Elementwise),
+    ("q_sample_input", Category::Elementwise),
     ("ddpm_step", Category::Elementwise),
     ("sampler_step", Category::Elementwise),
     ("adam_step", Category::Optimizer),
@@ -227,6 +231,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("adam_multi", Category::Optimizer),
     ("ema_multi", Category::Optimizer),
     ("cast_multi", Category::Layout),
+    ("add_multi", Category::Elementwise),
     ("cast_buf", Category::Layout),
     ("conv3d_wgrad_small1", Category::ConvWgrad),
     ("conv3d_wgrad_small2", Category::ConvWgrad),

@@ -719,6 +719,10 @@ impl<B: Backend> Backend for Timed<B> {
         let e = self.l(out) + self.l(a) + self.l(b);
         self.rec("add_bias_vectors", Category::Elementwise, None, e, || self.inner.add_bias_vectors(out, a, b))
     }
+    fn add_bias_vectors_all(&self, triples: &mut [(&mut Self::Buf, &Self::Buf, &Self::Buf)]) {
+        let e = triples.iter().map(|(o, a, b)| self.l(o) + self.l(a) + self.l(b)).sum();
+        self.rec("add_bias_vectors_all", Category::Elementwise, None, e, || self.inner.add_bias_vectors_all(triples))
+    }
     fn channel_sum(&self, dbias: &mut Self::Buf, dx: &Self::Buf, xd: Dims) {
         let e = self.l(dbias) + self.l(dx);
         self.rec("channel_sum", Category::Reduction, None, e, || self.inner.channel_sum(dbias, dx, xd))

@@ -303,10 +303,19 @@ impl<B: Backend> Trainer<B> {
         let ts = self.timesteps_at(first);
         let (a, b): (Vec<f32>, Vec<f32>) = ts.iter().map(|&t| self.sched.q_coefs(t)).unzip();
         let per_sample = (img.numel() / img.n) as u64;
-        be.randn(&mut self.eps, Philox::new(self.tc.seed, STREAM_NOISE), first * per_sample, img);
-        be.q_sample(&mut self.xt, &self.x0, &self.eps, &a, &b, img);
-        let cc = self.net.cfg.cond_channels();
-        be.concat_channels(self.net.input_mut(), &self.xt, &self.cond, img, img.c, cc);
+        // ε drawn, x_t = q_sample(x0, ε), the input cat([x_t, cond]): one call
+        let (cc, rng) = (self.net.cfg.cond_channels(), Philox::new(self.tc.seed, STREAM_NOISE));
+        let bufs = (&mut self.eps, &mut self.xt);
+        be.q_sample_input(
+            self.net.input_mut(),
+            bufs,
+            (&self.x0, &self.cond),
+            rng,
+            first * per_sample,
+            (&a, &b),
+            img,
+            cc,
+        );
         let tf: Vec<f32> = ts.iter().map(|&t| t as f32).collect();
         self.net.forward(be, &tf);
         let (out, dout) = self.net.output_and_grad();

@@ -358,7 +358,7 @@ pub struct UNet<B: Backend> {
     /// Activation-type copies of the conv weights (Some for every conv weight when activations
     /// are bf16, else all None): what the convolutions read.
     lowp: Vec<Option<B::Buf>>,
-    lowp_fresh: bool,
+    derived_fresh: bool,
     /// Identity of this network's buffers for [`Backend::replay`]: a process-unique id, and which
     /// of two parameter-buffer sets is in (toggled by [`UNet::params_swapped`]).
     graph_id: u64,
@@ -596,7 +596,7 @@ impl<B: Backend> UNet<B> {
             scr,
             scr_att,
             lowp,
-            lowp_fresh: false,
+            derived_fresh: false,
             graph_id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             graph_epoch: 0,
             mem,
@@ -607,7 +607,7 @@ impl<B: Backend> UNet<B> {
     /// Mark the f32 parameters as changed: the weight copies the convolutions read are refreshed
     /// before the next forward.
     pub fn params_changed(&mut self) {
-        self.lowp_fresh = false;
+        self.derived_fresh = false;
     }
 
     /// Mark the parameter *buffers* as swapped with another set of the same shapes (the EMA weights
@@ -623,15 +623,30 @@ impl<B: Backend> UNet<B> {
         (self.graph_id << 40) ^ (self.graph_epoch << 2) ^ pass
     }
 
-    /// Refresh the activation-type weight copies from the parameters if they changed.
-    fn refresh_lowp(&mut self, be: &B) {
-        if self.lowp_fresh {
+    /// Refresh what is derived from the parameters if they changed: the activation-type weight
+    /// copies
+    /// and the ResBlocks' folded biases (`ResBlock::b_in`, `b_out`), one launch each: per
+    /// parameter update, not per forward (a sampling run's forwards share one).
+    fn refresh_derived(&mut self, be: &B) {
+        if self.derived_fresh {
             return;
         }
         let mut pairs: Vec<(&mut B::Buf, &B::Buf)> =
             self.lowp.iter_mut().zip(&self.params).filter_map(|(l, p)| l.as_mut().map(|l| (l, p))).collect();
         be.cast_all(&mut pairs);
-        self.lowp_fresh = true;
+        let w = &self.params;
+        let mut triples: Vec<(&mut B::Buf, &B::Buf, &B::Buf)> = Vec::new();
+        for l in &mut self.layers {
+            if let Op::Res(r) = &mut l.op {
+                let p = r.p;
+                triples.push((&mut r.b_in, &w[p + 5], &w[p + 3]));
+                if let Some(b_out) = &mut r.b_out {
+                    triples.push((b_out, &w[p + 11], &w[p + 9]));
+                }
+            }
+        }
+        be.add_bias_vectors_all(&mut triples);
+        self.derived_fresh = true;
     }
 
     /// Logical shape of the network input (N, in_channels, D, H, W).
@@ -716,7 +731,7 @@ impl<B: Backend> UNet<B> {
         be.push_range("forward");
         // host work first (weight copies when the parameters changed, the timestep embedding's
         // upload); the rest is one fixed call list, replayed as a graph where the backend can
-        self.refresh_lowp(be);
+        self.refresh_derived(be);
         be.upload(&timestep_embedding(t, self.cfg.model_channels), &mut self.temb.sin);
         let key = self.graph_key(0);
         be.replay(key, &mut || self.forward_calls(be));
@@ -835,10 +850,8 @@ impl<B: Backend> UNet<B> {
                     // the time embedding's, and both reach h as the second GroupNorm's input
                     // offset; out_layers' conv bias rides with the skip branch, onto which that
                     // conv is accumulated (out = skip + conv + biases, cuDNN β = 1).
-                    be.add_bias_vectors(&mut r.b_in, &w[p + 5], &w[p + 3]);
-                    if let Some(b_out) = &mut r.b_out {
-                        be.add_bias_vectors(b_out, &w[p + 11], &w[p + 9]);
-                    }
+                    // (b_in and b_out, the folded sums, are refreshed with the weight copies:
+                    // `UNet::refresh_derived`)
                     let b_out = r.b_out.as_ref().unwrap_or(&w[p + 9]);
                     let free = cat.is_some_and(|c| c.6);
                     if r.cat_in && free {
