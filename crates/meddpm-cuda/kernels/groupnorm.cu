@@ -136,17 +136,31 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
     __shared__ double ra[GNB_MAXNC], rb[GNB_MAXNC], ru[GNB_MAXNC];
     __shared__ double fa[GNB_MAXNC], fb[GNB_MAXNC], fu[GNB_MAXNC];  // local: the (n, cc) sums
     __shared__ float rm1[GNB_MAXNC], rm2[GNB_MAXNC], cm[2][GNB_MAXNC];
+    __shared__ float sg[FIN_T], sdg[FIN_T], sdb[FIN_T], sr[FIN_T];
     const int g = blockIdx.x, q = blockIdx.y, Q = gridDim.y, cpg = C / G;
     // one block and few (sample, channel) items: the sums stay in shared memory (no ws round trip)
     const bool local = Q == 1 && N * cpg <= GNB_MAXNC;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, t = threadIdx.x;
+    // gamma, dgamma, dbeta and rstd read now, beside the partials, not as dependent round trips in
+    // the tail (read before the tail's first barrier; this grid writes dgamma / dbeta only there)
+    const bool pre = cpg <= FIN_T && N <= FIN_T;
+    if (pre) {
+        if (t < cpg) sg[t] = gamma[g * cpg + t], sdg[t] = dgamma[g * cpg + t], sdb[t] = dbeta[g * cpg + t];
+        if (t < N) sr[t] = rstd[t * G + g];
+    }
     const int kc = (nchunks + Q - 1) / Q, k0 = q * kc, k1 = min(nchunks, k0 + kc);
-    // this block's chunks: (A, B, U) per (sample, channel) to ws
+    // this block's chunks: (A, B, U) per (sample, channel) to ws (or fa/fb/fu). Up to 32 channels
+    // a slice, the thread's channel is t % ncp (nc padded to a power of two): the rows of a channel
+    // are summed by warp shuffles and then over the 8 warps in order (one barrier; the shared
+    // tree's seven barriers made one-block calls ~1 µs slower than the old kernel); wider slices
+    // take the tree.
     for (int n = 0; n < N; n++) {
         for (int cb = 0; cb < cpg; cb += FIN_T) {
-            const int nc = min(FIN_T, cpg - cb), R = FIN_T / nc, r = t / nc, cc = cb + t % nc;
+            const int nc = min(FIN_T, cpg - cb);
+            const int ncp = nc <= 32 ? 1 << (32 - __clz(nc - 1)) : nc;
+            const int R = FIN_T / ncp, r = t / ncp, cl = t % ncp, cc = cb + cl;
             double a = 0.0, b = 0.0, u = 0.0;
-            if (r < R) {
+            if (r < R && cl < nc) {
                 const float* pc = part + ((i64)n * nchunks * C + g * cpg + cc) * stride;
 #pragma unroll 8
                 for (int k = k0 + r; k < k1; k += R) {
@@ -156,19 +170,39 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
                     if (dsum) u += (double)p[2];
                 }
             }
-            ra[t] = a;
-            rb[t] = b;
-            ru[t] = u;
-            fin_tree(ra, rb, dsum ? ru : nullptr, R, nc);
+            double A, B, U;
+            if (ncp <= 32) {
+                for (int o = 16; o >= ncp; o >>= 1) {
+                    a += __shfl_xor_sync(0xffffffffu, a, o);
+                    b += __shfl_xor_sync(0xffffffffu, b, o);
+                    u += __shfl_xor_sync(0xffffffffu, u, o);
+                }
+                if (lane < ncp) {
+                    ra[wid * ncp + lane] = a;
+                    rb[wid * ncp + lane] = b;
+                    ru[wid * ncp + lane] = u;
+                }
+                __syncthreads();
+                if (t < nc) {
+                    A = ra[t], B = rb[t], U = ru[t];
+                    for (int k = 1; k < nw; k++) A += ra[k * ncp + t], B += rb[k * ncp + t], U += ru[k * ncp + t];
+                }
+            } else {
+                ra[t] = a;
+                rb[t] = b;
+                ru[t] = u;
+                fin_tree(ra, rb, dsum ? ru : nullptr, R, nc);
+                if (t < nc) A = ra[t], B = rb[t], U = ru[t];
+            }
             if (t < nc && local) {
-                fa[n * cpg + cb + t] = ra[t];
-                fb[n * cpg + cb + t] = rb[t];
-                fu[n * cpg + cb + t] = ru[t];
+                fa[n * cpg + cb + t] = A;
+                fb[n * cpg + cb + t] = B;
+                fu[n * cpg + cb + t] = U;
             } else if (t < nc) {
                 double* w = ws + ((((i64)g * N + n) * cpg + cb + t) * Q + q) * 3;
-                w[0] = ra[t];
-                w[1] = rb[t];
-                w[2] = ru[t];
+                w[0] = A;
+                w[1] = B;
+                w[2] = U;
             }
             __syncthreads();  // ra/rb/ru read before the next slice writes them
         }
@@ -203,12 +237,12 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
                     u = warp_sum_d(u);
                 }
                 if (lane == 0) {
-                    double r = (double)rstd[n * G + g];
+                    double r = (double)(pre ? sr[n] : rstd[n * G + g]), gm = (double)(pre ? sg[cc] : gamma[c]);
                     ra[i] = a;
                     rb[i] = b * r;
                     ru[i] = u;
-                    rm1[i] = (float)((double)gamma[c] * a * inv);
-                    rm2[i] = (float)((double)gamma[c] * b * r * inv);
+                    rm1[i] = (float)(gm * a * inv);
+                    rm2[i] = (float)(gm * b * r * inv);
                 }
             }
             __syncthreads();
@@ -234,8 +268,13 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
                     tb += rb[t * ns + k];
                 }
                 int c = g * cpg + cc0 + t;
-                dgamma[c] += (float)tb;
-                dbeta[c] += (float)ta;
+                if (pre) {  // N <= FIN_T: one round of samples, so the values read at the start
+                    dgamma[c] = sdg[cc0 + t] + (float)tb;
+                    dbeta[c] = sdb[cc0 + t] + (float)ta;
+                } else {
+                    dgamma[c] += (float)tb;
+                    dbeta[c] += (float)ta;
+                }
             }
             __syncthreads();  // the round's sums read (and coef written) before the next round
         }
@@ -244,8 +283,8 @@ extern "C" __global__ void gn_bwd_finalize(const float* part, const float* rstd,
     // dsum: N * cpg <= GNB_MAXNC, so one round: item cc * N + n holds channel cc's A and U
     for (int j = t; j < N * cpg; j += blockDim.x) {
         int n = j / cpg, cc = j % cpg, c = g * cpg + cc, i = cc * N + n;
-        double r = (double)rstd[n * G + g], m1 = (double)cm[0][n], m2 = (double)cm[1][n];
-        dsum[n * C + c] = (float)(r * ((double)gamma[c] * ra[i] - (double)S * m1 - m2 * r * ru[i]));
+        double r = (double)sr[n], m1 = (double)cm[0][n], m2 = (double)cm[1][n];  // dsum: pre holds
+        dsum[n * C + c] = (float)(r * ((double)sg[cc] * ra[i] - (double)S * m1 - m2 * r * ru[i]));
     }
 }
 

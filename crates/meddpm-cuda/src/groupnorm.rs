@@ -224,7 +224,9 @@ pub(crate) fn fin_split(nchunks: usize, cpg: usize, groups: usize) -> usize {
         "GroupNorm with {groups} groups: the finalizers take at most {}",
         crate::device::FIN_MAX_GROUPS
     );
-    let rows = FIN_T as usize / cpg.clamp(1, FIN_T as usize);
+    // the kernel's thread rows: FIN_T / cpg, with cpg <= 32 padded to a power of two
+    let nc = cpg.clamp(1, FIN_T as usize);
+    let rows = FIN_T as usize / if nc <= 32 { nc.next_power_of_two() } else { nc };
     nchunks.div_ceil(8 * rows).clamp(1, 64)
 }
 

@@ -562,7 +562,8 @@ fn groupnorm_parity() {
         (Dims::new(1, 576, 3, 4, 5), 32, true, Accum::Add), // decoder concat wider than 512
         (Dims::new(3, 320, 2, 3, 4), 1, true, Accum::Add),  // gn_bwd_finalize in rounds: 960 items a group
         // the finalizers split over blocks (kernels/groupnorm.cu fin_last): 1024 chunks in NDHWC,
-        // 2 blocks a group of 4 channels (2 samples), 4 a group of 6 channels (42 thread rows)
+        // 2 blocks a group of 4 channels (2 samples), 4 a group of 6 channels (padded to 8: 32 thread
+        // rows; the statistics finalizer has 42)
         (Dims::new(2, 128, 32, 32, 32), 32, true, Accum::Add),
         (Dims::new(1, 192, 32, 32, 32), 32, false, Accum::Overwrite),
     ];

@@ -1146,7 +1146,8 @@ fn groupnorm_bf16_parity() {
         (Dims::new(2, 32, 40, 40, 40), 32, false, Accum::Overwrite),
         (Dims::new(1, 576, 3, 4, 5), 32, true, Accum::Add),
         // the finalizers split over blocks (kernels/groupnorm.cu fin_last): 1024 chunks in NDHWC,
-        // 2 blocks a group of 4 channels (2 samples), 4 a group of 6 channels (42 thread rows)
+        // 2 blocks a group of 4 channels (2 samples), 4 a group of 6 channels (padded to 8: 32 thread
+        // rows; the statistics finalizer has 42)
         (Dims::new(2, 128, 32, 32, 32), 32, true, Accum::Add),
         (Dims::new(1, 192, 32, 32, 32), 32, false, Accum::Overwrite),
     ];
