@@ -18,10 +18,12 @@
 
 // ---- the finalizers: chunk partials → per-group results ------------------------------------------
 // grid (G, Q), block FIN_T. Block (g, q) takes chunks [q·kc, min((q+1)·kc, nchunks)) of group g's
-// partials (kc = ceil(nchunks / Q)), thread (r, cc) = (t / nc, t % nc) for a slice of nc channels:
-// chunk k0 + r, k0 + r + R, ... of channel cc, so that a warp's loads cover whole chunk islands
-// (one group's channels are consecutive within a chunk). Its sums go through a fixed reduction
-// tree to ws (double), and the last of the group's Q blocks to arrive (a counter per group in
+// partials (kc = ceil(nchunks / Q)), thread (r, cc) for a slice of nc channels (the backward pads
+// nc to a power of two up to 32): chunk k0 + r, k0 + r + R, ... of channel cc, so that a warp's
+// loads cover whole chunk islands (one group's channels are consecutive within a chunk). Its sums
+// go through a fixed-order reduction (a block reduction for the statistics; warp shuffles, or a
+// shared tree past 32 channels, for the backward) to ws (double), and the last of the group's Q
+// blocks to arrive (a counter per group in
 // `cnt`, set back to 0 by that block) combines the Q block sums in the order q = 0 .. Q-1 and
 // writes the group's results. Every sum has a fixed order: the results do not depend on which
 // block ran when. (One block a group reading ~1000 chunks a channel, lane-strided, was bound by

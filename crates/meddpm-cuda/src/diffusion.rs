@@ -19,6 +19,16 @@ struct QCoef {
     b: [f32; PER_LAUNCH],
 }
 
+impl QCoef {
+    /// The coefficients of samples n0 .. n0 + cnt (cnt <= PER_LAUNCH), zero past them.
+    fn of(a: &[f32], b: &[f32], n0: usize, cnt: usize) -> QCoef {
+        let mut k = QCoef { a: [0.0; PER_LAUNCH], b: [0.0; PER_LAUNCH] };
+        k.a[..cnt].copy_from_slice(&a[n0..n0 + cnt]);
+        k.b[..cnt].copy_from_slice(&b[n0..n0 + cnt]);
+        k
+    }
+}
+
 #[repr(C)]
 struct DdpmCoef {
     v: [f32; PER_LAUNCH * 5],
@@ -59,9 +69,7 @@ pub(crate) fn q_sample(dev: &Device, xt: &mut GpuBuf, x0: &GpuBuf, eps: &GpuBuf,
     let (xp, x0p, ep) = (dev.ptr_mut(xt), dev.ptr(x0), dev.ptr(eps));
     for n0 in (0..x.n).step_by(PER_LAUNCH) {
         let cnt = PER_LAUNCH.min(x.n - n0);
-        let mut k = QCoef { a: [0.0; PER_LAUNCH], b: [0.0; PER_LAUNCH] };
-        k.a[..cnt].copy_from_slice(&a[n0..n0 + cnt]);
-        k.b[..cnt].copy_from_slice(&b[n0..n0 + cnt]);
+        let k = QCoef::of(a, b, n0, cnt);
         let off = (n0 * per * 4) as u64;
         dev.launch1(
             "q_sample",
@@ -112,9 +120,7 @@ pub(crate) fn q_sample_input(
     let (ip, ep, xp, cp) = (dev.ptr_mut(input), dev.ptr_mut(eps), dev.ptr(x0), dev.ptr(cond));
     for n0 in (0..x.n).step_by(PER_LAUNCH) {
         let cnt = PER_LAUNCH.min(x.n - n0);
-        let mut k = QCoef { a: [0.0; PER_LAUNCH], b: [0.0; PER_LAUNCH] };
-        k.a[..cnt].copy_from_slice(&a[n0..n0 + cnt]);
-        k.b[..cnt].copy_from_slice(&b[n0..n0 + cnt]);
+        let k = QCoef::of(a, b, n0, cnt);
         let at = |c: usize| (n0 * c * s * 4) as u64; // byte offset of sample n0 in a c-channel buffer
         dev.launch1(
             "q_sample_input",

@@ -624,8 +624,7 @@ impl<B: Backend> UNet<B> {
     }
 
     /// Refresh what is derived from the parameters if they changed: the activation-type weight
-    /// copies
-    /// and the ResBlocks' folded biases (`ResBlock::b_in`, `b_out`), one launch each: per
+    /// copies and the ResBlocks' folded biases (`ResBlock::b_in`, `b_out`), one launch each: per
     /// parameter update, not per forward (a sampling run's forwards share one).
     fn refresh_derived(&mut self, be: &B) {
         if self.derived_fresh {
