@@ -259,10 +259,148 @@ __device__ __forceinline__ void wm_sts16(u32 a, uint4 v) {
     asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
 }
-template <int NC = 1, int NS = WM_NS>
+// The trilinear doubling's sources along one axis (upsample.cu's src_index as upsample_fwd_quad
+// evaluates it): output o of a doubled axis over n inputs reads (s0, s1) with weights (w0, w1).
+__device__ __forceinline__ void up_src(int o, int n, int& s0, int& s1, float& w0, float& w1) {
+    const int i = o >> 1;
+    if (o & 1) {
+        s0 = i;
+        s1 = min(i + 1, n - 1);
+        w0 = 0.75f;
+        w1 = 0.25f;
+    } else {
+        s0 = max(i - 1, 0);
+        s1 = i;
+        w0 = i == 0 ? 1.0f : 0.25f;
+        w1 = i == 0 ? 0.0f : 0.75f;
+    }
+}
+// One row of the trilinear doubling of x, as upsample_fwd_quad computes it: the row's d and h
+// sources (rows r00 = (da, ha), r01 = (da, hb), r10 = (db, ha), r11 = (db, hb) of x, at the
+// thread's 16-byte chunk) blended at the 6 source columns cb .. cb + 5 (clamped to W2) that 8 or 10
+// voxels from column 2 (cb + 1) - 1 or 2 (cb + 1) read: h first, then d, in f32. The 24 loads are
+// issued before the arithmetic (one round trip a row: the first version loaded a column at a
+// time, six dependent round trips, and its producer set the conv's pace).
+__device__ __forceinline__ void up_cols(float (&tc)[6][8], const bf16* r00, const bf16* r01, const bf16* r10,
+                                        const bf16* r11, int cb, int W2, int CI, float wd0, float wd1, float wh0,
+                                        float wh1) {
+    uint4 q[6][4];
+#pragma unroll
+    for (int j = 0; j < 6; j++) {
+        const int o = min(max(cb + j, 0), W2 - 1) * CI;
+        q[j][0] = *reinterpret_cast<const uint4*>(r00 + o);
+        q[j][1] = *reinterpret_cast<const uint4*>(r01 + o);
+        q[j][2] = *reinterpret_cast<const uint4*>(r10 + o);
+        q[j][3] = *reinterpret_cast<const uint4*>(r11 + o);
+    }
+#pragma unroll
+    for (int j = 0; j < 6; j++) {
+        const u32 a0[4] = {q[j][0].x, q[j][0].y, q[j][0].z, q[j][0].w}, a1[4] = {q[j][1].x, q[j][1].y, q[j][1].z, q[j][1].w};
+        const u32 b0[4] = {q[j][2].x, q[j][2].y, q[j][2].z, q[j][2].w}, b1[4] = {q[j][3].x, q[j][3].y, q[j][3].z, q[j][3].w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int e = k >> 1;
+            auto f = [&](u32 v) { return __uint_as_float(k & 1 ? v & 0xffff0000u : v << 16); };
+            // upsample_fwd_quad: h first (cur), then d (prev, cur)
+            const float pv = wh0 * f(a0[e]) + wh1 * f(a1[e]);
+            const float cv = wh0 * f(b0[e]) + wh1 * f(b1[e]);
+            tc[j][k] = wd0 * pv + wd1 * cv;
+        }
+    }
+}
+// Voxel q of such a row, at column 2 (cb + 1) + q (q = -1 .. 8; even columns read (i - 1, i), odd
+// ones (i, i + 1), i = column / 2): the w blend of its two t columns, rounded to bf16 once.
+__device__ __forceinline__ uint4 up_vox(const float (&tc)[6][8], int q, int cb) {
+    const int j = (q >> 1) + (q & 1);
+    float o[8];
+    if (q & 1) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) o[k] = 0.75f * tc[j][k] + 0.25f * tc[j + 1][k];
+    } else {
+        const int i = cb + 1 + (q >> 1);
+        const float l0 = i == 0 ? 1.0f : 0.25f, l1 = i == 0 ? 0.0f : 0.75f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) o[k] = l0 * tc[j][k] + l1 * tc[j + 1][k];
+    }
+    return make_uint4(pack_bf2(o[0], o[1]), pack_bf2(o[2], o[3]), pack_bf2(o[4], o[5]), pack_bf2(o[6], o[7]));
+}
+// The row's sources along d and h (x of (D/2, H/2, W/2, CI) from xs, sample n's voxel 0 at the
+// thread's channels) for the doubled volume's plane dd and row gh (both inside it).
+struct UpRows {
+    const bf16 *r00, *r01, *r10, *r11;
+    float wd0, wd1, wh0, wh1;
+};
+__device__ __forceinline__ UpRows up_rows(const bf16* xs, int dd, int gh, int CI, int D, int H, int W) {
+    const int H2 = H >> 1, W2 = W >> 1;
+    int da, db, ha, hb;
+    UpRows r;
+    up_src(dd, D >> 1, da, db, r.wd0, r.wd1);
+    up_src(gh, H2, ha, hb, r.wh0, r.wh1);
+    r.r00 = xs + ((i64)da * H2 + ha) * W2 * CI;
+    r.r01 = xs + ((i64)da * H2 + hb) * W2 * CI;
+    r.r10 = xs + ((i64)db * H2 + ha) * W2 * CI;
+    r.r11 = xs + ((i64)db * H2 + hb) * W2 * CI;
+    return r;
+}
+// conv3d_wgmma_fwd_up's stage: halo plane dd of the trilinear doubling of x (xs: sample n's voxel
+// 0 of x, the stage's 64 channels) around the tile at corner (h0, w0) (hw0 = h0 << 16 | w0),
+// written into the stage at sb as the copies would have put it there (zero outside the volume:
+// the conv's padding). The producer's thread t takes (halo row hh, 16-byte chunk c) pairs t + 128
+// k: the row's 10 voxels from 6 t columns (up_cols, up_vox), so the stage holds what
+// upsample_fwd_quad stores.
+__device__ __forceinline__ void up_stage(const bf16* xs, int dd, int hw0, u32 sb, int t, int CI, int D, int H,
+                                         int W) {
+    const int h0 = hw0 >> 16, w0 = hw0 & 0xffff, cb = (w0 >> 1) - 1;
+    const bool pin = dd >= 0 && dd < D;
+#pragma unroll 1
+    for (int p = t; p < (WM_TH + 2) * 8; p += 128) {
+        const int hh = p >> 3, c = p & 7, gh = h0 - 1 + hh;
+        const bool rin = pin && gh >= 0 && gh < H;
+        float tc[6][8];
+        if (rin) {
+            const UpRows r = up_rows(xs + c * 8, dd, gh, CI, D, H, W);
+            up_cols(tc, r.r00, r.r01, r.r10, r.r11, cb, W >> 1, CI, r.wd0, r.wd1, r.wh0, r.wh1);
+        }
+        const u32 rb = sb + hh * WM_PW * 128;
+#pragma unroll
+        for (int ww = 0; ww < WM_PW; ww++) {
+            const int gw = w0 - 1 + ww;
+            const uint4 v = rin && gw >= 0 && gw < W ? up_vox(tc, ww - 1, cb) : make_uint4(0u, 0u, 0u, 0u);
+            const u32 row = rb + ww * 128;
+            wm_sts16(row + ((c ^ ((row >> 7) & 7)) << 4), v);
+        }
+    }
+}
+// conv3d_wgmma_dgrad_up's side job: the tile (plane dd, rows h0 .. h0 + 31, columns w0 .. w0 + 7,
+// clipped to the volume; 64 channels) of the doubling of x written to u (us: sample n's voxel 0
+// of u, (D, H, W, C) at the slice's channels; xs: x's, as up_stage), the producer's thread t
+// taking (row, chunk) pairs t and t + 128.
+__device__ __forceinline__ void up_tile(const bf16* xs, bf16* us, int dd, int h0, int w0, int t, int C, int D, int H,
+                                        int W) {
+    const int cb = (w0 >> 1) - 1;
+#pragma unroll 1
+    for (int p = t; p < WM_TH * 8; p += 128) {
+        const int hh = p >> 3, c = p & 7, gh = h0 + hh;
+        if (gh >= H) continue;
+        float tc[6][8];
+        const UpRows r = up_rows(xs + c * 8, dd, gh, C, D, H, W);
+        up_cols(tc, r.r00, r.r01, r.r10, r.r11, cb, W >> 1, C, r.wd0, r.wd1, r.wh0, r.wh1);
+        bf16* o = us + (((i64)dd * H + gh) * W + w0) * C + c * 8;
+#pragma unroll
+        for (int ww = 0; ww < WM_TW; ww++)
+            if (w0 + ww < W) *reinterpret_cast<uint4*>(o + ww * C) = up_vox(tc, ww, cb);
+    }
+}
+// conv3d_wgmma_dgrad_up's pointers: x (N, D/2, H/2, W/2, CO) and u (N, D, H, W, CO), the
+// doubling of x the producer writes beside the data gradient (see the entry)
+struct WmUp {
+    const bf16* x;
+    bf16* u;
+};
+template <int NC = 1, int NS = WM_NS, int UP = 0>
 __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, const float* b, bf16* y,
                                                 const bf16* z, int N, int CI, int CO, int D, int H, int W, int DC,
-                                                int accum, WmGn gn, int reuse, WmGb gb = WmGb{}) {
+                                                int accum, WmGn gn, int reuse, WmGb gb = WmGb{}, WmUp wu = WmUp{}) {
     extern __shared__ __align__(1024) unsigned char wm_smem[];
     const int CG = CI / 64, KS = 3 * CG, period = KS * 36;
     reuse = reuse && CG == 1;
@@ -315,8 +453,10 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
         struct St {
             const bf16* p;  // the stage's corner voxel (h0 - 1, w0 - 1), this thread's channels
             int cs;         // channels a voxel of the part p points into
-            int t0;         // the table's float4 index of this thread's first channel pair
+            int t0;         // the table's float4 index of this thread's first channel pair; with
+                            // UP (no table) the item's tile corner h0 << 16 | w0
             u32 in;         // bit m: halo voxel r0 + 64 m is inside the volume
+            int dd;         // with UP: the plane (of the doubled volume)
         };
         // plane dd, channel group cg of item c
         auto plan = [&](const ColItem& c, int dd, int cg) -> St {
@@ -327,8 +467,15 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
             const int cs = gn.x2 ? (p2 ? CI - gn.CA : gn.CA) : CI, cc = p2 ? cg * 64 - gn.CA : cg * 64;
             St S;
             S.cs = cs;
-            S.p = (p2 ? gn.x2 : x) + ((((i64)c.n * D + dd) * H + gh0) * W + gw0) * cs + cc + c4 * 8;
-            S.t0 = (c.n * CI + cg * 64 + c4 * 8) >> 1;
+            if constexpr (UP == 1) {
+                // sample n's voxel 0 of x and the group's channels; the plane and corner apart
+                S.p = x + (i64)c.n * (D >> 1) * (H >> 1) * (W >> 1) * CI + cg * 64;
+                S.t0 = (c.h0 << 16) | c.w0;
+                S.dd = dd;
+            } else {
+                S.p = (p2 ? gn.x2 : x) + ((((i64)c.n * D + dd) * H + gh0) * W + gw0) * cs + cc + c4 * 8;
+                S.t0 = (c.n * CI + cg * 64 + c4 * 8) >> 1;
+            }
             S.in = 0u;
 #pragma unroll
             for (int m = 0; m < WM_NV; m++) {
@@ -339,18 +486,21 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
             return S;
         };
         auto load = [&](const St& S, int buf) {
+            if constexpr (UP != 1) {  // UP == 1: computed in xform
 #pragma unroll
-            for (int jc = 0; jc < WM_CPT; jc++) {
-                const int m = jc >> 2, c = jc & 3, r = r0 + 64 * m;
-                if (m == WM_NV - 1 && r >= WM_PL) continue;
-                const int hh = r / WM_PW, ww = r - hh * WM_PW;
-                const bool ok = (S.in >> m) & 1u;
-                const u32 row = sbase + buf * WM_STAGE + r * 128;
-                wm_cp16(row + (((c4 + c) ^ ((row >> 7) & 7)) << 4), ok ? S.p + (hh * W + ww) * S.cs + c * 8 : x, ok);
+                for (int jc = 0; jc < WM_CPT; jc++) {
+                    const int m = jc >> 2, c = jc & 3, r = r0 + 64 * m;
+                    if (m == WM_NV - 1 && r >= WM_PL) continue;
+                    const int hh = r / WM_PW, ww = r - hh * WM_PW;
+                    const bool ok = (S.in >> m) & 1u;
+                    const u32 row = sbase + buf * WM_STAGE + r * 128;
+                    wm_cp16(row + (((c4 + c) ^ ((row >> 7) & 7)) << 4), ok ? S.p + (hh * W + ww) * S.cs + c * 8 : x, ok);
+                }
+                wm_cp_commit();
             }
-            wm_cp_commit();
         };
         auto xform = [&](const St& S, int buf) {
+            if constexpr (UP == 1) up_stage(S.p, S.dd, S.t0, sbase + buf * WM_STAGE, t, CI, D, H, W);
             if (xf) {
                 // this thread's 32 channels are the same in every halo voxel it copied: their (sc, sh)
                 // in registers for the stage; a voxel's four chunks at once (independent chains)
@@ -584,11 +734,23 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
                 }
             }
         };
+        // with UP == 2 (the window of planes): the u tile of each of the item's own planes, after
+        // its stage's copies are issued
+        auto upw = [&]() {
+            if constexpr (UP == 2) {
+                if (reuse && lp >= lc.c.d0 && lp < lc.c.d1) {
+                    const i64 sv = (i64)lc.c.n * D * H * W;
+                    up_tile(wu.x + (sv >> 3) * CO + ms * 64, wu.u + sv * CO + ms * 64, lp, lc.c.h0, lc.c.w0, t, CO, D,
+                            H, W);
+                }
+            }
+        };
         St prev = cur();
         bool pcomp = false;
         Pl pinf = info(pcomp);
         Dy pdy = dyinfo();
         load(prev, 0);
+        upw();
         adv();
         int s = 1;
         for (; lc.live; s++) {
@@ -603,6 +765,7 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
             pinf = info(pcomp);
             pdy = dyinfo();
             load(prev, buf);
+            upw();
             adv();
         }
         wm_cp_wait<0>();
@@ -803,7 +966,9 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
 // the entry points (one profiler category each): grid (persistent items, CO / 64), block 256,
 // dynamic shared memory WM_SMEM; b may be null; with accum the sums are added to z (a tensor of
 // y's shape: conv + b + z) or, z null, to y itself; reuse: the window of input planes (64 input
-// channels)
+// channels). UP (conv3d_wgmma_fwd_up): x is (N, D/2, H/2, W/2, CI) and the conv's input its
+// trilinear doubling (the U-Net's Upsample), computed by the producer into each stage (up_stage)
+// instead of copied, so the doubled volume is never stored; D, H, W even
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WM_BODY wgmma_conv_body(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{}, reuse)
 #else
@@ -817,6 +982,27 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
     }
 WGMMA_ENTRY(conv3d_wgmma_fwd)
 WGMMA_ENTRY(conv3d_wgmma_dgrad)
+// the forward over the doubling of x (x: (N, D/2, H/2, W/2, CI)): the Upsample's conv; grid, block
+// and shared memory as conv3d_wgmma_fwd
+extern "C" __global__ void __launch_bounds__(256, 1)
+    conv3d_wgmma_fwd_up(const bf16* x, const uint4* wp, const float* b, bf16* y, const bf16* z, int N, int CI,
+                        int CO, int D, int H, int W, int DC, int accum, int reuse) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    wgmma_conv_body<1, WM_NS, 1>(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{}, reuse);
+#endif
+}
+// The Upsample conv's data gradient (as conv3d_wgmma_dgrad: x = dy with CI = 64 channels, the window
+// of planes, y = dx overwritten; grid, block and shared memory the same) whose producer also
+// writes u, the trilinear doubling of xs (N, D/2, H/2, W/2, CO), at the tiles of its output
+// (up_tile, after each own plane's copies): the conv's input, which its weight gradient reads
+// next, without a separate upsampling pass (the producer waits for free stages most of the time)
+extern "C" __global__ void __launch_bounds__(256, 1)
+    conv3d_wgmma_dgrad_up(const bf16* x, const uint4* wp, const float* b, bf16* y, const bf16* z, int N, int CI,
+                          int CO, int D, int H, int W, int DC, int accum, int reuse, const bf16* xs, bf16* u) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    wgmma_conv_body<1, WM_NS, 2>(x, wp, b, y, z, N, CI, CO, D, H, W, DC, accum, WmGn{}, reuse, WmGb{}, WmUp{xs, u});
+#endif
+}
 // The data gradient with a result of 128k channels: two MMA warpgroups a block, each one of the two
 // 64-channel slices of blockIdx.y (grid (items, CO / 128)), on the same staged dy planes (loaded
 // once for both, against once per slice), a ring of three stages (the two warpgroups' staging rows

@@ -338,7 +338,7 @@ pub(crate) struct ConvCache {
     /// against cuDNN on first use of a shape and direction. `MEDDPM_WGMMA=0/1`.
     pub(crate) force_wgmma: Option<bool>,
     /// Per (shape, direction, accumulated): whether `conv3d_wgmma_*` timed faster than cuDNN.
-    wgmma: HashMap<(ConvShape, Dir, bool), bool>,
+    wgmma: HashMap<(ConvShape, Dir, bool, bool), bool>,
     /// Convolutions (forward or data gradient) `conv3d_wgmma_*` computed, timing runs aside (tests).
     pub(crate) wgmma_runs: u64,
     /// The ResBlocks' GroupNorm+SiLU → conv as `conv3d_wgmma_fwd_gn` where the conv runs on
@@ -395,6 +395,14 @@ pub(crate) struct ConvCache {
     pub(crate) dgrad_gn: bool,
     /// Data gradients that took the sums (tests).
     pub(crate) dgrad_gn_runs: u64,
+    /// The Upsample's conv, where our wgmma kernels run it, computes the trilinear doubling of its
+    /// input in the forward's producer and writes it in the data gradient's for the weight
+    /// gradient (true, the default: `conv3d_wgmma_fwd_up` / `_dgrad_up`,
+    /// `Backend::upsample_conv3d_forward` / `_backward`) or reads it from an upsampling pass
+    /// (`MEDDPM_UP_CONV=0`, A/B benchmarks and tests).
+    pub(crate) up_conv: bool,
+    /// Calls of `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up` (tests).
+    pub(crate) up_conv_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel; absent where
@@ -515,6 +523,8 @@ impl ConvCache {
             res_fold_runs: 0,
             dgrad_gn: std::env::var("MEDDPM_DGRAD_GN").map_or(true, |v| v != "0"),
             dgrad_gn_runs: 0,
+            up_conv: std::env::var("MEDDPM_UP_CONV").map_or(true, |v| v != "0"),
+            up_conv_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),
@@ -1069,9 +1079,25 @@ fn wgmma_decided(
     (dir, add): (Dir, bool),
     worth: bool,
     len: usize,
+    run: impl FnMut(&mut ConvCache, bool, u64),
+) -> bool {
+    timed_choice(dev, cache, cs, (dir, add, false), worth, len, run)
+}
+
+/// [`wgmma_decided`]'s timing and caches, for our plain kernel (`up` false) or for the Upsample
+/// conv's kernels that compute or write the doubled input (`up`: `run` times them against the
+/// upsampling pass plus cuDNN; their own choice, "wgmma_up" in the disk cache).
+#[allow(clippy::too_many_arguments)]
+fn timed_choice(
+    dev: &Device,
+    cache: &mut ConvCache,
+    cs: ConvShape,
+    (dir, add, up): (Dir, bool, bool),
+    worth: bool,
+    len: usize,
     mut run: impl FnMut(&mut ConvCache, bool, u64),
 ) -> bool {
-    if let Some(f) = cache.force_wgmma.or_else(|| cache.wgmma.get(&(cs, dir, add)).copied()) {
+    if let Some(f) = cache.force_wgmma.or_else(|| cache.wgmma.get(&(cs, dir, add, up)).copied()) {
         return f;
     }
     if !worth {
@@ -1079,11 +1105,18 @@ fn wgmma_decided(
     }
     // the data gradients `conv3d_wgmma_dgrad2` computes are their own choice (A/B)
     let dual = dir == Dir::BwdData && crate::conv_wgmma::dual_fits(cs.x.c, cache.wgmma_dual);
-    let k = choice_key(if dual { "wgmma2" } else { "wgmma" }, dir, &cs, (cache.layout, cache.precision), add);
+    let kind = if up {
+        "wgmma_up"
+    } else if dual {
+        "wgmma2"
+    } else {
+        "wgmma"
+    };
+    let k = choice_key(kind, dir, &cs, (cache.layout, cache.precision), add);
     if let Some(on) = cache.disk_choice(&k) {
         if conv_log() {
             eprintln!(
-                "meddpm-cuda conv {} -> {} k{} s{} {dir:?}{}: conv3d_wgmma {} (timed by an earlier process, disk cache)",
+                "meddpm-cuda conv {} -> {} k{} s{} {dir:?}{}: {kind} {} (timed by an earlier process, disk cache)",
                 cs.x,
                 cs.cout,
                 cs.k,
@@ -1092,7 +1125,7 @@ fn wgmma_decided(
                 if on { "kept" } else { "not kept" }
             );
         }
-        cache.wgmma.insert((cs, dir, add), on);
+        cache.wgmma.insert((cs, dir, add, up), on);
         return on;
     }
     let mut tmp = dev.alloc(len, DType::Bf16).unwrap_or_else(|e| panic!("{e}"));
@@ -1103,7 +1136,7 @@ fn wgmma_decided(
     let on = t[1] < t[0];
     if conv_log() {
         eprintln!(
-            "meddpm-cuda conv {} -> {} k{} s{} {dir:?}{}: conv3d_wgmma {:.3} ms, cuDNN {:.3} ms",
+            "meddpm-cuda conv {} -> {} k{} s{} {dir:?}{}: {kind} {:.3} ms, cuDNN {:.3} ms",
             cs.x,
             cs.cout,
             cs.k,
@@ -1113,7 +1146,7 @@ fn wgmma_decided(
             t[0]
         );
     }
-    cache.wgmma.insert((cs, dir, add), on);
+    cache.wgmma.insert((cs, dir, add, up), on);
     cache.remember_choice(k, on);
     on
 }
@@ -1183,6 +1216,124 @@ fn wgmma_fwd_chosen(
             run_forward_beta(dev, cache, a, cs, xp, wc, tp, if add { 1.0 } else { 0.0 });
         }
     })
+}
+
+/// `Backend::upsample_conv3d_forward`: out = conv(up(x), w) (+ b), x of dims `xd`, `cs.x` its
+/// trilinear doubling. `conv3d_wgmma_fwd_up` computes the doubling in its producer (`u` stays
+/// unwritten) where `conv3d_wgmma` fits `cs`, `ConvCache::up_conv` is on and the first-use timing
+/// keeps it (its own choice: the fused kernel against the upsampling pass and cuDNN's conv; a
+/// shape shared with the ResBlocks' convs is timed apart from them); else x is doubled into `u`
+/// and [`forward`] runs on it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn upsample_forward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    out: &mut GpuBuf,
+    u: &mut GpuBuf,
+    x: &GpuBuf,
+    xd: meddpm::Dims,
+    w: &GpuBuf,
+    b: Option<&GpuBuf>,
+    cs: ConvShape,
+) {
+    assert_eq!(cs.x, xd.up2(), "upsample conv: its input {} is not the doubling of {xd}", cs.x);
+    let cl = cache.layout == Layout::Ndhwc;
+    let bf = cache.precision == Precision::Bf16 && [x, &*u, &*out].iter().all(|t| t.dtype() == DType::Bf16);
+    if cache.up_conv && crate::conv_wgmma::fwd_fits(dev, cs, cl, bf) {
+        check_lens(cs, u.len(), w.len(), out.len(), b.map_or(cs.cout, |b| b.len()));
+        assert_eq!(x.len(), xd.numel(), "upsample conv: x length vs {xd}");
+        let (xp, wp, wbf, reuse) = (dev.ptr(x), dev.ptr(w), w.dtype() == DType::Bf16, cache.wgmma_reuse);
+        let worth = crate::conv_wgmma::worth(dev, cs.out(), cs.cout);
+        let up = dev.ptr_mut(u);
+        let ours = timed_choice(dev, cache, cs, (Dir::Fwd, false, true), worth, out.len(), |cache, ours, tp| {
+            if ours {
+                crate::conv_wgmma::run_up(dev, (xp, wp, 0, tp), wbf, cs.x, cs.cout, reuse, T_WPF);
+            } else {
+                crate::upsample::forward_ptrs(dev, (up, xp), xd, cl, true);
+                let wc = operand(dev, w, DType::Bf16, T_W);
+                // cudnnFind (first use) writes its output: here the scratch
+                let a = cache.algo(dev, Dir::Fwd, cs, up, wc, tp);
+                run_forward_beta(dev, cache, a, cs, up, wc, tp, 0.0);
+            }
+        });
+        if ours {
+            if let Some(b) = b {
+                require_f32("conv3d bias", &[b]);
+            }
+            *cache.fwd_calls.entry(cs).or_insert(0) += 1;
+            let ptrs = (xp, wp, b.map_or(0, |b| dev.ptr(b)), dev.ptr_mut(out));
+            crate::conv_wgmma::run_up(dev, ptrs, wbf, cs.x, cs.cout, reuse, T_WPF);
+            cache.wgmma_runs += 1;
+            cache.up_conv_runs += 1;
+            return;
+        }
+    }
+    crate::upsample::forward(dev, u, x, xd, cl);
+    forward(dev, cache, (out, Accum::Overwrite), u, w, b, cs);
+}
+
+/// `Backend::upsample_conv3d_backward`: du (overwritten) = the data gradient, dw += and db += the
+/// weight and bias gradients of the conv over up(x) (`cs.x` the doubling of `xd`). Where
+/// `conv3d_wgmma` fits the data gradient with the window of planes (64 channels of dout, one
+/// slice a block), `ConvCache::up_conv` is on and the first-use timing keeps it (against the
+/// upsampling pass and cuDNN's data gradient), `conv3d_wgmma_dgrad_up` computes du and writes the
+/// doubling into `u` beside it, and the weight gradient reads `u`; else x is doubled into `u` and
+/// [`backward`] runs on it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn upsample_backward(
+    dev: &Device,
+    cache: &mut ConvCache,
+    du: &mut GpuBuf,
+    u: &mut GpuBuf,
+    dw: &mut GpuBuf,
+    db: Option<&mut GpuBuf>,
+    dout: &GpuBuf,
+    x: &GpuBuf,
+    xd: meddpm::Dims,
+    w: &GpuBuf,
+    cs: ConvShape,
+) {
+    assert_eq!(cs.x, xd.up2(), "upsample conv backward: its input {} is not the doubling of {xd}", cs.x);
+    let cl = cache.layout == Layout::Ndhwc;
+    let cdt = compute_type(cache.precision);
+    let yd = cs.out();
+    let bf = cdt == DType::Bf16 && [x, &*u, &*du, dout].iter().all(|t| t.dtype() == DType::Bf16);
+    if cache.up_conv
+        && bf
+        && yd.c == 64
+        && cache.wgmma_reuse
+        && !crate::conv_wgmma::dual_fits(cs.x.c, cache.wgmma_dual)
+        && crate::conv_wgmma::fits(dev, yd, cs.k, cs.stride, cs.x.c, cl, true)
+    {
+        check_lens(cs, u.len(), w.len(), dout.len(), cs.cout);
+        assert!(du.len() == u.len() && x.len() == xd.numel(), "upsample conv backward: du / x lengths vs {xd}");
+        assert_eq!(dw.len(), cs.w_len(), "conv3d backward: dw length");
+        require_f32("conv3d backward: dw", &[dw]);
+        let (dyp, wp, wbf, xp, up) = (dev.ptr(dout), dev.ptr(w), w.dtype() == DType::Bf16, dev.ptr(x), dev.ptr_mut(u));
+        let worth = crate::conv_wgmma::worth(dev, cs.x, cs.x.c);
+        let ours = timed_choice(dev, cache, cs, (Dir::BwdData, false, true), worth, du.len(), |cache, ours, tp| {
+            if ours {
+                crate::conv_wgmma::run_dgrad_up(dev, (dyp, wp, tp), wbf, yd, cs.x.c, (xp, up), T_WPD);
+            } else {
+                cudnn_dgrad(dev, cache, tp, DType::Bf16, Accum::Overwrite, w, dyp, cs);
+                crate::upsample::forward_ptrs(dev, (up, xp), xd, cl, true);
+            }
+        });
+        if ours {
+            if let Some(db) = db {
+                require_f32("conv3d backward: db", &[db]);
+                let to = crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db));
+                crate::elementwise::channel_sums(dev, dout, yd, cl, to);
+            }
+            crate::conv_wgmma::run_dgrad_up(dev, (dyp, wp, dev.ptr_mut(du)), wbf, yd, cs.x.c, (xp, up), T_WPD);
+            cache.wgmma_runs += 1;
+            cache.up_conv_runs += 1;
+            weight_grad(dev, cache, dw, up, dyp, cs, (cl, cache.mma_on()));
+            return;
+        }
+    }
+    crate::upsample::forward(dev, u, x, xd, cl);
+    backward(dev, cache, Some((du, Accum::Overwrite)), dw, db, dout, u, w, cs);
 }
 
 /// Whether [`gn_wgmma_forward`] computes the GroupNorm+SiLU → conv `cs` (accumulated or with a
@@ -1306,13 +1457,35 @@ pub(crate) fn gn_wgmma_forward(
     let wbf = w.dtype() == DType::Bf16;
     match ystats {
         None => {
-            crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), (reuse, false), T_WPF);
+            crate::conv_wgmma::run_gn(
+                dev,
+                ptrs,
+                wbf,
+                x,
+                cs.cout,
+                acc,
+                false,
+                Some(gn),
+                (reuse, false, crate::conv_wgmma::Up::No),
+                T_WPF,
+            );
         }
         Some((ym, yr, yoff, yg)) => {
             let items = crate::conv_wgmma::items(dev, x);
             let part = dev.scratch(items * cs.cout * 3);
             let gn = crate::conv_wgmma::GnPro { ys: dev.ptr(&*part), ..gn };
-            crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), (reuse, false), T_WPF);
+            crate::conv_wgmma::run_gn(
+                dev,
+                ptrs,
+                wbf,
+                x,
+                cs.cout,
+                acc,
+                false,
+                Some(gn),
+                (reuse, false, crate::conv_wgmma::Up::No),
+                T_WPF,
+            );
             let od = cs.out();
             crate::groupnorm::finalize_stats_counted(dev, dev.ptr(&*part), yoff, (ym, yr), od, yg, items / x.n);
             cache.wgmma_ystats_runs += 1;
@@ -2325,7 +2498,24 @@ pub(crate) fn backward(
     let cdt = compute_type(cache.precision);
     let (xp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, dout, cdt, T_DY));
     let ly = (cl, cache.mma_on());
+    weight_grad(dev, cache, dw, xp, dyp, cs, ly);
+    if let Some(d) = dinp {
+        data_grad(dev, cache, d, dyp, cdt, w, cs, ly);
+    }
+}
 
+/// dw += the weight gradient from x and dy (device addresses, both in the compute type): our
+/// few-channel kernels, `conv3d_wgmma_wgrad(_tf32)` or cuDNN, as chosen for `cs`.
+fn weight_grad(
+    dev: &Device,
+    cache: &mut ConvCache,
+    dw: &mut GpuBuf,
+    xp: u64,
+    dyp: u64,
+    cs: ConvShape,
+    ly: (bool, bool),
+) {
+    let cdt = compute_type(cache.precision);
     if small_cout_wgrad(cs, cdt) {
         wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, ly);
     } else if small_cin_wgrad(cs, cdt, ly) {
@@ -2336,9 +2526,6 @@ pub(crate) fn backward(
         cache.wgmma_wgrad_runs += 1;
     } else {
         cudnn_wgrad(dev, cache, dev.ptr_mut(dw), xp, dyp, cs);
-    }
-    if let Some(d) = dinp {
-        data_grad(dev, cache, d, dyp, cdt, w, cs, ly);
     }
 }
 

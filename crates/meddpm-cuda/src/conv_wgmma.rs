@@ -73,7 +73,54 @@ pub(crate) fn run(
     reuse: bool,
     slot: u8,
 ) {
-    run_gn(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, None, (reuse, false), slot);
+    run_gn(dev, (xp, wp, bp, yp, zp), wbf, x, co, acc, tw, None, (reuse, false, Up::No), slot);
+}
+
+/// The Upsample conv's side of [`run_gn`]: none, the forward over the doubling of its input
+/// ([`run_up`]), or the data gradient that also writes the doubling ([`run_dgrad_up`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Up {
+    No,
+    Fwd,
+    /// (x, u): the half-resolution input and the doubled volume written
+    Dgrad(u64, u64),
+}
+
+/// [`run`]'s forward over the trilinear doubling of the volume at `xp` (`conv3d_wgmma_fwd_up`, the
+/// U-Net's Upsample conv: its producer computes each input stage from x, so the doubled volume is
+/// never stored): `x` is the conv's input volume, the doubled one (even extents), and `xp` holds
+/// (x.n, x.d / 2, x.h / 2, x.w / 2, x.c); overwrites y.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_up(
+    dev: &Device,
+    (xp, wp, bp, yp): (u64, u64, u64, u64),
+    wbf: bool,
+    x: Dims,
+    co: usize,
+    reuse: bool,
+    slot: u8,
+) {
+    assert!([x.d, x.h, x.w].iter().all(|v| v.is_multiple_of(2)), "conv3d_wgmma_fwd_up: {x} is not a doubled volume");
+    run_gn(dev, (xp, wp, bp, yp, 0), wbf, x, co, Accum::Overwrite, false, None, (reuse, false, Up::Fwd), slot);
+}
+
+/// [`run_dgrad`] of the Upsample's conv (`conv3d_wgmma_dgrad_up`): dx (at `dxp`, overwritten, the
+/// doubled volume's `co` channels) from dy (at `dyp`, volume `y` of 64 channels: the window of
+/// planes), whose producer also writes u (at `up`; (y.n, y.d, y.h, y.w, co)), the trilinear
+/// doubling of x (at `xp`; (y.n, y.d / 2, y.h / 2, y.w / 2, co)), the conv's input that its weight
+/// gradient reads next.
+pub(crate) fn run_dgrad_up(
+    dev: &Device,
+    (dyp, wp, dxp): (u64, u64, u64),
+    wbf: bool,
+    y: Dims,
+    co: usize,
+    (xp, up): (u64, u64),
+    slot: u8,
+) {
+    assert!(y.c == 64 && [y.d, y.h, y.w].iter().all(|v| v.is_multiple_of(2)), "conv3d_wgmma_dgrad_up: dy {y}");
+    let ptrs = (dyp, wp, 0, dxp, 0);
+    run_gn(dev, ptrs, wbf, y, co, Accum::Overwrite, true, None, (true, false, Up::Dgrad(xp, up)), slot);
 }
 
 /// [`run`] for the data gradient (`tw`); with `dual` and a result of 128k channels (`co`) on
@@ -90,12 +137,13 @@ pub(crate) fn run_dgrad(
     (reuse, dual): (bool, bool),
     slot: u8,
 ) -> bool {
-    run_gn(dev, ptrs, wbf, x, co, acc, true, None, (reuse, dual), slot)
+    run_gn(dev, ptrs, wbf, x, co, acc, true, None, (reuse, dual, Up::No), slot)
 }
 
 /// [`run`], and with `gn` the forward of silu(GN(x + off)) (`conv3d_wgmma_fwd_gn`: the
 /// GroupNorm+SiLU applied to each staged input plane in shared memory, never stored); with `dual`
-/// [`run_dgrad`]'s choice of `conv3d_wgmma_dgrad2`. Returns whether that ran.
+/// [`run_dgrad`]'s choice of `conv3d_wgmma_dgrad2`; with `up` the Upsample conv's kernels
+/// ([`run_up`], [`run_dgrad_up`]). Returns whether `conv3d_wgmma_dgrad2` ran.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_gn(
     dev: &Device,
@@ -106,11 +154,16 @@ pub(crate) fn run_gn(
     acc: Accum,
     tw: bool,
     gn: Option<GnPro>,
-    (reuse, dual): (bool, bool),
+    (reuse, dual, up): (bool, bool, Up),
     slot: u8,
 ) -> bool {
     use Arg::{I, P};
     assert!(!(tw && gn.is_some()), "conv3d_wgmma: the GroupNorm prologue is a forward's");
+    assert!(up == Up::No || gn.is_none(), "conv3d_wgmma: the Upsample's kernels have no GroupNorm prologue");
+    assert!(
+        matches!((up, tw), (Up::No, _) | (Up::Fwd, false) | (Up::Dgrad(..), true)),
+        "conv3d_wgmma: Upsample kernel"
+    );
     let ci = x.c;
     let packed = pack(dev, wp, wbf, ci, co, tw, slot);
     let (dc, grid) = crate::conv3d::col_items(x, dev.info.sms as usize, TILE);
@@ -139,13 +192,28 @@ pub(crate) fn run_gn(
         }
         None => {
             args.push(I(reuse as i32));
+            if let Up::Dgrad(xs, u) = up {
+                args.extend([P(xs), P(u)]);
+                let grid = (grid as u32, (co / 64) as u32, 1);
+                dev.launch_shared("conv3d_wgmma_dgrad_up", grid, (256, 1, 1), SMEM, &args);
+                return false;
+            }
             if tw && dual_fits(co, dual) {
                 // two MMA warpgroups, one a 64-channel slice, on the same staged planes
                 let grid = (grid as u32, (co / 128) as u32, 1);
                 dev.launch_shared("conv3d_wgmma_dgrad2", grid, (384, 1, 1), DUAL_SMEM, &args);
                 return true;
             }
-            (if tw { "conv3d_wgmma_dgrad" } else { "conv3d_wgmma_fwd" }, SMEM)
+            (
+                if tw {
+                    "conv3d_wgmma_dgrad"
+                } else if up == Up::Fwd {
+                    "conv3d_wgmma_fwd_up"
+                } else {
+                    "conv3d_wgmma_fwd"
+                },
+                SMEM,
+            )
         }
     };
     // a producer warpgroup beside the MMA warpgroup

@@ -140,6 +140,8 @@ pub(crate) const KERNEL_NAMES: &[&str] = &[
     "conv3d_fwd_gn_small_cout",
     "conv3d_wgmma_fwd",
     "conv3d_wgmma_fwd_gn",
+    "conv3d_wgmma_fwd_up",
+    "conv3d_wgmma_dgrad_up",
     "conv3d_wgmma_dgrad",
     "conv3d_wgmma_dgrad2",
     "conv3d_wgmma_dgrad_gnb",

@@ -422,6 +422,19 @@ impl CudaBackend {
         self.cache().dgrad_gn_runs
     }
 
+    /// The Upsample's conv, where our wgmma kernels run it, computes the trilinear doubling in the
+    /// forward's producer and writes it in the data gradient's (true, the default:
+    /// `conv3d_wgmma_fwd_up`, `conv3d_wgmma_dgrad_up`) or reads it from an upsampling pass
+    /// (false). For tests and benchmarks; `MEDDPM_UP_CONV=0` sets false at start-up.
+    pub fn set_up_conv(&self, on: bool) {
+        self.cache().up_conv = on;
+    }
+
+    /// Calls of `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up` so far.
+    pub fn up_conv_runs(&self) -> u64 {
+        self.cache().up_conv_runs
+    }
+
     /// Calls of `gn_bwd_apply_split_skip` so far.
     pub fn skip_apply_runs(&self) -> u64 {
         self.cache().skip_apply_runs
@@ -1400,6 +1413,40 @@ impl Backend for CudaBackend {
     }
     fn upsample_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, x: Dims) {
         upsample::backward(&self.dev, dinp, dout, x, self.cl());
+    }
+    /// The doubling in the conv's producer where our wgmma forward runs the conv
+    /// (`conv3d_wgmma_fwd_up`, `u` unwritten); elsewhere the trait's two calls.
+    #[allow(clippy::too_many_arguments)]
+    fn upsample_conv3d_forward(
+        &self,
+        out: &mut Self::Buf,
+        u: &mut Self::Buf,
+        x: &Self::Buf,
+        xd: Dims,
+        w: &Self::Buf,
+        b: Option<&Self::Buf>,
+        cs: ConvShape,
+    ) {
+        let mut cache = self.cache();
+        conv3d::upsample_forward(&self.dev, &mut cache, out, u, x, xd, w, b, cs);
+    }
+    /// The doubling written by the data gradient where our wgmma kernel runs it
+    /// (`conv3d_wgmma_dgrad_up`); elsewhere the trait's two calls.
+    #[allow(clippy::too_many_arguments)]
+    fn upsample_conv3d_backward(
+        &self,
+        du: &mut Self::Buf,
+        u: &mut Self::Buf,
+        dw: &mut Self::Buf,
+        db: Option<&mut Self::Buf>,
+        dout: &Self::Buf,
+        x: &Self::Buf,
+        xd: Dims,
+        w: &Self::Buf,
+        cs: ConvShape,
+    ) {
+        let mut cache = self.cache();
+        conv3d::upsample_backward(&self.dev, &mut cache, du, u, dw, db, dout, x, xd, w, cs);
     }
 
     fn add_assign(&self, dst: &mut Self::Buf, src: &Self::Buf) {

@@ -34,13 +34,19 @@ pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl:
         inp.len(),
         out.len()
     );
-    let total = x.up2().numel();
     let bf = same_bf("upsample_forward", &[out, inp]);
+    forward_ptrs(dev, (dev.ptr_mut(out), dev.ptr(inp)), x, cl, bf == 1);
+}
+
+/// [`forward`] on device addresses (out of `x.up2()`'s, inp of `x`'s elements, both bf16 or both
+/// f32 per `bf`): the Upsample conv's first-use timing runs it on its scratch.
+pub(crate) fn forward_ptrs(dev: &Device, (op_, ip): (u64, u64), x: Dims, cl: bool, bf: bool) {
+    let total = x.up2().numel();
+    let bf = bf as i32;
     if cl {
         let v = row_vec(x, true, bf);
         if let Some(smem) = quad_smem(x, v) {
             // one block per 2 × 2 output rows (a source row's), separable through shared memory
-            let (op_, ip) = (dev.ptr_mut(out), dev.ptr(inp));
             let dims = [x.c, x.d, x.h, x.w].map(|d| I(d as i32));
             let args = [P(op_), P(ip), dims[0], dims[1], dims[2], dims[3], I(bf), I(v as i32)];
             let grid = ((x.n * x.d * x.h) as u32, 1, 1);
@@ -48,7 +54,6 @@ pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl:
         }
         // channels-last: each thread interpolates V channels of one voxel (16-byte accesses)
         let (grid, block) = row_launch(dev, x.up2(), v, true);
-        let (op_, ip) = (dev.ptr_mut(out), dev.ptr(inp));
         let args = [P(op_), P(ip), I(x.c as i32), I(x.d as i32), I(x.h as i32), I(x.w as i32), I(bf), I(v as i32)];
         return dev.launch("upsample_fwd_cl", grid, block, &args);
     }
@@ -56,8 +61,8 @@ pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl:
         "upsample_fwd",
         total,
         &[
-            P(dev.ptr_mut(out)),
-            P(dev.ptr(inp)),
+            P(op_),
+            P(ip),
             I(x.c as i32),
             I(x.d as i32),
             I(x.h as i32),

@@ -1452,6 +1452,147 @@ fn upsample_bf16_parity() {
     }
 }
 
+/// The Upsample's conv with the trilinear doubling computed in the wgmma forward's producer
+/// (`conv3d_wgmma_fwd_up`, `upsample_conv3d_forward`, conv3d_wgmma forced on) against the CPU's
+/// two calls (tolerance `BF`) and against the GPU's own two calls (`set_up_conv(false)`: the
+/// upsampling pass, then the plain kernel on the doubled volume): the producer evaluates
+/// upsample_fwd_quad's arithmetic in its order, so the two agree bit for bit. Cases: tiles cut by H and W (34 × 10 planes: 32 + 2, 8 + 2), the
+/// window of input planes (64 channels), batch 2; 128 input and output channels (two channel
+/// groups a plane, two output slices), W not a multiple of the tile; a two-plane volume (D / 2 =
+/// 1: both planes blend the same source plane); with and without a bias. The scratch `u` stays
+/// unwritten (no upsampling pass ran), the run counter proves the kernel ran; an NCDHW backend
+/// takes the two calls.
+#[test]
+fn wgmma_up_conv_bf16_parity() {
+    let Some(gs) = gpus() else { return };
+    let cpu = CpuBackend::bf16();
+    let cases = [
+        (Dims::new(2, 64, 3, 17, 5), 64, true),
+        (Dims::new(1, 128, 2, 9, 13), 128, false),
+        (Dims::new(1, 64, 1, 3, 4), 64, true),
+    ];
+    for g in &gs {
+        g.set_wgmma(Some(true));
+        for (i, &(xd, co, bias)) in cases.iter().enumerate() {
+            let ud = xd.up2();
+            let cs = ConvShape::new(ud, co, 3, 1);
+            let seed = 8100 + 10 * i as u64;
+            let o = cs.out();
+            let wshape = [co, xd.c, 3, 3, 3];
+            let x = rb(&rnd(xd.numel(), seed, 1.0));
+            let w = rnd(cs.w_len(), seed + 1, 1.0 / ((xd.c * 27) as f32).sqrt());
+            let b = rnd(co, seed + 2, 0.5);
+            let (xg, wg, bg) = (act(g, &x, xd), param(g, &w, &wshape), raw(g, &b));
+            let tag = format!("up conv {xd} -> {co}{} [{}]", if bias { " + b" } else { "" }, name(g));
+            let mut want = vec![0f32; o.numel()];
+            let mut uc = vec![0f32; ud.numel()];
+            cpu.upsample_conv3d_forward(&mut want, &mut uc, &x, xd, &w, bias.then_some(&b), cs);
+            // fused: u keeps what it held
+            let sentinel = vec![3.0f32; ud.numel()];
+            let mut ug = act(g, &sentinel, ud);
+            let mut yf = g.alloc_act(o.numel()).unwrap();
+            let runs = g.up_conv_runs();
+            g.upsample_conv3d_forward(&mut yf, &mut ug, &xg, xd, &wg, bias.then_some(&bg), cs);
+            let fused = g.up_conv_runs() - runs;
+            let got = get_act(g, &yf, o);
+            check(&format!("{tag} y"), &got, &want, BF);
+            if g.layout() == Layout::Ncdhw || fused == 0 {
+                assert_eq!(fused, 0, "{tag}: an NCDHW backend ran conv3d_wgmma_fwd_up");
+                check(&format!("{tag} u"), &get_act(g, &ug, ud), &uc, BF);
+                if g.layout() == Layout::Ndhwc {
+                    println!("skipped: conv3d_wgmma_fwd_up needs an sm_90 GPU ({})", name(g));
+                }
+                continue;
+            }
+            assert_eq!(fused, 1, "{tag}: one conv3d_wgmma_fwd_up run");
+            assert!(get_act(g, &ug, ud).iter().all(|&v| v == 3.0), "{tag}: the fused conv wrote u");
+            // the two calls on the same GPU
+            g.set_up_conv(false);
+            let mut yu = g.alloc_act(o.numel()).unwrap();
+            g.upsample_conv3d_forward(&mut yu, &mut ug, &xg, xd, &wg, bias.then_some(&bg), cs);
+            g.set_up_conv(true);
+            assert_eq!(g.up_conv_runs() - runs, 1, "{tag}: set_up_conv(false) ran conv3d_wgmma_fwd_up");
+            check(&format!("{tag} u (two calls)"), &get_act(g, &ug, ud), &uc, BF);
+            let two = get_act(g, &yu, o);
+            check(&format!("{tag} y vs two calls"), &got, &two, BF);
+            let differ = got.iter().zip(&two).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{tag}: outputs that differ from the two calls' bits");
+        }
+        g.set_wgmma(None);
+    }
+}
+
+/// The Upsample conv's backward with the doubled input written by the data gradient's producer
+/// (`conv3d_wgmma_dgrad_up`, `upsample_conv3d_backward`, conv3d_wgmma forced on; 64 channels of
+/// dout, the window of planes): du, the doubling in `u`, dW and db (added onto values) against
+/// the CPU's two calls (tolerance `BF`) and against the GPU's own (`set_up_conv(false)`: the
+/// upsampling pass, then the plain data and weight gradients) bit for bit (the same data gradient
+/// arithmetic; u as upsample_fwd_quad stores it, so the same weight gradient).
+/// Cases as `wgmma_up_conv_bf16_parity`'s; 128 output channels (dout of 128: no window) take the
+/// two calls, as does an NCDHW backend.
+#[test]
+fn wgmma_up_conv_backward_bf16_parity() {
+    let Some(gs) = gpus() else { return };
+    let cpu = CpuBackend::bf16();
+    let cases = [(Dims::new(2, 64, 3, 17, 5), 64), (Dims::new(1, 128, 2, 9, 13), 128), (Dims::new(1, 64, 1, 3, 4), 64)];
+    for g in &gs {
+        g.set_wgmma(Some(true));
+        for (i, &(xd, co)) in cases.iter().enumerate() {
+            let ud = xd.up2();
+            let cs = ConvShape::new(ud, co, 3, 1);
+            let seed = 8200 + 10 * i as u64;
+            let o = cs.out();
+            let wshape = [co, xd.c, 3, 3, 3];
+            let x = rb(&rnd(xd.numel(), seed, 1.0));
+            let w = rnd(cs.w_len(), seed + 1, 1.0 / ((xd.c * 27) as f32).sqrt());
+            let dy = rb(&rnd(o.numel(), seed + 2, 1.0));
+            let dw0 = rnd(cs.w_len(), seed + 3, 5.0);
+            let db0 = rnd(co, seed + 4, 5.0);
+            let tag = format!("up conv backward {xd} -> {co} [{}]", name(g));
+            let (mut du_c, mut u_c, mut dw_c, mut db_c) =
+                (vec![0f32; ud.numel()], vec![0f32; ud.numel()], dw0.clone(), db0.clone());
+            cpu.upsample_conv3d_backward(&mut du_c, &mut u_c, &mut dw_c, Some(&mut db_c), &dy, &x, xd, &w, cs);
+            let (xg, wg, dyg) = (act(g, &x, xd), param(g, &w, &wshape), act(g, &dy, o));
+            let run = |g: &CudaBackend| {
+                let (mut du, mut u) = (g.alloc_act(ud.numel()).unwrap(), g.alloc_act(ud.numel()).unwrap());
+                let (mut dw, mut db) = (param(g, &dw0, &wshape), raw(g, &db0));
+                g.upsample_conv3d_backward(&mut du, &mut u, &mut dw, Some(&mut db), &dyg, &xg, xd, &wg, cs);
+                (get_act(g, &du, ud), get_act(g, &u, ud), get_param(g, &dw, &wshape), get_raw(g, &db))
+            };
+            let runs = g.up_conv_runs();
+            let fused = run(g);
+            let n = g.up_conv_runs() - runs;
+            let grad = |v: &[f32], v0: &[f32]| v.iter().zip(v0).map(|(a, b)| a - b).collect::<Vec<_>>();
+            check(&format!("{tag} du"), &fused.0, &du_c, BF);
+            check(&format!("{tag} u"), &fused.1, &u_c, BF);
+            check(&format!("{tag} dw (+= onto dW)"), &grad(&fused.2, &dw0), &grad(&dw_c, &dw0), BF);
+            check(&format!("{tag} db (+= onto db)"), &grad(&fused.3, &db0), &grad(&db_c, &db0), 1e-4);
+            let fits = g.layout() == Layout::Ndhwc && co == 64;
+            if !fits || n == 0 {
+                assert_eq!(n, 0, "{tag}: conv3d_wgmma_dgrad_up ran where it does not fit");
+                if fits {
+                    println!("skipped: conv3d_wgmma_dgrad_up needs an sm_90 GPU ({})", name(g));
+                }
+                continue;
+            }
+            assert_eq!(n, 1, "{tag}: one conv3d_wgmma_dgrad_up run");
+            g.set_up_conv(false);
+            let two = run(g);
+            g.set_up_conv(true);
+            assert_eq!(g.up_conv_runs() - runs, 1, "{tag}: set_up_conv(false) ran conv3d_wgmma_dgrad_up");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for (what, a, b) in
+                [("du", &fused.0, &two.0), ("u", &fused.1, &two.1), ("dw", &fused.2, &two.2), ("db", &fused.3, &two.3)]
+            {
+                check(&format!("{tag} {what} vs two calls"), a, b, BF);
+                let differ = bits(a).iter().zip(bits(b)).filter(|(p, q)| **p != *q).count();
+                assert_eq!(differ, 0, "{tag}: {what}: values that differ from the two calls' bits");
+            }
+        }
+        g.set_wgmma(None);
+    }
+}
+
 #[test]
 fn plumbing_bf16_parity() {
     let Some(gs) = gpus() else { return };
@@ -1613,6 +1754,37 @@ fn unet_bf16_forward_backward_parity() {
         net.backward(g);
         let grads = net.host_tensors(g, true);
         check_grads(&format!("bf16 unet tiny grad [{}]", name(g)), &keys, &grads, &grads_c, Some(&grads_f));
+    }
+}
+
+/// The U-Net with its Upsample's conv on `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up` (the
+/// default) against the upsampling pass then the plain kernels (`set_up_conv(false)`),
+/// conv3d_wgmma forced on: a 64-channel model of two 64-channel levels, so its one Upsample (64
+/// channels from 3 × 5 × 5 to 6 × 10 × 10) takes both kernels, none with the switch off; the
+/// output and every gradient bit for bit (the kernels evaluate upsample_fwd_quad's arithmetic).
+#[test]
+fn unet_up_conv_matches_two_calls() {
+    let Some(gs) = gpus() else { return };
+    let g = &gs[1];
+    let cfg = meddpm::model::UNetConfig { channel_mult: vec![1, 1], ..unet64(1, vec![2]) };
+    g.set_wgmma(Some(true));
+    let r0 = g.up_conv_runs();
+    let on = unet_run(g, &cfg, 2, (3100, 41, 42), &[5.0, 400.0]);
+    let n_on = g.up_conv_runs() - r0;
+    g.set_up_conv(false);
+    let off = unet_run(g, &cfg, 2, (3100, 41, 42), &[5.0, 400.0]);
+    g.set_up_conv(true);
+    let n_off = g.up_conv_runs() - r0 - n_on;
+    g.set_wgmma(None);
+    if n_on == 0 {
+        println!("skipped: conv3d_wgmma_fwd_up needs an sm_90 GPU ({})", name(g));
+        return;
+    }
+    assert_eq!((n_on, n_off), (2, 0), "fused Upsample kernels a step (forward, data gradient), switch on and off");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&on.0) == bits(&off.0), "U-Net forward: the fused Upsample conv and the two calls differ");
+    for (i, (a, b)) in on.1.iter().zip(&off.1).enumerate() {
+        assert!(bits(a) == bits(b), "U-Net gradient tensor {i}: the fused Upsample conv and the two calls differ");
     }
 }
 

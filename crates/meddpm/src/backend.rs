@@ -832,6 +832,46 @@ pub trait Backend {
     /// `x` is the input's shape; out has (N, C, 2D, 2H, 2W).
     fn upsample_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, x: Dims);
     fn upsample_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, x: Dims);
+    /// out = conv(up(x), w) (+ b; overwritten): the U-Net's Upsample, x of dims `xd`, `cs.x` its
+    /// doubling, `u` a scratch of the doubled volume's size. This default doubles x into `u`,
+    /// then convolves; a backend may compute the doubling inside the conv instead (CUDA's wgmma
+    /// forward, `u` then unwritten).
+    #[allow(clippy::too_many_arguments)]
+    fn upsample_conv3d_forward(
+        &self,
+        out: &mut Self::Buf,
+        u: &mut Self::Buf,
+        x: &Self::Buf,
+        xd: Dims,
+        w: &Self::Buf,
+        b: Option<&Self::Buf>,
+        cs: ConvShape,
+    ) {
+        self.upsample_forward(u, x, xd);
+        self.conv3d_forward_acc((out, Accum::Overwrite), u, w, b, cs);
+    }
+    /// The backward of [`Backend::upsample_conv3d_forward`]'s conv: du (overwritten) its data
+    /// gradient, dw += and db += its weight and bias gradients from dout; the conv's input, the
+    /// doubling of x, is recomputed into `u` (its weight gradient reads it). This default doubles
+    /// x into `u`, then runs [`Backend::conv3d_backward`]; a backend may write `u` inside the
+    /// data gradient instead (CUDA's wgmma kernel). The caller takes du to dx
+    /// ([`Backend::upsample_backward`]).
+    #[allow(clippy::too_many_arguments)]
+    fn upsample_conv3d_backward(
+        &self,
+        du: &mut Self::Buf,
+        u: &mut Self::Buf,
+        dw: &mut Self::Buf,
+        db: Option<&mut Self::Buf>,
+        dout: &Self::Buf,
+        x: &Self::Buf,
+        xd: Dims,
+        w: &Self::Buf,
+        cs: ConvShape,
+    ) {
+        self.upsample_forward(u, x, xd);
+        self.conv3d_backward(Some((du, Accum::Overwrite)), dw, db, dout, u, w, cs);
+    }
 
     // ---- elementwise and channel plumbing ---------------------------------------------------------
     /// dst += src (same length).

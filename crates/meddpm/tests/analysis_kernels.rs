@@ -203,6 +203,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     // data gradient below), and their weights packed into fragment order
     ("conv3d_wgmma_fwd", ConvForward),
     ("conv3d_wgmma_fwd_gn", ConvForward),
+    ("conv3d_wgmma_fwd_up", ConvForward),
     ("conv3d_wgmma_wgrad", ConvWgrad),
     ("conv3d_wgmma_wgrad_tf32", ConvWgrad),
     ("conv3d_wgmma_wgrad_sum", ConvWgrad),
@@ -211,6 +212,7 @@ const NVRTC_BY_HAND: &[(&str, Category)] = &[
     ("conv3d_wgmma_dgrad", ConvDgrad),
     ("conv3d_wgmma_dgrad2", ConvDgrad),
     ("conv3d_wgmma_dgrad_gnb", ConvDgrad),
+    ("conv3d_wgmma_dgrad_up", ConvDgrad),
     ("conv3d_wgmma_pack", Layout),
 ];
 

@@ -253,6 +253,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_fwd_gn_small_cout", Category::ConvForward),
     ("conv3d_wgmma_fwd", Category::ConvForward),
     ("conv3d_wgmma_fwd_gn", Category::ConvForward),
+    ("conv3d_wgmma_fwd_up", Category::ConvForward),
     ("conv3d_wgmma_wgrad", Category::ConvWgrad),
     ("conv3d_wgmma_wgrad_tf32", Category::ConvWgrad),
     ("conv3d_wgmma_wgrad_sum", Category::ConvWgrad),
@@ -261,6 +262,7 @@ pub const OUR_KERNELS: &[(&str, Category)] = &[
     ("conv3d_wgmma_dgrad", Category::ConvDgrad),
     ("conv3d_wgmma_dgrad2", Category::ConvDgrad),
     ("conv3d_wgmma_dgrad_gnb", Category::ConvDgrad),
+    ("conv3d_wgmma_dgrad_up", Category::ConvDgrad),
     ("conv3d_wgmma_pack", Category::Layout),
 ];
 

@@ -697,6 +697,42 @@ impl<B: Backend> Backend for Timed<B> {
         let e = self.acc(dinp.0, dinp.1) + self.l(dout);
         self.rec("upsample_backward", Category::Elementwise, None, e, || self.inner.upsample_backward(dinp, dout, x))
     }
+    fn upsample_conv3d_forward(
+        &self,
+        out: &mut Self::Buf,
+        u: &mut Self::Buf,
+        x: &Self::Buf,
+        xd: Dims,
+        w: &Self::Buf,
+        b: Option<&Self::Buf>,
+        cs: ConvShape,
+    ) {
+        // one record as the inner backend runs it (fused on CUDA: x read, out written; u untouched)
+        let e = self.l(out) + self.l(x) + self.l(w) + self.lo(b);
+        self.rec("upsample_conv3d_forward", Category::ConvForward, Some(cs.flops()), e, || {
+            self.inner.upsample_conv3d_forward(out, u, x, xd, w, b, cs)
+        })
+    }
+    fn upsample_conv3d_backward(
+        &self,
+        du: &mut Self::Buf,
+        u: &mut Self::Buf,
+        dw: &mut Self::Buf,
+        db: Option<&mut Self::Buf>,
+        dout: &Self::Buf,
+        x: &Self::Buf,
+        xd: Dims,
+        w: &Self::Buf,
+        cs: ConvShape,
+    ) {
+        // one record as the inner backend runs it (fused on CUDA: the doubled input written
+        // once, read by the weight gradient)
+        let db_bytes = db.as_ref().map_or(0.0, |b| self.l(b));
+        let e = self.l(du) + 2.0 * self.l(u) + self.l(w) + 2.0 * (self.l(dw) + db_bytes) + self.l(dout) + self.l(x);
+        self.rec("upsample_conv3d_backward", Category::ConvBackward, Some(2.0 * cs.flops()), e, || {
+            self.inner.upsample_conv3d_backward(du, u, dw, db, dout, x, xd, w, cs)
+        })
+    }
     fn add_assign(&self, dst: &mut Self::Buf, src: &Self::Buf) {
         let e = 2.0 * self.l(dst) + self.l(src);
         self.rec("add_assign", Category::Elementwise, None, e, || self.inner.add_assign(dst, src))

@@ -944,11 +944,11 @@ impl<B: Backend> UNet<B> {
                     be.conv3d_forward_res(out, &a.a, cw(p + 4), &w[p + 5], x, ConvShape::new(xd, xd.c, 1, 1));
                 }
                 Op::Up { p, x: xd, bias } => {
+                    // the doubled input in scratch, or inside the conv (a backend's fusion)
                     let [u] = scr.get([(xd.up2().numel(), 1)]);
-                    be.upsample_forward(u, x, *xd);
                     // without its bias where the concatenation that reads `out` adds it (`cat_bias`)
                     let cs = ConvShape::new(xd.up2(), xd.c, 3, 1);
-                    be.conv3d_forward_acc((out, Accum::Overwrite), u, cw(*p), bias.then(|| &w[*p + 1]), cs);
+                    be.upsample_conv3d_forward(out, u, x, *xd, cw(*p), bias.then(|| &w[*p + 1]), cs);
                 }
                 Op::Out(o) => {
                     // GN → SiLU → Conv3 in one call: a backend may fuse it (`a` then unwritten)
@@ -1150,12 +1150,12 @@ impl<B: Backend> UNet<B> {
                     be.groupnorm_backward((dx, Accum::Add), gg, gb, dgn, x, &a.mean, &a.rstd, &w[p], xd, g);
                 }
                 Op::Up { p, x: xd, .. } => {
-                    // recompute the upsampled input of the conv (slot 1); its gradient → slot 0
+                    // the conv's gradients, its upsampled input recomputed (slot 1; or inside the
+                    // data gradient, a backend's fusion); the input's gradient → slot 0
                     let [du, u] = scr.get([(xd.up2().numel(), 0), (xd.up2().numel(), 1)]);
-                    be.upsample_forward(u, x, *xd);
                     let [gw, gb] = dw.get_disjoint_mut([*p, *p + 1]).expect("distinct");
                     let cs = ConvShape::new(xd.up2(), xd.c, 3, 1);
-                    be.conv3d_backward(Some((&mut *du, Accum::Overwrite)), gw, Some(gb), dout, u, cw(*p), cs);
+                    be.upsample_conv3d_backward(du, u, gw, Some(gb), dout, x, *xd, cw(*p), cs);
                     be.upsample_backward((dx, mode), du, *xd);
                 }
                 Op::Out(o) => {
