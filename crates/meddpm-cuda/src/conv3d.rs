@@ -1455,41 +1455,16 @@ pub(crate) fn gn_wgmma_forward(
     let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
     let ptrs = (dev.ptr(inp), dev.ptr(w), bp, dev.ptr_mut(out), zp);
     let wbf = w.dtype() == DType::Bf16;
-    match ystats {
-        None => {
-            crate::conv_wgmma::run_gn(
-                dev,
-                ptrs,
-                wbf,
-                x,
-                cs.cout,
-                acc,
-                false,
-                Some(gn),
-                (reuse, false, crate::conv_wgmma::Up::No),
-                T_WPF,
-            );
-        }
-        Some((ym, yr, yoff, yg)) => {
-            let items = crate::conv_wgmma::items(dev, x);
-            let part = dev.scratch(items * cs.cout * 3);
-            let gn = crate::conv_wgmma::GnPro { ys: dev.ptr(&*part), ..gn };
-            crate::conv_wgmma::run_gn(
-                dev,
-                ptrs,
-                wbf,
-                x,
-                cs.cout,
-                acc,
-                false,
-                Some(gn),
-                (reuse, false, crate::conv_wgmma::Up::No),
-                T_WPF,
-            );
-            let od = cs.out();
-            crate::groupnorm::finalize_stats_counted(dev, dev.ptr(&*part), yoff, (ym, yr), od, yg, items / x.n);
-            cache.wgmma_ystats_runs += 1;
-        }
+    // with ystats the output's statistics: per column item, finalized after the conv
+    let items = crate::conv_wgmma::items(dev, x);
+    let part = ystats.as_ref().map(|_| dev.scratch(items * cs.cout * 3));
+    let gn = crate::conv_wgmma::GnPro { ys: part.as_ref().map_or(0, |p| dev.ptr(&**p)), ..gn };
+    let modes = (reuse, false, crate::conv_wgmma::Up::No);
+    crate::conv_wgmma::run_gn(dev, ptrs, wbf, x, cs.cout, acc, false, Some(gn), modes, T_WPF);
+    if let (Some((ym, yr, yoff, yg)), Some(part)) = (ystats, part) {
+        let od = cs.out();
+        crate::groupnorm::finalize_stats_counted(dev, dev.ptr(&*part), yoff, (ym, yr), od, yg, items / x.n);
+        cache.wgmma_ystats_runs += 1;
     }
     cache.wgmma_runs += 1;
     cache.wgmma_gn_runs += 1;
