@@ -1210,10 +1210,7 @@ fn wgmma_fwd_chosen(
         if ours {
             crate::conv_wgmma::run(dev, (xp, wp, 0, tp, 0), wbf, cs.x, cs.cout, acc, false, cache.wgmma_reuse, T_WPF);
         } else {
-            let wc = operand(dev, w, DType::Bf16, T_W);
-            // cudnnFind (first use) writes its output: here the scratch
-            let a = cache.algo(dev, Dir::Fwd, cs, xp, wc, tp);
-            run_forward_beta(dev, cache, a, cs, xp, wc, tp, if add { 1.0 } else { 0.0 });
+            cudnn_fwd_trial(dev, cache, cs, xp, w, tp, add);
         }
     })
 }
@@ -1250,10 +1247,7 @@ pub(crate) fn upsample_forward(
                 crate::conv_wgmma::run_up(dev, (xp, wp, 0, tp), wbf, cs.x, cs.cout, reuse, T_WPF);
             } else {
                 crate::upsample::forward_ptrs(dev, (up, xp), xd, cl, true);
-                let wc = operand(dev, w, DType::Bf16, T_W);
-                // cudnnFind (first use) writes its output: here the scratch
-                let a = cache.algo(dev, Dir::Fwd, cs, up, wc, tp);
-                run_forward_beta(dev, cache, a, cs, up, wc, tp, 0.0);
+                cudnn_fwd_trial(dev, cache, cs, up, w, tp, false);
             }
         });
         if ours {
@@ -1320,11 +1314,7 @@ pub(crate) fn upsample_backward(
             }
         });
         if ours {
-            if let Some(db) = db {
-                require_f32("conv3d backward: db", &[db]);
-                let to = crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db));
-                crate::elementwise::channel_sums(dev, dout, yd, cl, to);
-            }
+            bias_grad(dev, db, dout, yd, cl);
             crate::conv_wgmma::run_dgrad_up(dev, (dyp, wp, dev.ptr_mut(du)), wbf, yd, cs.x.c, (xp, up), T_WPD);
             cache.wgmma_runs += 1;
             cache.up_conv_runs += 1;
@@ -1334,6 +1324,14 @@ pub(crate) fn upsample_backward(
     }
     crate::upsample::forward(dev, u, x, xd, cl);
     backward(dev, cache, Some((du, Accum::Overwrite)), dw, db, dout, u, w, cs);
+}
+
+/// One cuDNN run of a forward's first-use timing: the bf16 conv of x (at `xp`) with w into the
+/// scratch `tp` (added onto it where `add`); cudnnFind (first use) writes its output, the scratch.
+fn cudnn_fwd_trial(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u64, w: &GpuBuf, tp: u64, add: bool) {
+    let wc = operand(dev, w, DType::Bf16, T_W);
+    let a = cache.algo(dev, Dir::Fwd, cs, xp, wc, tp);
+    run_forward_beta(dev, cache, a, cs, xp, wc, tp, if add { 1.0 } else { 0.0 });
 }
 
 /// Whether [`gn_wgmma_forward`] computes the GroupNorm+SiLU → conv `cs` (accumulated or with a
@@ -2464,18 +2462,23 @@ pub(crate) fn backward(
     assert_eq!(dw.len(), cs.w_len(), "conv3d backward: dw length");
     require_f32("conv3d backward: dw", &[dw]);
     let cl = cache.layout == Layout::Ndhwc;
-    // Bias gradient: db[c] += sum over n and voxels of dout (as given).
-    if let Some(db) = db {
-        require_f32("conv3d backward: db", &[db]);
-        let to = crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db));
-        crate::elementwise::channel_sums(dev, dout, cs.out(), cl, to);
-    }
+    bias_grad(dev, db, dout, cs.out(), cl);
     let cdt = compute_type(cache.precision);
     let (xp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, dout, cdt, T_DY));
     let ly = (cl, cache.mma_on());
     weight_grad(dev, cache, dw, xp, dyp, cs, ly);
     if let Some(d) = dinp {
         data_grad(dev, cache, d, dyp, cdt, w, cs, ly);
+    }
+}
+
+/// The bias gradient: db[c] += the sum over n and voxels of dout (as given; volume `yd`), where
+/// there is a db.
+fn bias_grad(dev: &Device, db: Option<&mut GpuBuf>, dout: &GpuBuf, yd: meddpm::Dims, cl: bool) {
+    if let Some(db) = db {
+        require_f32("conv3d backward: db", &[db]);
+        let to = crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db));
+        crate::elementwise::channel_sums(dev, dout, yd, cl, to);
     }
 }
 
