@@ -6,6 +6,14 @@
 //! TF32 on one H200, whole-head model). With `--torch` the same configurations run through
 //! tools/reference/bench_torch.py (our PyTorch re-implementation) and are shown side by side.
 //!
+//! Power: on a GPU that NVML sees, a background thread reads board power, SM clock, the
+//! clocks-event reasons and the energy counter every 10 ms over the timed calls
+//! (`meddpm_cuda::power`, `meddpm::analysis::power`): a `power` line a row (SM clock, mean power
+//! from the energy counter's updates, J a step, how often the power cap held the clock) and
+//! `train_power` / `fwd_power` in the JSON. Short windows (a few forwards) leave the counter too
+//! few updates: their mean power is n/a; more `--iters` give it.
+//! The H200's 700 W cap holds the BraTS bf16 step at ~1 785 MHz (docs/perf/h200-2026-12-04d).
+//!
 //! Timing: wall time around each call, bracketed by `Backend::sync` (so it is CUDA-synchronised);
 //! median of `--iters` after `--warmup` calls (the warm-up includes cudnnFind and the first-use
 //! timing choices of the CUDA backend). The micro-step includes uploading the batch from the host,
@@ -20,6 +28,7 @@
 
 use crate::run::{Preset, RunFile};
 use anyhow::{bail, Context, Result};
+use meddpm::analysis::power::PowerSummary;
 use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
 use meddpm::dist::scaling::median;
@@ -27,6 +36,7 @@ use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::DistEnv;
 use meddpm::model::{cost, UNetConfig};
 use meddpm::{Backend, Layout, Precision};
+use meddpm_cuda::power::PowerMonitor;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -163,6 +173,10 @@ pub struct Row {
     pub fwd_pct_of_floor: Option<f64>,
     pub train_pct_of_floor: Option<f64>,
     pub torch: Option<serde_json::Value>,
+    /// Board power, SM clock and energy over the timed training steps and forwards (NVML; none
+    /// on the CPU or without NVML): `meddpm::analysis::power`.
+    pub train_power: Option<PowerSummary>,
+    pub fwd_power: Option<PowerSummary>,
 }
 
 #[derive(Serialize)]
@@ -200,12 +214,17 @@ pub(crate) fn model(a: &BenchArgs) -> Result<UNetConfig> {
     Ok(cfg)
 }
 
-/// Time everything for one backend. `mem` reads (free, total) device bytes when it can.
+/// How often the power monitor reads the GPU.
+const POWER_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Time everything for one backend. `mem` reads (free, total) device bytes when it can; `meter`
+/// starts a power monitor over the timed calls when it can.
 fn measure<B: Backend>(
     be: &B,
     cfg: &UNetConfig,
     a: &BenchArgs,
     mem: &dyn Fn() -> Option<(usize, usize)>,
+    meter: &dyn Fn() -> Option<PowerMonitor>,
 ) -> Result<Row> {
     let used = || mem().map(|(f, t)| t - f);
     let mem_baseline_bytes = used();
@@ -220,8 +239,12 @@ fn measure<B: Backend>(
 
     if !a.no_train {
         let (mut ts, mut os) = (Vec::new(), Vec::new());
+        let mut pm = None;
         for i in 0..a.warmup + a.iters {
             be.sync();
+            if i == a.warmup {
+                pm = meter();
+            }
             let t0 = Instant::now();
             // as in training: this batch was staged during the previous step, and the next one
             // goes up while this one runs (Trainer::micro_step_ahead_copy: into kept host buffers)
@@ -242,6 +265,7 @@ fn measure<B: Backend>(
                 os.push((t2 - t1).as_secs_f64() * 1e3);
             }
         }
+        row.train_power = pm.and_then(PowerMonitor::stop);
         row.train_ms = Some(median(&ts));
         row.opt_ms = Some(median(&os));
         row.train_all_ms = ts;
@@ -257,8 +281,12 @@ fn measure<B: Backend>(
     be.copy(tr.net.input_mut(), &xin);
     drop(xin);
     let mut fs = Vec::new();
+    let mut pm = None;
     for i in 0..a.warmup + a.iters {
         be.sync();
+        if i == a.warmup {
+            pm = meter();
+        }
         let t0 = Instant::now();
         tr.net.forward(be, &[100.0]);
         be.sync();
@@ -266,6 +294,7 @@ fn measure<B: Backend>(
             fs.push(t0.elapsed().as_secs_f64() * 1e3);
         }
     }
+    row.fwd_power = pm.and_then(PowerMonitor::stop);
     if row.mem_used_bytes.is_none() {
         row.mem_used_bytes = used();
     }
@@ -401,6 +430,22 @@ fn print_table(rows: &[Row], whole_head: bool) {
             println!("       torch: {e}");
         }
     }
+    for r in rows {
+        for (what, p) in [("train", &r.train_power), ("fwd", &r.fwd_power)] {
+            if let Some(p) = p {
+                let steps = if what == "train" { r.train_all_ms.len() } else { r.fwd_all_ms.len() };
+                println!("power  {} {} {} {what}: {}", r.device, r.precision, r.layout, p.line(steps));
+            }
+        }
+    }
+    if rows.iter().any(|r| r.train_power.is_some() || r.fwd_power.is_some()) {
+        println!(
+            "power: NVML readings every {} ms over the timed calls: the SM clock, mean board power (the energy counter's \
+             increase between its first and last update in the window), energy a call, and the share of readings with \
+             the power cap (or power brake) on.",
+            POWER_PERIOD.as_millis()
+        );
+    }
     if whole_head {
         println!(
             "fwd/floor, train/floor: the physical floor (13 ms forward, 39 ms training micro-step, TF32, one H200, \
@@ -431,7 +476,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         BenchDevice::Cpu => {
             let be = CpuBackend::new();
             eprintln!("bench: {}", be.describe());
-            let mut r = measure(&be, &cfg, a, &|| None)?;
+            let mut r = measure(&be, &cfg, a, &|| None, &|| None)?;
             r.device = "cpu".into();
             r.precision = "fp32".into();
             r.layout = "ncdhw".into();
@@ -452,7 +497,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         be.set_graphs(!a.no_graphs);
                         eprintln!("bench: {}", be.describe());
                         let mem = || Some(be.mem_info()).filter(|m| m.1 > 0);
-                        measure(&be, &cfg, a, &mem).with_context(|| format!("{} {}", p.name(), l.name()))?
+                        let meter = || be.power_monitor(POWER_PERIOD);
+                        measure(&be, &cfg, a, &mem, &meter).with_context(|| format!("{} {}", p.name(), l.name()))?
                     };
                     r.device = format!("cuda:{}", a.gpu);
                     r.precision = p.name().into();

@@ -14,7 +14,8 @@
 //!
 //! Modules mirror the CPU twin: conv3d, groupnorm, silu, linear, attention, upsample,
 //! elementwise, loss, diffusion, optim; device (context, stream, handles, kernels), doctor; nccl
-//! (NCCL on raw device pointers) and collective (data-parallel gradient averaging over NCCL).
+//! (NCCL on raw device pointers) and collective (data-parallel gradient averaging over NCCL);
+//! power (board power, SM clock and energy through NVML while a benchmark runs).
 
 // Kernel launchers mirror the trait's long argument lists.
 #![allow(clippy::too_many_arguments)]
@@ -35,6 +36,7 @@ mod loss;
 pub mod nccl;
 mod nvtx;
 mod optim;
+pub mod power;
 pub mod profile_steps;
 mod sampler;
 mod silu;
@@ -499,6 +501,22 @@ impl CudaBackend {
     /// Bytes of device memory (free, total).
     pub fn mem_info(&self) -> (usize, usize) {
         self.dev.ctx.mem_get_info().unwrap_or((0, 0))
+    }
+
+    /// The device's PCI bus id ("0000:19:00.0"), as NVML names devices.
+    pub fn pci_bus_id(&self) -> Option<String> {
+        let mut b = [0 as std::ffi::c_char; 32];
+        let r = unsafe {
+            cudarc::driver::sys::cuDeviceGetPCIBusId(b.as_mut_ptr(), b.len() as i32, self.dev.ctx.cu_device())
+        };
+        (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+            .then(|| unsafe { std::ffi::CStr::from_ptr(b.as_ptr()) }.to_string_lossy().into_owned())
+    }
+
+    /// Sample this GPU's power, SM clock and energy every `period` until [`power::PowerMonitor::stop`]
+    /// (None without NVML).
+    pub fn power_monitor(&self, period: std::time::Duration) -> Option<power::PowerMonitor> {
+        power::PowerMonitor::start(&self.pci_bus_id()?, period)
     }
 }
 

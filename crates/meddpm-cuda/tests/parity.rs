@@ -1252,3 +1252,45 @@ fn graph_replay_matches_plain_launches() {
         g.set_small_conv(None);
     }
 }
+
+/// The power monitor (NVML) reads the GPU the backend runs on: a PCI bus id NVML knows, readings
+/// every few ms while kernels run, an energy counter that moved, a clock within the device's range.
+#[test]
+fn power_monitor_reads_the_gpu() {
+    let Some(gs) = gpus() else { return };
+    let g = &gs[0];
+    let bus = g.pci_bus_id().expect("cuDeviceGetPCIBusId");
+    let parts: Vec<&str> = bus.split([':', '.']).collect();
+    assert!(
+        parts.len() == 4 && parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_hexdigit())),
+        "PCI bus id {bus}"
+    );
+    let m = g.power_monitor(std::time::Duration::from_millis(5)).expect("NVML (libnvidia-ml.so.1) on a GPU machine");
+    // ~0.3 s of work: elementwise passes over a 64 MiB buffer
+    let n = 16 << 20;
+    let x = raw(g, &vec![1.0f32; n]);
+    let mut y = raw(g, &vec![0.0f32; n]);
+    let t0 = std::time::Instant::now();
+    while t0.elapsed().as_secs_f64() < 0.3 {
+        for _ in 0..20 {
+            g.add_assign(&mut y, &x);
+        }
+        g.sync();
+    }
+    let p = m.stop().expect("readings");
+    println!("power monitor over {:.2} s: {}", p.seconds, p.line(1));
+    assert!(p.samples >= 10, "{} readings in {:.2} s", p.samples, p.seconds);
+    let max = p.sm_mhz_max_clock.expect("max SM clock");
+    assert!(
+        p.sm_mhz_min > 0 && p.sm_mhz_median <= max,
+        "SM clock {} .. {} of {max} MHz",
+        p.sm_mhz_min,
+        p.sm_mhz_median
+    );
+    // over 0.3 s of work the counter (updated every ~0.1 s or faster on recent GPUs) moves
+    let mean = p.mean_power_w.expect("mean power from the energy counter");
+    assert!(mean > 10.0 && p.max_power_w > 10.0, "power {mean} W mean, {} W max", p.max_power_w);
+    assert!(p.energy_j.is_some_and(|e| e > 0.0));
+    assert!(p.power_limit_w.is_some_and(|l| l > 50.0), "power limit {:?}", p.power_limit_w);
+    assert!((0.0..=100.0).contains(&p.power_capped_pct));
+}

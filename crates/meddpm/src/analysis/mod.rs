@@ -6,6 +6,8 @@
 //! - `ncu`        Nsight Compute CSV exports (raw and details pages): counters and the rule priority
 //!   list; the argument lists and kernel selection of a `meddpm profile` ncu run
 //! - `gpus`       NVIDIA GPUs across generations (datasheet values) and the roofline model
+//! - `power`      a measurement window's SM clock, board power, energy and power-cap share (the
+//!   samples come from the CUDA backend's NVML monitor)
 //! - `occupancy`  theoretical occupancy of a launch (registers, shared memory, block size) and
 //!   what limits it, per SM generation; the report's table for the top kernels
 //! - `matrix`     the optimisation matrix (fp32/TF32 × NCDHW/NDHWC) with ratios to the baseline;
@@ -31,6 +33,7 @@ pub mod kernels;
 pub mod matrix;
 pub mod ncu;
 pub mod occupancy;
+pub mod power;
 pub mod profile;
 pub mod report;
 pub mod timed;
