@@ -431,9 +431,9 @@ fn print_table(rows: &[Row], whole_head: bool) {
         }
     }
     for r in rows {
-        for (what, p) in [("train", &r.train_power), ("fwd", &r.fwd_power)] {
+        let windows = [("train", &r.train_power, r.train_all_ms.len()), ("fwd", &r.fwd_power, r.fwd_all_ms.len())];
+        for (what, p, steps) in windows {
             if let Some(p) = p {
-                let steps = if what == "train" { r.train_all_ms.len() } else { r.fwd_all_ms.len() };
                 println!("power  {} {} {} {what}: {}", r.device, r.precision, r.layout, p.line(steps));
             }
         }

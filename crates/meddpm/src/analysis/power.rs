@@ -8,6 +8,7 @@
 //! Pure arithmetic over the samples, tested anywhere; `meddpm bench` prints [`PowerSummary::line`]
 //! under its table and writes the summary into its JSON rows.
 
+use crate::dist::scaling::median;
 use serde::Serialize;
 
 /// NVML's clocks-event-reason bits (`nvmlClocksEventReason*`, as `nvidia-smi -q -d PERFORMANCE`
@@ -71,9 +72,7 @@ pub fn summarize(
         return None;
     }
     let n = samples.len();
-    let mut mhz: Vec<u32> = samples.iter().map(|s| s.sm_mhz).collect();
-    mhz.sort_unstable();
-    let median = if n % 2 == 1 { mhz[n / 2] } else { ((mhz[n / 2 - 1] as u64 + mhz[n / 2] as u64) / 2) as u32 };
+    let mhz: Vec<f64> = samples.iter().map(|s| s.sm_mhz as f64).collect();
     let pct = |mask: u64| 100.0 * samples.iter().filter(|s| s.reasons & mask != 0).count() as f64 / n as f64;
     // the counter's updates: readings where it differs from the reading before
     let mut ups: Vec<(f64, u64)> = Vec::new();
@@ -99,8 +98,8 @@ pub fn summarize(
         energy_j: mean_power_w.map(|p| p * seconds),
         mean_power_w,
         max_power_w: samples.iter().map(|s| s.power_w).fold(0.0, f64::max),
-        sm_mhz_median: median,
-        sm_mhz_min: mhz[0],
+        sm_mhz_median: median(&mhz).round() as u32,
+        sm_mhz_min: samples.iter().map(|s| s.sm_mhz).min().unwrap_or(0),
         sm_mhz_max_clock: max_mhz,
         power_limit_w: limit_w,
         power_capped_pct: pct(REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE),
