@@ -2,7 +2,8 @@
 //! Adam/EMA) and one sampling step of the U-Net, each repeated, each recorded step under CUPTI
 //! ([`crate::cupti`]: the per-kernel GPU timeline under the backend's ranges) after a plain run
 //! with CUPTI off (what `meddpm bench` measures), reduced to the report's [`Pass`] of the
-//! median wall time ([`unet_steps`]). [`cuda_report`] is the whole CUDA side of the report: those
+//! median wall time ([`unet_steps`]), with the SM clock and power over its steps
+//! ([`crate::power`]: whether the power cap held the clock down while they ran). [`cuda_report`] is the whole CUDA side of the report: those
 //! passes with and without CUDA graphs, the per-call passes (`Timed<CudaBackend>`), the counters
 //! (the CLI's child under ncu, `meddpm::analysis::collect::ncu_run`) and the optimisation matrix.
 //! The analysis itself is `meddpm::analysis`; the CLI only wires this in.
@@ -14,6 +15,7 @@ use meddpm::analysis::collect::ncu_run;
 use meddpm::analysis::gpus::{self, Math};
 use meddpm::analysis::matrix::{config_name, from_cuda_runs, ConfigInput, CUDA_CONFIGS};
 use meddpm::analysis::ncu;
+use meddpm::analysis::power::PowerSummary;
 use meddpm::analysis::profile::{host_data, median, profile_unet, Options, SampleStep};
 use meddpm::analysis::report::{Input, Pass};
 use meddpm::analysis::timed::Timed;
@@ -22,6 +24,7 @@ use meddpm::model::UNetConfig;
 use meddpm::{Backend, Error, Layout, Precision, Result};
 
 use crate::cupti::{Collection, Collector};
+use crate::power::PowerMonitor;
 use crate::CudaBackend;
 
 /// One recorded step: wall time between syncs and the CUPTI collection (or why there is none).
@@ -49,8 +52,7 @@ fn record(be: &CudaBackend, collect: bool, f: impl FnOnce()) -> Step {
 /// The pass of the median wall time among the recorded steps.
 fn cupti_pass(
     name: &str,
-    mut steps: Vec<Step>,
-    plain: Vec<u64>,
+    (mut steps, plain, power): (Vec<Step>, Vec<u64>, Option<PowerSummary>),
     notes: &mut Vec<String>,
     raw: &mut Vec<(String, u64)>,
 ) -> Pass {
@@ -81,20 +83,28 @@ fn cupti_pass(
         }
     };
     let plain_step_ns = median(plain);
-    Pass { name: name.to_string(), records, step_ns: Some(s.wall_ns), measured: true, repeats, plain_step_ns }
+    Pass { name: name.to_string(), records, step_ns: Some(s.wall_ns), measured: true, repeats, plain_step_ns, power }
 }
 
 /// `repeats` recorded runs of `step` (under CUPTI when `collect`), each after a plain run (CUPTI
-/// off, as `meddpm bench` runs it): the recorded steps and the plain wall times.
-fn repeat_steps(be: &CudaBackend, repeats: usize, collect: bool, step: &mut dyn FnMut()) -> (Vec<Step>, Vec<u64>) {
+/// off, as `meddpm bench` runs it): the recorded steps, the plain wall times, and the clock and
+/// power over all of them (NVML, when it can).
+fn repeat_steps(
+    be: &CudaBackend,
+    repeats: usize,
+    collect: bool,
+    step: &mut dyn FnMut(),
+) -> (Vec<Step>, Vec<u64>, Option<PowerSummary>) {
     let (mut steps, mut plain) = (Vec::new(), Vec::new());
+    be.sync();
+    let meter = be.power_monitor(std::time::Duration::from_millis(10));
     for _ in 0..repeats.max(1) {
         if collect {
             plain.push(record(be, false, &mut *step).wall_ns);
         }
         steps.push(record(be, collect, &mut *step));
     }
-    (steps, plain)
+    (steps, plain, meter.and_then(PowerMonitor::stop))
 }
 
 /// One training step (micro-step + Adam/EMA) and (`sampling`) one sampling step at t = T/2, each after
@@ -138,8 +148,8 @@ pub fn unet_steps(
             be.pop_range();
         }
     };
-    let (steps, plain) = repeat_steps(be, o.repeats, collect, &mut train);
-    passes.push(cupti_pass("train step", steps, plain, notes, raw));
+    let run = repeat_steps(be, o.repeats, collect, &mut train);
+    passes.push(cupti_pass("train step", run, notes, raw));
     if !sampling {
         return Ok(passes);
     }
@@ -160,8 +170,8 @@ pub fn unet_steps(
             be.pop_range();
         }
     };
-    let (steps, plain) = repeat_steps(be, o.repeats, collect, &mut sample);
-    passes.push(cupti_pass("sampling step", steps, plain, notes, raw));
+    let run = repeat_steps(be, o.repeats, collect, &mut sample);
+    passes.push(cupti_pass("sampling step", run, notes, raw));
     Ok(passes)
 }
 

@@ -280,6 +280,7 @@ fn passes_without_flop_counts_get_no_roofline() {
         measured: true,
         repeats: vec![3_000_000],
         plain_step_ns: None,
+        power: None,
     };
     let input = Input {
         title: "t".into(),
@@ -302,10 +303,11 @@ fn passes_without_flop_counts_get_no_roofline() {
 /// A CUPTI-like pass (records with GPU start timestamps) next to a per-call pass without them:
 /// the report splits the first one's step into kernels, gaps and time outside kernels (category
 /// table, summary, "where the GPU waits", breakdown.csv, report.json, the chart), and keeps
-/// step − Σ calls for the second.
+/// step − Σ calls for the second; the first one's clock and power line.
 #[test]
 fn report_of_a_pass_with_gpu_timestamps() {
     use meddpm::analysis::kernels::KernelRecord;
+    use meddpm::analysis::power::PowerSummary;
     let at = |name: &str, start: u64, ns: u64, range: &str| {
         let mut r = KernelRecord::new(name, ns);
         r.start_ns = Some(start);
@@ -331,12 +333,27 @@ fn report_of_a_pass_with_gpu_timestamps() {
         measured: true,
         repeats: vec![step],
         plain_step_ns: None,
+        power: None,
+    };
+    // clock and power over the pass's two steps (one plain, one recorded): 2.0 J a step
+    let power = PowerSummary {
+        samples: 40,
+        seconds: 0.4,
+        energy_j: Some(4.0),
+        mean_power_w: Some(10.0),
+        max_power_w: 11.0,
+        sm_mhz_median: 1785,
+        sm_mhz_min: 1590,
+        sm_mhz_max_clock: Some(1980),
+        power_limit_w: Some(700.0),
+        power_capped_pct: 100.0,
+        thermal_pct: 0.0,
     };
     let input = Input {
         title: "t".into(),
         device: "d".into(),
         passes: vec![
-            Pass { plain_step_ns: Some(8_000), ..pass("cupti step", cupti, 10_000) },
+            Pass { plain_step_ns: Some(8_000), power: Some(power), ..pass("cupti step", cupti, 10_000) },
             pass("synced step", vec![synced], 8_000),
         ],
         top_n: 5,
@@ -359,6 +376,15 @@ fn report_of_a_pass_with_gpu_timestamps() {
         md.contains("| synced step | measured | 1 | 8.0 µs | 8.0 µs – 8.0 µs (1 runs) | — | 6.0 µs | — | — | 2.0 µs |"),
         "{md}"
     );
+    // the power line of the pass that has one (two steps: the plain and the recorded one), none for the other
+    assert!(
+        md.contains(
+            "- cupti step: SM clock 1785 MHz median (min 1590, max 1980), 10 W mean (limit 700 W), 2.0 J a step, \
+             power cap on in 100 % of 40 readings"
+        ),
+        "{md}"
+    );
+    assert!(!md.contains("- synced step: SM clock"), "{md}");
     // category table: idle rows, overlap correction, the step row
     assert!(md.contains("| GPU idle: gaps between kernels | 1 gap | 500 ns | — | 5.0 % |"), "{md}");
     assert!(md.contains("| GPU idle: before first / after last kernel | — | 3.0 µs | — | 30.0 % |"), "{md}");
@@ -390,6 +416,8 @@ fn report_of_a_pass_with_gpu_timestamps() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
     assert_eq!(json["passes"][0]["breakdown"]["idle"]["gaps_ns"], 500);
     assert!(json["passes"][1]["breakdown"]["idle"].is_null());
+    assert_eq!(json["passes"][0]["power"]["sm_mhz_median"], 1785);
+    assert!(json["passes"][1]["power"].is_null());
     assert!(files.iter().any(|f| f.ends_with("breakdown.svg")));
     let svg = std::fs::read_to_string(dir.join("breakdown.svg")).unwrap();
     assert!(svg.contains("GPU idle (gaps + outside kernels)") && svg.contains("step − Σ calls (no timestamps)"));
@@ -429,6 +457,7 @@ fn report_lists_the_theoretical_occupancy_of_the_top_kernels() {
         measured: true,
         repeats: vec![1_300_000],
         plain_step_ns: None,
+        power: None,
     };
     let input = Input {
         title: "t".into(),

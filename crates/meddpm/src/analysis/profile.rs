@@ -117,6 +117,7 @@ fn median_pass(name: String, mut runs: Vec<(u64, Vec<KernelRecord>)>, measured: 
         measured,
         repeats: if measured { repeats } else { Vec::new() },
         plain_step_ns: None,
+        power: None,
     }
 }
 

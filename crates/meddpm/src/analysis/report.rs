@@ -16,6 +16,7 @@ use super::kernels::{short_name, Category, KernelRecord};
 use super::matrix::{matrix, ConfigInput, MatrixRow};
 use super::ncu::{priority_list, Counters, NcuData, RankedRule};
 use super::occupancy::{sm_limits, theoretical, Occupancy, SmLimits};
+use super::power::PowerSummary;
 use crate::error::{Error, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -37,6 +38,8 @@ pub struct Pass {
     /// Median wall time of the same step repeated without the recording (CUPTI off), ns: what
     /// `meddpm bench` measures, so the report shows the profiler's own overhead.
     pub plain_step_ns: Option<u64>,
+    /// SM clock, power and energy over the pass's steps (plain and recorded; NVML, GPU passes).
+    pub power: Option<PowerSummary>,
 }
 
 impl Pass {
@@ -51,6 +54,7 @@ impl Pass {
             measured: true,
             repeats: Vec::new(),
             plain_step_ns: None,
+            power: None,
         }
     }
 }
@@ -86,6 +90,8 @@ pub struct PassReport {
     pub checks: Vec<(String, Check)>,
     /// See [`Pass::plain_step_ns`].
     pub plain_step_ns: Option<u64>,
+    /// See [`Pass::power`].
+    pub power: Option<PowerSummary>,
     /// Theoretical occupancy of the top kernels (measured GPU passes on a GPU of the table).
     pub occupancy: Vec<OccupancyRow>,
 }
@@ -181,6 +187,7 @@ pub fn build(input: &Input) -> Report {
                 predictions,
                 checks,
                 plain_step_ns: p.plain_step_ns,
+                power: p.power.clone(),
                 occupancy,
             }
         })
@@ -468,6 +475,24 @@ pub fn markdown(r: &Report) -> String {
              of the same step repeated with CUPTI off (what `meddpm bench` measures), and how much longer the \
              recorded step took.\n"
         );
+        let powered: Vec<_> = r.passes.iter().zip(&r.repeats).filter(|(p, _)| p.power.is_some()).collect();
+        if !powered.is_empty() {
+            let _ = writeln!(
+                o,
+                "Clock and power over each pass's steps, plain and recorded (NVML readings every 10 ms):\n"
+            );
+            for (p, reps) in powered {
+                let steps = reps.len() + p.plain_step_ns.map_or(0, |_| reps.len());
+                if let Some(w) = &p.power {
+                    let _ = writeln!(o, "- {}: {}", md_escape(&p.name), w.line(steps));
+                }
+            }
+            let _ = writeln!(
+                o,
+                "\nUnder a power cap the SM clock falls below its maximum and time follows energy: kernels timed alone \
+                 (first-use choices) run at full clock, the same kernels inside a long step may not.\n"
+            );
+        }
         let _ = writeln!(o, "![category breakdown per pass](breakdown.svg)\n");
     }
     for p in &r.passes {
