@@ -28,7 +28,7 @@
 
 use crate::run::{Preset, RunFile};
 use anyhow::{bail, Context, Result};
-use meddpm::analysis::power::PowerSummary;
+use meddpm::analysis::power::{PowerSummary, READ_EVERY};
 use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
 use meddpm::dist::scaling::median;
@@ -213,9 +213,6 @@ pub(crate) fn model(a: &BenchArgs) -> Result<UNetConfig> {
     cfg.validate()?;
     Ok(cfg)
 }
-
-/// How often the power monitor reads the GPU.
-const POWER_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Time everything for one backend. `mem` reads (free, total) device bytes when it can; `meter`
 /// starts a power monitor over the timed calls when it can.
@@ -443,7 +440,7 @@ fn print_table(rows: &[Row], whole_head: bool) {
             "power: NVML readings every {} ms over the timed calls: the SM clock, mean board power (the energy counter's \
              increase between its first and last update in the window), energy a call, and the share of readings with \
              the power cap (or power brake) on.",
-            POWER_PERIOD.as_millis()
+            READ_EVERY.as_millis()
         );
     }
     if whole_head {
@@ -497,7 +494,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         be.set_graphs(!a.no_graphs);
                         eprintln!("bench: {}", be.describe());
                         let mem = || Some(be.mem_info()).filter(|m| m.1 > 0);
-                        let meter = || be.power_monitor(POWER_PERIOD);
+                        let meter = || be.power_monitor(READ_EVERY);
                         measure(&be, &cfg, a, &mem, &meter).with_context(|| format!("{} {}", p.name(), l.name()))?
                     };
                     r.device = format!("cuda:{}", a.gpu);

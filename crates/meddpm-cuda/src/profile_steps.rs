@@ -15,7 +15,7 @@ use meddpm::analysis::collect::ncu_run;
 use meddpm::analysis::gpus::{self, Math};
 use meddpm::analysis::matrix::{config_name, from_cuda_runs, ConfigInput, CUDA_CONFIGS};
 use meddpm::analysis::ncu;
-use meddpm::analysis::power::PowerSummary;
+use meddpm::analysis::power::{PowerSummary, READ_EVERY};
 use meddpm::analysis::profile::{host_data, median, profile_unet, Options, SampleStep};
 use meddpm::analysis::report::{Input, Pass};
 use meddpm::analysis::timed::Timed;
@@ -97,7 +97,7 @@ fn repeat_steps(
 ) -> (Vec<Step>, Vec<u64>, Option<PowerSummary>) {
     let (mut steps, mut plain) = (Vec::new(), Vec::new());
     be.sync();
-    let meter = be.power_monitor(std::time::Duration::from_millis(10));
+    let meter = be.power_monitor(READ_EVERY);
     for _ in 0..repeats.max(1) {
         if collect {
             plain.push(record(be, false, &mut *step).wall_ns);

@@ -11,6 +11,9 @@
 use crate::dist::scaling::median;
 use serde::Serialize;
 
+/// How often the monitors of `meddpm bench` and `meddpm profile` read the GPU.
+pub const READ_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// NVML's clocks-event-reason bits (`nvmlClocksEventReason*`, as `nvidia-smi -q -d PERFORMANCE`
 /// lists them) that mean the clock was held down.
 pub const REASON_SW_POWER_CAP: u64 = 0x4;

@@ -479,7 +479,8 @@ pub fn markdown(r: &Report) -> String {
         if !powered.is_empty() {
             let _ = writeln!(
                 o,
-                "Clock and power over each pass's steps, plain and recorded (NVML readings every 10 ms):\n"
+                "Clock and power over each pass's steps, plain and recorded (NVML readings every {} ms):\n",
+                super::power::READ_EVERY.as_millis()
             );
             for (p, reps) in powered {
                 let steps = reps.len() + p.plain_step_ns.map_or(0, |_| reps.len());
