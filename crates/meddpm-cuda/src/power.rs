@@ -1,8 +1,8 @@
 //! power.rs: a background thread that reads the GPU's board power, SM clock, clocks-event
 //! reasons and energy counter every few milliseconds while a measurement runs
-//! (`meddpm bench`'s timed steps). NVML (libnvidia-ml.so.1, the driver's) is loaded at run time
+//! (`meddpm bench`'s timed steps, `meddpm profile`'s recorded passes). NVML (libnvidia-ml.so.1, the driver's) is loaded at run time
 //! through nvml-wrapper, so this builds and runs everywhere: without the library, or for a GPU
-//! NVML cannot see, [`PowerMonitor::start`] returns None and the bench prints no power line.
+//! NVML cannot see, [`PowerMonitor::start`] returns None and no power line is printed.
 //! The summary arithmetic is the engine's (`meddpm::analysis::power`); why it matters is written
 //! there (the H200 BraTS step runs at the 700 W cap, docs/perf/h200-2026-12-04d).
 
