@@ -4,8 +4,9 @@
 //! with CUPTI off (what `meddpm bench` measures), reduced to the report's [`Pass`] of the
 //! median wall time ([`unet_steps`]), with the SM clock and power over its steps
 //! ([`crate::power`]: whether the power cap held the clock down while they ran).
-//! [`cuda_report`] is the whole CUDA side of the report: those passes with and without CUDA graphs, the per-call passes (`Timed<CudaBackend>`), the counters
-//! (the CLI's child under ncu, `meddpm::analysis::collect::ncu_run`) and the optimisation matrix.
+//! [`cuda_report`] is the whole CUDA side of the report: those passes with and without CUDA
+//! graphs, the per-call passes (`Timed<CudaBackend>`), the counters (the CLI's child under ncu,
+//! `meddpm::analysis::collect::ncu_run`) and the optimisation matrix.
 //! The analysis itself is `meddpm::analysis`; the CLI only wires this in.
 
 use std::path::PathBuf;
