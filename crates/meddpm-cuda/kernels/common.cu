@@ -143,6 +143,29 @@ template <typename T>
 __device__ __forceinline__ float sigmoid_t(float x) {
     return FastMath<T>::on ? __fmaf_rn(0.5f, tanh_approx(0.5f * x), 0.5f) : sigmoid_f(x);
 }
+// silu(y) = y·σ(y) as the bf16 paths (FastMath) store it: with h = y / 2, σ(y) = (1 + tanh h) / 2, so
+// silu(y) = h + h·tanh(h), one MUFU and one FMA once h is known (against y·sigmoid_t(y): two more
+// multiplies and a second rounding). h = y / 2 is exact (a power of two), so a kernel may take h
+// straight from a halved affine map (gn_y with sc / 2, sh / 2: conv3d_wgmma_fwd_gn's prologue) and
+// store the same bits as gn_apply.
+__device__ __forceinline__ float silu_h(float h) { return __fmaf_rn(h, tanh_approx(h), h); }
+template <typename T>
+__device__ __forceinline__ float silu_t(float y) {
+    return FastMath<T>::on ? silu_h(0.5f * y) : y * sigmoid_f(y);
+}
+// silu(y) and σ(y) (= sigmoid_t(y)) from one tanh / sigmoid: the GroupNorm+SiLU backward passes
+// that recompute the activation beside silu'(y)
+template <typename T>
+__device__ __forceinline__ void silu_sig_t(float y, float& silu, float& sig) {
+    if (FastMath<T>::on) {
+        const float h = 0.5f * y, th = tanh_approx(h);
+        sig = __fmaf_rn(0.5f, th, 0.5f);
+        silu = __fmaf_rn(h, th, h);
+    } else {
+        sig = sigmoid_f(y);
+        silu = y * sig;
+    }
+}
 template <typename T>
 __device__ __forceinline__ float silu_grad_t(float x) {
     float s = sigmoid_t<T>(x);

@@ -1012,7 +1012,7 @@ SMALL_MMA_ENTRY(conv3d_dgrad_small_cout_mma, 1)
 // -- conv3d_fwd_gn_small_cout: the output head GroupNorm -> SiLU -> Conv3 (C = 64 bf16 inputs in
 // NDHWC, CO <= 4 outputs, 3x3x3, stride 1) in one pass over x: silu(GN(x)) is never stored. Per
 // input plane, a block stages silu(GN(x)) of a 10 x 18 halo of voxels in shared memory (bf16,
-// computed as gn_apply computes it: gn_y, sigmoid_t<bf16>, rounded to nearest even), then per
+// computed as gn_apply computes it: gn_y, silu_t<bf16>, rounded to nearest even), then per
 // group of taps forms the tap products P[v][t*CO + co] = sum_c act[v][c] w[co][c][t] of every
 // halo voxel on the tensor cores (mma.m16n8k16, K = 64 channels, N = taps x CO padded to n8
 // tiles) and adds those that land on each of its 8 x 16 output voxels, tap (kd, kh, kw) into
@@ -1140,7 +1140,7 @@ __device__ void gn_small_cout_body(unsigned char* smem, const bf16* x, const flo
                         const float2 t0 = tab[q * 8 + 2 * e], t1 = tab[q * 8 + 2 * e + 1];
                         const float y0 = gn_y(__uint_as_float(xw[e] << 16), t0.x, t0.y);
                         const float y1 = gn_y(__uint_as_float(xw[e] & 0xffff0000u), t1.x, t1.y);
-                        r[e] = pack_bf2(y0 * sigmoid_t<bf16>(y0), y1 * sigmoid_t<bf16>(y1));
+                        r[e] = pack_bf2(silu_t<bf16>(y0), silu_t<bf16>(y1));
                     }
                     // outside the volume silu(GN) is not applied: the conv's zero padding
                     const uint4 o = (xm >> j) & 1 ? make_uint4(r[0], r[1], r[2], r[3]) : make_uint4(0u, 0u, 0u, 0u);

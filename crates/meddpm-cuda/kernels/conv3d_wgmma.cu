@@ -164,9 +164,10 @@ extern "C" __global__ void conv3d_wgmma_pack(const void* w, int wbf, int CI, int
 // -- The body of conv3d_wgmma_fwd, _dgrad and _fwd_gn. Two warpgroups a block (warp
 // specialisation): the producer (threads 128-255) copies the stages with cp.async and, for
 // conv3d_wgmma_fwd_gn (the forward over silu(GN(x + off)): the ResBlocks' convs, silu(GN(x)) never
-// stored), transforms its own copies in place (gn_y, sigmoid_t<bf16>, rounded to nearest even: bit
-// for bit gn_apply's values; the halo outside the volume stays zero, the conv's padding), then
-// hands each stage over; the consumer (threads 0-127) runs the MMA loop and the epilogue.
+// stored), transforms its own copies in place (gn_y over a halved affine map, silu_h, rounded to
+// nearest even: bit for bit gn_apply's silu_t<bf16> values; the halo outside the volume stays
+// zero, the conv's padding), then hands each stage over; the consumer (threads 0-127) runs the
+// MMA loop and the epilogue.
 // Hand-over by named barriers, per ring buffer b: FULL 1 + b (the producer arrives, the consumer
 // waits), EMPTY 1 + WM_NS + b (the consumer arrives once the stage's last MMAs are done, the
 // producer waits before reusing b); 2 * WM_NS + 1 orders the consumer's epilogue. (Until the
@@ -424,7 +425,8 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
             const int n = i / CI, c = i - n * CI, ng = n * gn.G + c / cpg;
             float sc, sh;
             gn_affine(gn.rstd[ng], gn.gamma[c], gn.beta[c], gn.mean[ng] - (gn.off ? gn.off[i] : 0.0f), sc, sh);
-            t2[i] = make_float2(sc, sh);
+            // halved: the transform's gn_y gives h = y / 2, and silu_h(h) is silu_t<bf16>(y)
+            t2[i] = make_float2(0.5f * sc, 0.5f * sh);
         }
     }
     // with gb: the per-(n, co) (mu, sc, sh) of the GroupNorm whose backward sums are taken
@@ -525,9 +527,9 @@ __device__ __forceinline__ void wgmma_conv_body(const bf16* x, const uint4* wp, 
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
                             const float4 t4 = tv[c * 4 + e];
-                            const float y0 = gn_y(__uint_as_float(xw[e] << 16), t4.x, t4.y);
-                            const float y1 = gn_y(__uint_as_float(xw[e] & 0xffff0000u), t4.z, t4.w);
-                            o[e] = pack_bf2(y0 * sigmoid_t<bf16>(y0), y1 * sigmoid_t<bf16>(y1));
+                            const float h0 = gn_y(__uint_as_float(xw[e] << 16), t4.x, t4.y);
+                            const float h1 = gn_y(__uint_as_float(xw[e] & 0xffff0000u), t4.z, t4.w);
+                            o[e] = pack_bf2(silu_h(h0), silu_h(h1));
                         }
                         v[c] = make_uint4(o[0], o[1], o[2], o[3]);
                     }

@@ -324,7 +324,7 @@ __device__ void gn_apply_t(const void* xv, const float* mean, const float* rstd,
             if (out) stv<V>(out, i, a[u]);
             if (act) {
 #pragma unroll
-                for (int j = 0; j < V; j++) a[u][j] = a[u][j] * sigmoid_t<T>(a[u][j]);
+                for (int j = 0; j < V; j++) a[u][j] = silu_t<T>(a[u][j]);
                 stv<V>(act, i, a[u]);
             }
         }
@@ -438,9 +438,10 @@ __device__ void gn_bwd_apply_body(const void* doutv, const void* xv, const float
             float4 f = lds4(tab + j * tstep);
             if (beta) {
                 // y = GN(x); g·silu'(y) and silu(y) share one sigmoid
-                float yy = gn_y(xs[j], f.x, f.w), sg = sigmoid_t<T>(yy);
+                float yy = gn_y(xs[j], f.x, f.w), sg, sl;
+                silu_sig_t<T>(yy, sl, sg);
                 g[j] *= sg * (1.0f + yy * (1.0f - sg));
-                y[j] = yy * sg;
+                y[j] = sl;
             }
             float d = f.x * g[j] + f.y * xs[j] + f.z;
             o[j] = oacc ? o[j] + d : d;

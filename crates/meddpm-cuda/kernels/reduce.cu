@@ -706,15 +706,17 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                 const float4 f = lds4(tb + j * C8);  // (A, B, K, sh) of channel c0 + j
                 float xj = bf_at(xraw[u], j);
                 if (hb) xj = as_stored<bf16>(xj + xb[j]);
-                const float yy = gn_y(xj, f.x, f.w), sg = sigmoid_t<bf16>(yy);
+                const float yy = gn_y(xj, f.x, f.w);
+                float sg, sl;
+                silu_sig_t<bf16>(yy, sl, sg);
                 const float gj = bf_at(graw[u], j) * (sg * (1.0f + yy * (1.0f - sg)));
                 const float d = f.x * gj + f.y * xj + f.z;
                 const float oj = (acc ? bf_at(oraw[u], j) + d : d) + sk[j];
                 if (j & 1) {
-                    yp[j / 2] = pack2(ye, yy * sg);
+                    yp[j / 2] = pack2(ye, sl);
                     op[j / 2] = pack2(oe, oj);
                 } else {
-                    ye = yy * sg;
+                    ye = sl;
                     oe = oj;
                 }
             }
