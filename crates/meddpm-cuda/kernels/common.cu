@@ -145,9 +145,9 @@ __device__ __forceinline__ float sigmoid_t(float x) {
 }
 // silu(y) = y·σ(y) as the bf16 paths (FastMath) store it: with h = y / 2, σ(y) = (1 + tanh h) / 2, so
 // silu(y) = h + h·tanh(h), one MUFU and one FMA once h is known (against y·sigmoid_t(y): two more
-// multiplies and a second rounding). h = y / 2 is exact (a power of two), so a kernel may take h
-// straight from a halved affine map (gn_y with sc / 2, sh / 2: conv3d_wgmma_fwd_gn's prologue) and
-// store the same bits as gn_apply.
+// multiplies and a second rounding). h = y / 2 is exact (a power of two; outside the subnormal
+// range, where silu rounds to ~0 anyway), so a kernel may take h straight from a halved affine map
+// (gn_y with sc / 2, sh / 2: conv3d_wgmma_fwd_gn's prologue) and store the same bits as gn_apply.
 __device__ __forceinline__ float silu_h(float h) { return __fmaf_rn(h, tanh_approx(h), h); }
 template <typename T>
 __device__ __forceinline__ float silu_t(float y) {
