@@ -475,18 +475,17 @@ pub fn markdown(r: &Report) -> String {
              of the same step repeated with CUPTI off (what `meddpm bench` measures), and how much longer the \
              recorded step took.\n"
         );
-        let powered: Vec<_> = r.passes.iter().zip(&r.repeats).filter(|(p, _)| p.power.is_some()).collect();
+        let powered: Vec<_> =
+            r.passes.iter().zip(&r.repeats).filter_map(|(p, reps)| Some((p, reps, p.power.as_ref()?))).collect();
         if !powered.is_empty() {
             let _ = writeln!(
                 o,
                 "Clock and power over each pass's steps, plain and recorded (NVML readings every {} ms):\n",
                 super::power::READ_EVERY.as_millis()
             );
-            for (p, reps) in powered {
+            for (p, reps, w) in powered {
                 let steps = reps.len() + p.plain_step_ns.map_or(0, |_| reps.len());
-                if let Some(w) = &p.power {
-                    let _ = writeln!(o, "- {}: {}", md_escape(&p.name), w.line(steps));
-                }
+                let _ = writeln!(o, "- {}: {}", md_escape(&p.name), w.line(steps));
             }
             let _ = writeln!(
                 o,
