@@ -42,13 +42,7 @@ set -uo pipefail
 source scripts/gpu/bins.sh  # BIN (packed builds unpacked first)
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
-LIBDIR=$(mktemp -d)/lib
-mkdir -p "$LIBDIR"
-# cuDNN trap (../shared/docs/gpu-machine.md): /usr/local/cuda/lib64 has cuDNN 9.14 as libcudnn.so;
-# a private libcudnn.so link to PyTorch's 9.19 goes first.
-ln -sf "$SP/nvidia/cudnn/lib/libcudnn.so.9" "$LIBDIR/libcudnn.so"
-export LD_LIBRARY_PATH="$LIBDIR:$SP/nvidia/cudnn/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/gpu/libs.sh  # SP, LD_LIBRARY_PATH (cuDNN 9.19 first: the cuDNN trap)
 # The compiled kernels and cudnnFind choices persist between calls when .devbin/cache is carried
 # back in (it is copied to $OUT/cache at the end).
 export MEDDPM_CACHE_DIR=${MEDDPM_CACHE_DIR:-$PWD/.devbin/cache}

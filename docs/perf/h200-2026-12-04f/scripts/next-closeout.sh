@@ -10,10 +10,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"; L=/tmp/logs; mkdir -p $L
 BIN_DIR=.devbin/${BINNAME:-all} source scripts/gpu/bins.sh
-SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
-LIBDIR=$(mktemp -d)/lib; mkdir -p "$LIBDIR"
-ln -sf "$SP/nvidia/cudnn/lib/libcudnn.so.9" "$LIBDIR/libcudnn.so"
-export LD_LIBRARY_PATH="$LIBDIR:$SP/nvidia/cudnn/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/gpu/libs.sh  # SP, LD_LIBRARY_PATH
 export MEDDPM_CACHE_DIR=/tmp/cache-all
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader >> "$OUT/summary.txt"
 step() { local what=$1; shift; local t0=$(date +%s); "$@" > "$L/$what.log" 2>&1; echo "[$what rc=$? $(( $(date +%s) - t0 )) s]" >> "$OUT/summary.txt"; }
