@@ -1034,9 +1034,7 @@ fn net_frac(g: &CudaBackend) -> f64 {
 fn check_net(what: &str, got: &[f32], want: &[f32], g: &CudaBackend) {
     let (frac, l2) = net_tol(g);
     check(what, got, want, frac);
-    let num: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum::<f64>().sqrt();
-    let den: f64 = want.iter().map(|&b| (b as f64).powi(2)).sum::<f64>().sqrt();
-    let rel = if den > 0.0 { num / den } else { num };
+    let rel = meddpm::testing::rel_l2(got, want);
     println!("  relative L2 error {rel:.2e} (limit {l2:.0e})");
     assert!(rel <= l2, "{what}: relative L2 error {rel:.3e} > {l2:.0e}");
 }

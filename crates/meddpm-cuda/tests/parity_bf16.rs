@@ -30,7 +30,7 @@
 
 use meddpm::backend::round_bf16;
 use meddpm::cpu::CpuBackend;
-use meddpm::testing::{compare, randn_f32, Tolerance};
+use meddpm::testing::{compare, randn_f32, rel_l2, Tolerance};
 use meddpm::{Accum, Backend, ConvShape, DType, Dims, Layout, Precision};
 use meddpm_cuda::CudaBackend;
 
@@ -1668,16 +1668,6 @@ fn plumbing_bf16_parity() {
 const NET_FRAC: f64 = 0.5;
 const NET_L2: f64 = 0.2;
 const NET_MEDIAN_L2: f64 = 0.02;
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum::<f64>().sqrt();
-    let den: f64 = want.iter().map(|&b| (b as f64).powi(2)).sum::<f64>().sqrt();
-    if den > 0.0 {
-        num / den
-    } else {
-        num
-    }
-}
 
 fn check_net(what: &str, got: &[f32], want: &[f32]) -> f64 {
     let rel = rel_l2(got, want);

@@ -110,6 +110,83 @@ pub fn compare<A: Copy + Into<f64>, B: Copy + Into<f64>>(
     }
 }
 
+/// ‖got − want‖₂ / ‖want‖₂ (the absolute norm when `want` is all zeros): the whole-tensor error
+/// measure of reduced-precision network checks, where single elements move by more than the
+/// tensor's RMS while the tensor as a whole stays close.
+pub fn rel_l2<A: Copy + Into<f64>, B: Copy + Into<f64>>(got: &[A], want: &[B]) -> f64 {
+    assert_eq!(got.len(), want.len(), "rel_l2: lengths differ");
+    let num: f64 = got.iter().zip(want).map(|(&a, &b)| (a.into() - b.into()).powi(2)).sum::<f64>().sqrt();
+    let den: f64 = want.iter().map(|&b| b.into().powi(2)).sum::<f64>().sqrt();
+    if den > 0.0 {
+        num / den
+    } else {
+        num
+    }
+}
+
+/// Bounds for a set of tensors checked by [`rel_l2`]: each tensor within `each`, their median
+/// within `median`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct L2Bounds {
+    pub each: f64,
+    pub median: f64,
+}
+
+/// bf16 networks against the float64 PyTorch golden files (output, and every parameter gradient
+/// from the golden output's loss gradient): the CPU's bf16 emulation and the GPU's bf16 backend.
+/// The emulation measured a median 1.9e-2 / 2.2e-2 and worst 3.5e-2 / 5.3e-2 (tiny / tiny_heads2);
+/// the H200's bf16 a median 1.7e-2 … 2.2e-2 and worst 5.6e-2 over the two models and layouts
+/// (`docs/perf/h200-2026-12-04g/call4-golden/`). A layout, index or weight bug moves whole tensors
+/// by O(1).
+pub const GOLDEN_BF16: L2Bounds = L2Bounds { each: 0.2, median: 0.05 };
+
+/// TF32 (10-bit mantissa conv and GEMM operands, f32 storage) against the same golden files, on
+/// the GPU: measured on the H200 a median 0.8e-3 … 1.7e-3 and worst 4.4e-3 over the two models
+/// and layouts (`docs/perf/h200-2026-12-04g/call4-golden/`), about a tenth of bf16's.
+pub const GOLDEN_TF32: L2Bounds = L2Bounds { each: 0.03, median: 0.01 };
+
+/// Check named (got, want) tensors against [`L2Bounds`]; prints every tensor's relative L2 error
+/// and the median; `Err` lists the tensors over `each` and a median over `median`. Returns the
+/// (median, max) on success.
+pub fn check_rel_l2_set(
+    what: &str,
+    tensors: &[(String, Vec<f32>, Vec<f32>)],
+    b: L2Bounds,
+) -> Result<(f64, f64), String> {
+    assert!(!tensors.is_empty(), "check_rel_l2_set: no tensors");
+    let mut errs = Vec::new();
+    let mut rels = Vec::new();
+    for (name, got, want) in tensors {
+        if got.iter().any(|v| !v.is_finite()) {
+            errs.push(format!("{what} {name}: non-finite values"));
+            rels.push(f64::INFINITY);
+            continue;
+        }
+        let r = rel_l2(got, want);
+        println!("  {what} {name}: rel L2 {r:.2e}");
+        if r > b.each {
+            errs.push(format!("{what} {name}: relative L2 error {r:.3e} > {:.0e}", b.each));
+        }
+        rels.push(r);
+    }
+    rels.sort_by(f64::total_cmp);
+    let (med, max) = (rels[rels.len() / 2], rels[rels.len() - 1]);
+    println!(
+        "{what}: rel L2 median {med:.2e}, max {max:.2e} over {} tensors (limits {:.0e} each, {:.0e} median)",
+        rels.len(),
+        b.each,
+        b.median
+    );
+    if med > b.median {
+        errs.push(format!("{what}: median relative L2 error {med:.3e} > {:.0e}", b.median));
+    }
+    if errs.is_empty() {
+        Ok((med, max))
+    } else {
+        Err(errs.join("\n"))
+    }
+}
+
 /// `len` standard normals × `scale`, draws `0..len` of Philox stream (seed, stream), as f64.
 pub fn randn_f64(seed: u64, stream: u64, len: usize, scale: f64) -> Vec<f64> {
     let r = Philox::new(seed, stream);
@@ -162,6 +239,24 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn rel_l2_set_catches_one_bad_tensor_and_a_high_median() {
+        assert_eq!(rel_l2(&[3.0f32, 4.0], &[3.0f32, 4.0]), 0.0);
+        assert!((rel_l2(&[3.0f32, 4.0], &[0.0f32, 0.0]) - 5.0).abs() < 1e-12);
+        assert!((rel_l2(&[1.1f32, 0.0], &[1.0f64, 0.0]) - 0.1).abs() < 1e-6);
+        let t = |n: &str, got: Vec<f32>| (n.to_string(), got, vec![1.0f32; 4]);
+        let b = L2Bounds { each: 0.2, median: 0.02 };
+        let good = [t("a", vec![1.0; 4]), t("b", vec![1.01; 4]), t("c", vec![1.1; 4])];
+        let (med, max) = check_rel_l2_set("good", &good, b).unwrap();
+        assert!((med - 0.01).abs() < 1e-6 && (max - 0.1).abs() < 1e-6, "{med} {max}");
+        let one_bad = [t("a", vec![1.0; 4]), t("b", vec![1.0; 4]), t("c", vec![2.0; 4])];
+        assert!(check_rel_l2_set("one bad", &one_bad, b).unwrap_err().contains("one bad c"));
+        let high_median = [t("a", vec![1.05; 4]), t("b", vec![1.05; 4]), t("c", vec![1.0; 4])];
+        assert!(check_rel_l2_set("median", &high_median, b).unwrap_err().contains("median"));
+        let nan = [t("a", vec![f32::NAN; 4])];
+        assert!(check_rel_l2_set("nan", &nan, b).unwrap_err().contains("non-finite"));
+    }
+
     #[test]
     fn compare_detects_differences() {
         let t = Tolerance::new(1e-3, 1e-2);
