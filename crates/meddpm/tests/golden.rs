@@ -52,8 +52,7 @@ fn run(be: &CpuBackend, ck: &Checkpoint, cfg: &UNetConfig, batch: usize, golden_
     let (o, dout) = net.output_and_grad();
     be.loss_forward(&mut loss, o, &eps_buf, LossKind::L1);
     if golden_dout {
-        let d = l1_grad(tensor(ck, "out"), eps);
-        be.upload_act(&d, net.output_dims(), net.output_and_grad().1);
+        be.loss_backward(dout, &tensor(ck, "out").to_vec(), &eps_buf, LossKind::L1, 1.0);
     } else {
         be.loss_backward(dout, o, &eps_buf, LossKind::L1, 1.0);
     }
@@ -61,23 +60,6 @@ fn run(be: &CpuBackend, ck: &Checkpoint, cfg: &UNetConfig, batch: usize, golden_
     net.backward(be);
     let grads = specs.iter().map(|s| s.key.clone()).zip(net.host_tensors(be, true)).collect();
     (out, loss[0], grads)
-}
-
-/// d/d out of mean |out − ε|: sign(out − ε)/numel, sign(0) = 0 (`torch.sign`).
-fn l1_grad(out: &[f32], eps: &[f32]) -> Vec<f32> {
-    let k = 1.0 / out.len() as f32;
-    out.iter()
-        .zip(eps)
-        .map(|(&o, &e)| {
-            if o > e {
-                k
-            } else if o < e {
-                -k
-            } else {
-                0.0
-            }
-        })
-        .collect()
 }
 
 fn check(name: &str) {
