@@ -30,11 +30,8 @@ T0=$(date +%s%N)
 secs() { echo "$(( ($(date +%s%N) - $1) / 1000000 )) ms"; }
 
 if [ "$DEVICE" != cpu ]; then
-  # cuDNN trap (docs gpu-machine.md): make libcudnn.so resolve to PyTorch's 9.19, not 9.14.
-  SP=$($PY -c "import site; print(site.getsitepackages()[0])")
-  LIBDIR=$(mktemp -d)
-  ln -sf "$SP/nvidia/cudnn/lib/libcudnn.so.9" "$LIBDIR/libcudnn.so"
-  export LD_LIBRARY_PATH="$LIBDIR:$SP/nvidia/cudnn/lib:$SP/nvidia/cu13/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  # cuDNN trap (docs gpu-machine.md): libcudnn.so must resolve to PyTorch's 9.19, not 9.14
+  source "$HERE/scripts/gpu/libs.sh"
 fi
 
 PYARGS=(--out "$WORK" --models "${MODELS:-whole_head,brats}" --device "$DEVICE")
