@@ -22,7 +22,7 @@
 #   study    scripts/gpu/study.sh $STUDY (demo model, sampler study, whole-head 20-step timing, BraTS)
 #   study64  scripts/gpu/study64.sh $STUDY64 (default: all parts): 64³ data from testdata/mni64 +
 #            `meddpm masks`, a 64³ model trained for 5 min in bf16, the sampler study on it, batch 4
-#            vs batch 1 volumes/s (~8–9 min; $OUT/study64.tar.gz holds docs/ for docs/eval/samplers-64)
+#            vs batch 1 volumes/s (~8–9 min; $OUT/study64.tar.gz holds docs/ for docs/reports/sampler-study)
 #   ncu      Nsight Compute (--set full) on the kernels matching $NCU_KERNELS (regex), the first
 #            $NCU_COUNT (default 4) launches, over one whole-head bf16 NDHWC bench step without
 #            graphs ($NCU_ENV: extra environment, e.g. MEDDPM_SMALL_CONV=0); details page as CSV, the

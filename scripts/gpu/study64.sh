@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # study64.sh [PART...]: issue 13's sampler study on a model meddpm trains on the GPU in minutes,
 # at 64³, on data built from the committed MNI152 material plus `meddpm masks` augmentation —
-# the study the issue asks for (docs/eval/samplers/ ran on the bundled 32³ demo model instead),
+# the study the issue asks for (the 32³ study in git at b4b2af7:docs/eval/samplers/ used the demo model),
 # and the batch-4 vs batch-1 throughput at 64³ (issue 13: batch 4 ≥ 1.5× the volumes/s of batch 1;
-# at 128³ it is 1.03×). The recipe and its results: docs/eval/samplers-64/README.md.
+# at 128³ it is 1.03×). The recipe and its results: docs/reports/sampler-study/README.md.
 #
 # How to run (GPU machine, repository root, binaries from scripts/gpu/prepare.sh):
 #   bash scripts/gpu/run.sh study64          # all parts → $OUT/study64.tar.gz (+ summary line)
@@ -14,7 +14,7 @@
 #             `meddpm masks` (20 tumour scales 2.0..0.5; shifts −SHIFT_RANGE..SHIFT_RANGE step
 #             SHIFT_STEP voxels per axis), then `meddpm lesion-pairs`: each mask's image is the
 #             lesion-free 64³ T1 (testdata/mni64/t1.nii.gz) darkened on its tumour → WORK/data
-#   train     `meddpm train --config CONFIG` (docs/eval/samplers-64/run.toml: the whole-head
+#   train     `meddpm train --config CONFIG` (docs/reports/sampler-study/run.toml: the whole-head
 #             network at 64³, batch 2, lr 1e-4) in PRECISION (bf16) for TRAIN_SECONDS (300) wall
 #             seconds: SIGINT at the limit, the run saves its checkpoint and stops (TRAIN_STEPS,
 #             default 10⁶, caps the optimizer steps)
@@ -24,8 +24,8 @@
 #             batch SAMPLER_BATCH (2), mask and real image of pair 0 (testdata/mni64/mask_0)
 #   report    RES/docs/training.md and batch.md from the files in RES (python3; re-runnable here
 #             on the returned files: RES=dir bash scripts/gpu/study64.sh report)
-# RES/docs/ is laid out as docs/eval/samplers-64/: copy it there after the run
-#   (tar xzf gpu-out/study64.tar.gz -C /tmp && cp -r /tmp/study64/docs/. docs/eval/samplers-64/).
+# RES/docs/ is laid out as docs/reports/sampler-study/: copy it there after the run
+#   (tar xzf gpu-out/study64.tar.gz -C /tmp && cp -r /tmp/study64/docs/. docs/reports/sampler-study/).
 # Needs BIN (meddpm binary) and RES (output folder). Optional: WORK (out/study64-work: git-ignored
 # and not carried, so it survives between calls on a warm machine), DEVICE (cuda), PRECISION
 # (bf16), CONFIG, TRAIN_SECONDS, TRAIN_STEPS, SHIFT_RANGE (16), SHIFT_STEP (8), NUM_SCALES (20), STEPS ("10 20 50 100 250"), SEEDS (4), SAMPLER_BATCH (2), BATCH_RUNS,
@@ -39,7 +39,7 @@ set -uo pipefail
 W=${WORK:-$PWD/out/study64-work}
 DEVICE=${DEVICE:-cuda}
 PRECISION=${PRECISION:-bf16}
-CONFIG=${CONFIG:-docs/eval/samplers-64/run.toml}
+CONFIG=${CONFIG:-docs/reports/sampler-study/run.toml}
 TRAIN_SECONDS=${TRAIN_SECONDS:-300}
 TRAIN_STEPS=${TRAIN_STEPS:-1000000}
 SHIFT_RANGE=${SHIFT_RANGE:-16}
