@@ -1,7 +1,7 @@
 //! Build script of the engine: embeds the bundled demo model when it exists.
 //!
 //! `testdata/demo/model.safetensors` (EMA weights of a demo-preset model trained with meddpm, see
-//! the README) is compiled into the binary with `include_bytes!` when the file is present at
+//! docs/sample.md) is compiled into the binary with `include_bytes!` when the file is present at
 //! build time, and not at all otherwise, so the workspace builds before the file is committed.
 //! The generated `$OUT_DIR/bundled_model.rs` defines `BUNDLED: Option<&[u8]>`, read by
 //! `checkpoint::bundled`. The build script reruns when anything in `testdata/demo/` changes
