@@ -136,13 +136,13 @@ pub struct L2Bounds {
 /// from the golden output's loss gradient): the CPU's bf16 emulation and the GPU's bf16 backend.
 /// The emulation measured a median 1.9e-2 / 2.2e-2 and worst 3.5e-2 / 5.3e-2 (tiny / tiny_heads2);
 /// the H200's bf16 a median 1.7e-2 … 2.2e-2 and worst 5.6e-2 / 6.0e-2 over the two models and
-/// layouts in two runs (`docs/perf/h200-2026-12-04g/call4-golden/`, `call6-golden-final/`). A
+/// layouts in two runs (`docs/perf/results/golden-summary.txt`, `golden-final.log.gz`). A
 /// layout, index or weight bug moves whole tensors by O(1).
 pub const GOLDEN_BF16: L2Bounds = L2Bounds { each: 0.2, median: 0.05 };
 
 /// TF32 (10-bit mantissa conv and GEMM operands, f32 storage) against the same golden files, on
 /// the GPU: measured on the H200 a median 0.8e-3 … 1.7e-3 and worst 4.4e-3 over the two models
-/// and layouts in two runs (`docs/perf/h200-2026-12-04g/call4-golden/`, `call6-golden-final/`),
+/// and layouts in two runs (`docs/perf/results/golden-summary.txt`, `golden-final.log.gz`),
 /// about a tenth of bf16's.
 pub const GOLDEN_TF32: L2Bounds = L2Bounds { each: 0.03, median: 0.01 };
 

@@ -3,10 +3,9 @@
 //! multiprocessor, as CUDA's occupancy calculator computes it: resident blocks per SM are the
 //! smallest of the register, shared-memory, thread and block limits, and occupancy is their warps
 //! over the SM's maximum. A memory-bound kernel far below full occupancy has too few loads in
-//! flight: the fifteenth session's GroupNorm backward passes ran at 24–33 % (121 and 80
-//! registers a thread) and 2.2–3.1 TB/s on the H200, and at 3.2–3.8 TB/s once their registers
-//! were cut (docs/perf/h200-2026-12-01p). `meddpm profile` lists this for its top kernels, so
-//! the limit shows without an Nsight Compute run.
+//! flight: on the H200, GroupNorm backward passes at 24–33 % occupancy (121 and 80 registers a
+//! thread) ran at 2.2–3.1 TB/s, and at 3.2–3.8 TB/s once their registers were cut. `meddpm
+//! profile` lists this for its top kernels, so the limit shows without an Nsight Compute run.
 //!
 //! Limits per compute capability: CUDA C++ Programming Guide, "Technical Specifications per
 //! Compute Capability" (registers per SM and their 256-register allocation unit per warp, maximum
@@ -106,9 +105,9 @@ mod tests {
         sm_limits("Hopper (sm_90)").unwrap()
     }
 
-    /// The H200 launches Nsight Compute measured this session (docs/perf/h200-2026-12-01p,
-    /// ncu-before): achieved occupancy 23.8 % at 121 registers, 32.8–33.3 % at 80, 46.2–46.5 % at
-    /// 64, each a little under the theoretical value computed here.
+    /// GroupNorm backward launches as Nsight Compute measured them on the H200: achieved
+    /// occupancy 23.8 % at 121 registers, 32.8–33.3 % at 80, 46.2–46.5 % at 64, each a little
+    /// under the theoretical value computed here.
     #[test]
     fn gn_backward_launches_on_the_h200() {
         let o = theoretical(h200(), 121, 0, 256).unwrap();

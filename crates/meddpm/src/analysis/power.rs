@@ -1,8 +1,8 @@
 //! power.rs: what a GPU ran at while a measurement ran: SM clock, board power, energy, and
 //! whether a slowdown (the power cap above all) held the clock back, summarised from samples the
 //! CUDA backend takes through NVML (`meddpm_cuda::power`). Why: on the H200 the BraTS bf16
-//! training step runs into the 700 W power cap and its SM clock falls to ~1 785 of 1 980 MHz
-//! (docs/perf/h200-2026-12-04d). A time without the clock and power it ran at is half a
+//! training step runs into the 700 W power cap and its SM clock falls to ~1 785 of 1 980 MHz.
+//! A time without the clock and power it ran at is half a
 //! measurement: a kernel timed alone on a cool GPU runs at full clock, the same kernel inside a
 //! long step does not, and a change that saves energy can make everything else faster.
 //! Pure arithmetic over the samples, tested anywhere; `meddpm bench` prints [`PowerSummary::line`]

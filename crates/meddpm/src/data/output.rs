@@ -13,8 +13,8 @@
 //!
 //! [`write_sample_with_views`] adds the PNG preview and the HTML viewer page beside those files
 //! (what `meddpm sample` and the end of `meddpm train` write); [`sample_stems`] names the files of
-//! a mask × seed sampling job list (moved here from the CLI with [`image_volumes`] and
-//! [`nifti_stem`]).
+//! a mask × seed sampling job list, with [`image_volumes`] and [`nifti_stem`], so that every
+//! command names its files the same way.
 
 use super::convention::{brats_export_mask, brats_postprocess_image, Convention, Preset};
 use super::nifti::{write_labels, write_volume, Volume};

@@ -103,7 +103,7 @@ pub type NextBatch<'a> = dyn FnMut() -> Result<(Vec<f32>, Vec<f32>)> + 'a;
 /// host buffers, kept from batch to batch: one that overwrites them in place (`clone_from`,
 /// `copy_from_slice`) allocates nothing per micro-step. `bench` and `profile` use it: a fresh
 /// 85 MB `Vec` per BraTS volume is paged in on first touch, which took the host longer than
-/// the GPU's bf16 step at times (GPU idle 8–27 ms a step, docs/perf/h200-2026-12-01p).
+/// the GPU's bf16 step at times (8–27 ms of GPU idle a step on the H200).
 pub type FillBatch<'a> = dyn FnMut(&mut Vec<f32>, &mut Vec<f32>) -> Result<()> + 'a;
 
 /// Model + optimiser state + EMA + the buffers of one micro-step, all planned at construction.

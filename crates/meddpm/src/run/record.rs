@@ -9,7 +9,8 @@
 //! plain state dict) reads as `None`: callers fall back to flags and defaults and say so.
 //!
 //! [`DataSource::from_paths`] and [`DataSource::paths`] convert between the record's data source
-//! and the flat masks / images / manifest settings of flags and run files (moved from the CLI).
+//! and the flat masks / images / manifest settings of flags and run files, so the CLI and the
+//! engine read a run's data source one way.
 
 use super::fingerprint::PairPrint;
 use crate::checkpoint::Checkpoint;
