@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # study64.sh [PART...]: issue 13's sampler study on a model meddpm trains on the GPU in minutes,
 # at 64³, on data built from the committed MNI152 material plus `meddpm masks` augmentation —
-# the study the issue asks for (the 32³ study in git at b4b2af7:docs/eval/samplers/ used the demo model),
+# the study the issue asks for (an earlier 32³ study used the bundled demo model instead),
 # and the batch-4 vs batch-1 throughput at 64³ (issue 13: batch 4 ≥ 1.5× the volumes/s of batch 1;
 # at 128³ it is 1.03×). The recipe and its results: docs/reports/sampler-study/README.md.
 #
