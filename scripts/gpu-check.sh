@@ -41,7 +41,8 @@ echo "== kernels_compile" | tee "$OUT/parity.log"
 "$BIN/kernels_compile" --nocapture 2>&1 | tee -a "$OUT/parity.log" | tail -3
 echo "== parity" | tee -a "$OUT/parity.log"
 t0=$(date +%s)
-timeout ${PARITY_TIMEOUT:-300} "$BIN/parity" --nocapture --test-threads=1 >>"$OUT/parity.log" 2>&1 || status=1
+# the parity tests are #[ignore]d (a plain `cargo test` without a GPU reports them as ignored)
+timeout ${PARITY_TIMEOUT:-300} "$BIN/parity" --include-ignored --nocapture --test-threads=1 >>"$OUT/parity.log" 2>&1 || status=1
 echo "parity took $(( $(date +%s) - t0 )) s" | tee -a "$OUT/parity.log"
 grep -E "^test |test result|NOT OK|panicked" "$OUT/parity.log" | tail -40
 

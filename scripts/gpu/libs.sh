@@ -1,4 +1,4 @@
-# libs.sh: sourced by run.sh, torch_full.sh and a session's call scripts on the GPU
+# libs.sh: sourced by run.sh, torch_full.sh and one-off call scripts on the GPU
 # machine: sets SP (Python's site-packages, where PyTorch's CUDA wheels live) and LD_LIBRARY_PATH.
 # cuDNN trap (../shared/docs/gpu-machine.md): /usr/local/cuda/lib64 has cuDNN 9.14 as libcudnn.so;
 # a private libcudnn.so link to PyTorch's 9.19 goes first.

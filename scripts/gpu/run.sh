@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # run.sh PART...: the project's integrated GPU run, on the GPU machine, from the repository root.
 # Binaries come from scripts/gpu/prepare.sh (.devbin/all). Parts:
-#   check    doctor, kernel compile, parity tests (every primitive, both layouts, both precisions),
-#            the PyTorch golden files on the GPU, primitive micro-benchmarks  (scripts/gpu-check.sh)
+#   check    doctor (its kernel compile), parity tests (every primitive, both layouts, every
+#            precision), the PyTorch golden files on the GPU; with PRIMITIVES=1 the primitive
+#            micro-benchmarks. The GPU tests are #[ignore]d (a plain `cargo test` without a GPU
+#            reports them as ignored): their binaries run here with --include-ignored
 #   bench    meddpm bench: whole-head train step / sampling forward / 250-step volume, 4 configs,
 #            PyTorch side by side
 #   torch    full-size .pt import: PyTorch vs meddpm forward (scripts/gpu/torch_full.sh)
@@ -27,8 +29,8 @@
 #            $NCU_COUNT (default 4) launches, over one whole-head bf16 NDHWC bench step without
 #            graphs ($NCU_ENV: extra environment, e.g. MEDDPM_SMALL_CONV=0); details page as CSV, the
 #            per-SASS-instruction source page and the raw stall and tensor-pipe counters
-#   quick    a fused path's check in about two minutes (the twentieth session's one call): the
-#            parity_bf16 tests named in $TESTS (default: the fused-conv and U-Net ones), then
+#   quick    a fused path's check in about two minutes: the parity_bf16 tests named in $TESTS
+#            (default: the fused-conv and U-Net ones, run with --include-ignored), then
 #            whole-head bf16 NDHWC bench alternated twice with $AB_ENV set (e.g.
 #            MEDDPM_CONV_STATS=0) and without, then eval-configs shortened to 30 s of training,
 #            fp32/ncdhw against bf16/ndhwc with MEDDPM_WGMMA=1 (the quality verdict)
@@ -58,10 +60,10 @@ for part in "$@"; do
     check)
       "$BIN/doctor" >"$RES/doctor.log" 2>&1; grep -E "cuDNN|driver|device 0" "$RES/doctor.log"
       # one thread and every module loaded up front: a graph capture on one test thread was
-      # invalidated (CUDA error 901) by work on another, most likely a lazily loaded module
-      # (docs/perf/h200-2026-12-03p); benches keep lazy loading (EAGER ran them ~5 % slow)
+      # invalidated (CUDA error 901) by work on another, most likely a lazily loaded module;
+      # benches keep lazy loading (EAGER ran them ~5 % slow)
       for t in parity parity_bf16 golden; do
-        CUDA_MODULE_LOADING=EAGER timeout 300 "$BIN/$t" --nocapture --test-threads=1 >"$RES/$t.log" 2>&1
+        CUDA_MODULE_LOADING=EAGER timeout 300 "$BIN/$t" --include-ignored --nocapture --test-threads=1 >"$RES/$t.log" 2>&1
         echo "$t: exit $?"; grep -E "^test |test result|NOT OK|panicked" "$RES/$t.log" | tail -25
       done
       if [ -n "${PRIMITIVES:-}" ]; then timeout 240 "$BIN/bench_primitives" "$RES" 5 >"$RES/bench_primitives.log" 2>&1; fi ;;
@@ -106,7 +108,8 @@ for part in "$@"; do
       done ;;
     quick)
       tests=${TESTS:-wgmma_gn_conv_bf16_parity cat_free_bf16_parity gn_head_bf16_parity unet_}
-      CUDA_MODULE_LOADING=EAGER timeout 150 "$BIN/parity_bf16" --test-threads 1 --nocapture $tests >"$RES/parity_bf16.log" 2>&1
+      CUDA_MODULE_LOADING=EAGER timeout 150 "$BIN/parity_bf16" --include-ignored --test-threads 1 --nocapture $tests \
+        >"$RES/parity_bf16.log" 2>&1
       echo "parity_bf16 ($tests): exit $?"; grep -E "^test |test result|panicked|rel L2|skipped" "$RES/parity_bf16.log"
       for i in 1 2; do for e in env all; do
         env $([ $e = env ] && echo "${AB_ENV:?set AB_ENV, e.g. MEDDPM_CONV_STATS=0}") timeout 70 "$BIN/meddpm" bench \

@@ -43,7 +43,8 @@ $PY "$HERE/tools/reference/torch_full.py" "${PYARGS[@]}" 2>&1 | tee -a "$RES/tor
 echo "== meddpm forward vs PyTorch" | tee -a "$RES/torch_full.log"
 rm -f "$WORK/report.txt"
 set +e
-MEDDPM_TORCH_FULL_DIR="$WORK" MEDDPM_TORCH_FULL_DEVICE="$DEVICE" "$TEST_BIN" --nocapture --test-threads 1 \
+# the test is #[ignore]d (it needs these files): --include-ignored runs it
+MEDDPM_TORCH_FULL_DIR="$WORK" MEDDPM_TORCH_FULL_DEVICE="$DEVICE" "$TEST_BIN" --include-ignored --nocapture --test-threads 1 \
   2>&1 | tee -a "$RES/torch_full.log"
 RC=${PIPESTATUS[0]}
 set -e

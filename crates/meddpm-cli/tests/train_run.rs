@@ -357,8 +357,8 @@ fn sample_without_a_checkpoint_uses_the_bundled_model_or_says_there_is_none() {
 }
 
 /// A run with batch > 1 samples its end-of-run volume too (the training network's batch is
-/// padded with copies of the one condition; this used to fail with "condition has 1024 values,
-/// the model expects 2048").
+/// padded with copies of the one condition; unpadded, sampling fails with "condition has 1024
+/// values, the model expects 2048").
 #[test]
 fn a_batch_of_two_trains_and_samples_at_the_end() {
     let dir = scratch("batch2");

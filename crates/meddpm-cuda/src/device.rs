@@ -351,7 +351,9 @@ pub fn compile_kernels(arch: &str) -> std::result::Result<Vec<Vec<u8>>, String> 
 }
 
 fn compile_unit(arch: &str, i: usize, unit: &[(&str, &str)]) -> std::result::Result<Vec<u8>, String> {
-    let src: String = unit.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect();
+    // `#line`: NVRTC's errors and the line info (ncu's source view) name the file and its own line
+    let src: String =
+        unit.iter().map(|(name, s)| format!("#line 1 \"crates/meddpm-cuda/kernels/{name}\"\n{s}\n")).collect();
     let csrc = std::ffi::CString::new(src).map_err(|e| e.to_string())?;
     let name = std::ffi::CString::new(format!("meddpm_kernels_{i}.cu")).unwrap();
     let prog = cudarc::nvrtc::result::create_program(&csrc, Some(&name)).map_err(|e| format!("nvrtc create: {e:?}"))?;

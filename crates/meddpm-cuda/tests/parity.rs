@@ -19,7 +19,9 @@
 //!   check the semantics tightly; TF32 rounding compounds through the network (a GroupNorm weight's
 //!   gradient was seen 6 % off in relative L2), so there the check only catches gross errors.
 //!
-//! On a machine without a GPU every test prints "skipped: no CUDA device" and passes.
+//! Every test needs a CUDA GPU and is `#[ignore]`d: a plain `cargo test` reports them as ignored;
+//! `scripts/gpu/run.sh check` runs the prebuilt binary with `--include-ignored` on the GPU machine,
+//! and there a missing or unusable GPU fails the tests.
 
 use meddpm::cpu::CpuBackend;
 use meddpm::testing::{compare, randn_f32, Tolerance};
@@ -31,25 +33,17 @@ use common::{check_forward_acc, check_small_path, Buf};
 
 type Cpu = CpuBackend;
 
-/// The four GPU configurations, or None (after printing the skip line) without a GPU.
-fn gpus() -> Option<Vec<CudaBackend>> {
+/// The four GPU configurations. Every test here is `#[ignore]`d, so a plain `cargo test` reports
+/// it as ignored; asked for with `--include-ignored`, it fails on a machine without a usable GPU
+/// (rather than passing without having checked anything).
+fn gpus() -> Vec<CudaBackend> {
     let mut v = Vec::new();
     for p in [Precision::Fp32, Precision::Tf32] {
         for l in [Layout::Ncdhw, Layout::Ndhwc] {
-            match CudaBackend::new(0, p, l) {
-                Ok(b) => v.push(b),
-                Err(e) => {
-                    let m = e.to_string();
-                    if m.contains("no CUDA device") || m.contains("libraries not found") {
-                        println!("skipped: no CUDA device ({m})");
-                        return None;
-                    }
-                    panic!("CudaBackend::new({p:?}, {l:?}): {m}");
-                }
-            }
+            v.push(CudaBackend::new(0, p, l).unwrap_or_else(|e| panic!("CudaBackend::new({p:?}, {l:?}): {e}")));
         }
     }
-    Some(v)
+    v
 }
 
 fn name(g: &CudaBackend) -> String {
@@ -120,8 +114,9 @@ const ODD: Dims = Dims::new(2, 5, 5, 6, 7);
 // ---- memory and layout ---------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn upload_download_roundtrip_and_layout() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     for g in &gs {
         let x = Dims::new(2, 3, 4, 5, 6);
         let h = rnd(x.numel(), 1, 1.0);
@@ -153,8 +148,9 @@ fn upload_download_roundtrip_and_layout() {
 /// uploads queued back to back (so buffers are refilled while earlier copies may be in flight),
 /// of two lengths, must all arrive intact; a 1-channel activation skips the layout change.
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn large_uploads_through_pinned_buffers() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     for g in &gs {
         let (n1, n2) = (1 << 18, (1 << 18) + 5);
         let hosts: Vec<Vec<f32>> = (0..5).map(|i| rnd(if i % 3 == 2 { n2 } else { n1 }, 500 + i, 1.0)).collect();
@@ -177,8 +173,9 @@ fn large_uploads_through_pinned_buffers() {
 /// call must see it, also when that work starts at once; a buffer staged into again (next turn)
 /// must hold the new data.
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn staged_uploads_overlap_and_are_ordered() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     for g in &gs {
         let x = Dims::new(1, 2, 64, 64, 65); // 2 channels: the layout change happens on the host
         let small = Dims::new(1, 2, 3, 4, 5);
@@ -332,8 +329,9 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn conv3d_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cases = [
         (ConvShape::new(ODD, 7, 3, 1), Some(Accum::Overwrite)),
         (ConvShape::new(ODD, 7, 3, 2), Some(Accum::Add)),
@@ -382,8 +380,9 @@ fn rna_tf32(v: f32) -> f32 {
 /// off) within it. The run counter proves each was this kernel; fp32 (exact FMA sums) and NCDHW
 /// never take it.
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn wgmma_wgrad_tf32_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let (g, cpu) = (&gs[3], Cpu::new());
     assert_eq!((g.precision(), g.layout()), (Precision::Tf32, Layout::Ndhwc));
     let cases =
@@ -548,8 +547,9 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn groupnorm_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cases = [
         (Dims::new(2, 40, 5, 6, 7), 8, false, Accum::Overwrite),
         (Dims::new(2, 40, 5, 6, 7), 8, true, Accum::Add),
@@ -575,8 +575,9 @@ fn groupnorm_parity() {
 /// A decoder block's input gradient delivered to its concatenation's parts in one call, against
 /// the three calls it replaces (`common::check_gn_cat_in`).
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn gn_cat_in_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     for g in &gs {
         let (up, down) = (|v: &[f32], d: Dims| act(g, v, d), |b: &Buf, d: Dims| get_act(g, b, d));
         let (upr, downr) = (|v: &[f32]| raw(g, v), |b: &Buf| get_raw(g, b));
@@ -587,8 +588,9 @@ fn gn_cat_in_parity() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn silu_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let n = ODD.numel();
     let x = rnd(n, 1, 3.0);
@@ -614,8 +616,9 @@ fn silu_parity() {
 // ---- linear and attention ----------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn linear_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     // up to 8 rows one launch each way (kernels/linear.cu linear_rows_*), 9 on cuBLAS
     let cases = [
@@ -651,8 +654,9 @@ fn linear_parity() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn attention_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     // softmax paths: rows in registers (T % 4 == 0; 256 threads, or 512 for 12,544 keys), the
     // general kernel with its shared-memory row cache (105 keys) and without (12,289 keys)
@@ -691,8 +695,9 @@ fn attention_parity() {
 // ---- resampling and plumbing ---------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn upsample_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     for x in [
         ODD,
@@ -728,8 +733,9 @@ fn upsample_parity() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn plumbing_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let x = ODD;
     let (ca, cb) = (3, 4);
@@ -803,8 +809,9 @@ fn plumbing_parity() {
 // ---- loss, diffusion, optimiser ------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn loss_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let x = Dims::new(2, 1, 20, 21, 22);
     let p = rnd(x.numel(), 1, 1.0);
@@ -828,8 +835,9 @@ fn loss_parity() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn randn_matches_cpu_philox() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let x = Dims::new(2, 3, 17, 18, 19);
     let rng = meddpm::rng::Philox::new(0xDEAD_BEEF_1234, 7);
@@ -858,8 +866,9 @@ fn randn_matches_cpu_philox() {
 /// difference), x_t within f32 rounding, the condition channels copied exactly; 18 samples (two
 /// launches), two image channels (the layouts' index maps).
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn q_sample_input_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let (x, cc) = (Dims::new(18, 2, 3, 4, 5), 3);
     let (xi, xc) = (x.with_c(x.c + cc), x.with_c(cc));
@@ -889,8 +898,9 @@ fn q_sample_input_parity() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn diffusion_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let x = Dims::new(18, 1, 3, 4, 5); // more than 16 samples: two launches
     let x0 = rnd(x.numel(), 1, 0.8);
@@ -927,10 +937,11 @@ fn diffusion_parity() {
 /// (the noise index must be the logical NCDHW one in NDHWC too), zero coefficients that skip a
 /// term, and per-sample noise streams; then the x_T draw (only cz) over a NaN x.
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn sampler_step_parity() {
     use meddpm::backend::{Prediction, SamplerCoefs};
     use meddpm::rng::Philox;
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let x = Dims::new(18, 2, 3, 4, 5);
     let x0 = rnd(x.numel(), 11, 1.2);
@@ -987,8 +998,9 @@ fn sampler_step_parity() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn optimiser_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let n = 1000;
     let p0 = rnd(n, 1, 1.0);
@@ -1040,9 +1052,10 @@ fn check_net(what: &str, got: &[f32], want: &[f32], g: &CudaBackend) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn unet_forward_backward_parity() {
     use meddpm::model::{UNet, UNetConfig};
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let cfg = UNetConfig::tiny();
     let batch = 2;
@@ -1079,10 +1092,11 @@ fn unet_forward_backward_parity() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn one_training_step_parity() {
     use meddpm::diffusion::{TrainConfig, Trainer};
     use meddpm::model::UNetConfig;
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let cfg = UNetConfig::tiny();
     let tc = TrainConfig { lr: 1e-3, seed: 17, batch: 2, grad_accum: 1, ..TrainConfig::default() };
@@ -1133,8 +1147,9 @@ fn one_training_step_parity() {
 /// The one-launch optimizer ops against the CPU's per-tensor ones, on tensors whose sizes straddle
 /// the kernels' 4096-element blocks (the table lookup of each block).
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn multi_tensor_optimizer_parity() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cpu = Cpu::new();
     let sizes = [1usize, 4095, 4096, 4097, 10_000, 3];
     let host = |s: u64| sizes.iter().enumerate().map(|(i, &n)| rnd(n, s + i as u64, 1.0)).collect::<Vec<_>>();
@@ -1183,10 +1198,11 @@ fn multi_tensor_optimizer_parity() {
 /// inputs and timesteps each call (the graph reads the buffers the host filled), the same
 /// gradients, and after an optimizer step and a swap to the EMA weights (a second buffer set).
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn graph_replay_matches_plain_launches() {
     use meddpm::diffusion::{TrainConfig, Trainer};
     use meddpm::model::UNetConfig;
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let cfg = UNetConfig::tiny();
     let tc = TrainConfig { lr: 1e-4, seed: 5, batch: 2, grad_accum: 1, ema_start: 0, ..TrainConfig::default() };
     let (mut img, mut cond) = (Vec::new(), Vec::new());
@@ -1254,8 +1270,9 @@ fn graph_replay_matches_plain_launches() {
 /// The power monitor (NVML) reads the GPU the backend runs on: a PCI bus id NVML knows, readings
 /// every few ms while kernels run, an energy counter that moved, a clock within the device's range.
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu/run.sh check runs it with --include-ignored"]
 fn power_monitor_reads_the_gpu() {
-    let Some(gs) = gpus() else { return };
+    let gs = gpus();
     let g = &gs[0];
     let bus = g.pci_bus_id().expect("cuDeviceGetPCIBusId");
     let parts: Vec<&str> = bus.split([':', '.']).collect();

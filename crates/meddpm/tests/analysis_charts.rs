@@ -100,7 +100,7 @@ fn roofline_and_matrix_charts() {
     let pitch = bars[1].0 - bars[0].0;
     assert!((w0 - w1).abs() < 1.0 && w0 > 0.7 * pitch, "bars {bars:?}");
     // Bar i spans [i + 0.1, i + 0.9] of an axis 0..2: the axis ends 0.1 pitch after the last bar,
-    // and right there the legend panel begins (the old layout left two empty slots there).
+    // and right there the legend panel begins (no empty slots between them).
     let axis_end = bars[1].1 + 0.1 * pitch;
     let legend_x = text_x(&m, "conv forward").expect("legend entry for conv forward");
     assert!(

@@ -429,7 +429,7 @@ fn report_of_a_pass_with_gpu_timestamps() {
 
 /// CUPTI records with registers, shared memory and block sizes on a GPU of the table get the
 /// occupancy table: each top kernel's longest call, its resident blocks and what limits them
-/// (numbers from the H200 launches of docs/perf/h200-2026-12-01p); without a device of the
+/// (numbers from real H200 launches); without a device of the
 /// table, or without the launch details, the section is left out.
 #[test]
 fn report_lists_the_theoretical_occupancy_of_the_top_kernels() {
