@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::cublas::sys as bsys;
@@ -415,7 +416,7 @@ fn cubin_for(arch: &str) -> std::result::Result<Vec<Vec<u8>>, String> {
     if let Some(b) = c.get(arch) {
         return Ok(b.clone());
     }
-    let file = crate::conv3d::cache_dir().map(|d| {
+    let file = cache_dir().map(|d| {
         let key = sources_key();
         (0..KERNEL_UNITS.len()).map(|i| d.join(format!("kernels-{arch}-{key:016x}-{i}.cubin"))).collect::<Vec<_>>()
     });
@@ -707,6 +708,35 @@ impl Device {
         self.stream.synchronize().unwrap_or_else(|e| panic!("CUDA stream synchronize: {e}"));
         self.copy_stream.synchronize().unwrap_or_else(|e| panic!("CUDA stream synchronize: {e}"));
     }
+}
+
+/// Library files mapped into this process whose name contains one of `needles`, resolved.
+pub fn loaded_library_files(needles: &[&str]) -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut out: Vec<String> = Vec::new();
+    for line in maps.lines() {
+        if let Some(path) = line.split_whitespace().nth(5) {
+            let file = path.rsplit('/').next().unwrap_or("");
+            if needles.iter().any(|n| file.starts_with(n)) && !out.iter().any(|o| o == path) {
+                out.push(path.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Where meddpm-cuda keeps its caches (cuDNN algorithms, compiled kernels); None when disabled.
+pub(crate) fn cache_dir() -> Option<PathBuf> {
+    if std::env::var("MEDDPM_CUDNN_CACHE").map(|v| v == "0").unwrap_or(false) {
+        return None;
+    }
+    if let Ok(d) = std::env::var("MEDDPM_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Ok(d) = std::env::var("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("meddpm"));
+    }
+    std::env::var("HOME").ok().map(|h| PathBuf::from(h).join(".cache").join("meddpm"))
 }
 
 #[cfg(test)]

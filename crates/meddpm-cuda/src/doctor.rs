@@ -12,21 +12,6 @@ use crate::device::{library_presence, no_panic, Device};
 /// bugs for some TF32 3-D convs, 9.8–9.14 for bf16 ones; PyTorch re-enabled them from 9.15).
 pub const MIN_CUDNN_TF32: usize = 91500;
 
-/// Library files mapped into this process whose name contains one of `needles`, resolved.
-pub fn loaded_library_files(needles: &[&str]) -> Vec<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut out: Vec<String> = Vec::new();
-    for line in maps.lines() {
-        if let Some(path) = line.split_whitespace().nth(5) {
-            let file = path.rsplit('/').next().unwrap_or("");
-            if needles.iter().any(|n| file.starts_with(n)) && !out.iter().any(|o| o == path) {
-                out.push(path.to_string());
-            }
-        }
-    }
-    out
-}
-
 /// Files named like `prefix*` in the LD_LIBRARY_PATH folders (for libraries we do not load, e.g. NCCL).
 fn find_on_library_path(prefix: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -95,7 +80,14 @@ pub fn doctor() -> String {
         }
     }
     let _ = writeln!(r, "library files mapped into this process:");
-    for f in loaded_library_files(&["libcuda.", "libcudnn", "libcublas", "libnvrtc", "libcupti", "libnvidia-ptxjit"]) {
+    for f in crate::device::loaded_library_files(&[
+        "libcuda.",
+        "libcudnn",
+        "libcublas",
+        "libnvrtc",
+        "libcupti",
+        "libnvidia-ptxjit",
+    ]) {
         let real = std::fs::canonicalize(&f).map(|p| p.display().to_string()).unwrap_or_default();
         if real.is_empty() || real == f {
             let _ = writeln!(r, "  {f}");
@@ -106,8 +98,8 @@ pub fn doctor() -> String {
     // cuBLAS and cuBLASLt must come from one release: libcublas.so (unversioned, e.g. from
     // /usr/local/cuda) pulls libcublasLt.so.13 from whichever folder comes first.
     let dir = |f: &str| std::path::Path::new(f).parent().map(|d| d.to_path_buf());
-    let blas = loaded_library_files(&["libcublas."]);
-    let lt = loaded_library_files(&["libcublasLt."]);
+    let blas = crate::device::loaded_library_files(&["libcublas."]);
+    let lt = crate::device::loaded_library_files(&["libcublasLt."]);
     if let (Some(b), Some(l)) = (blas.first(), lt.first()) {
         if dir(b) != dir(l) {
             let _ = writeln!(

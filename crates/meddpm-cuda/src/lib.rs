@@ -23,8 +23,7 @@
 mod attention;
 pub mod buf;
 pub mod collective;
-mod conv3d;
-mod conv_wgmma;
+mod conv;
 pub mod cupti;
 pub mod device;
 mod diffusion;
@@ -51,7 +50,7 @@ use meddpm::rng::Philox;
 use meddpm::{Accum, Backend, ConvShape, DType, Dims, Error, Layout, LossKind, Precision, Result};
 
 pub use buf::GpuBuf;
-pub use conv3d::Algo;
+pub use conv::Algo;
 pub use device::{compile_kernels, kernel_arch, DeviceInfo};
 pub use doctor::{doctor, MIN_CUDNN_TF32};
 
@@ -77,7 +76,7 @@ pub struct CudaBackend {
     dev: Device,
     precision: Precision,
     layout: Layout,
-    conv: Mutex<conv3d::ConvCache>,
+    conv: Mutex<conv::ConvCache>,
     /// Host staging buffer of `upload_act`/`download_act` layout changes (grows once, then reused:
     /// a fresh 8 MiB `Vec` per training step cost ~10 ms of page faults on the whole-head model).
     staging: Mutex<Vec<f32>>,
@@ -144,7 +143,7 @@ impl Pinned {
 impl CudaBackend {
     /// The convolution cache and switches, locked; a lock poisoned by a panic elsewhere is taken
     /// over (the cache holds choices and counters, which a test that panicked leaves usable).
-    fn cache(&self) -> std::sync::MutexGuard<'_, conv3d::ConvCache> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, conv::ConvCache> {
         self.conv.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -244,10 +243,10 @@ impl CudaBackend {
         };
         device::cublas_ck(unsafe { cudarc::cublas::sys::cublasSetMathMode(dev.blas.0, math) }, "cublasSetMathMode")
             .map_err(Error::Backend)?;
-        let conv = Mutex::new(conv3d::ConvCache::new(&dev, layout, precision));
+        let conv = Mutex::new(conv::ConvCache::new(&dev, layout, precision));
         static ANNOUNCED: std::sync::Once = std::sync::Once::new();
         ANNOUNCED.call_once(|| {
-            let files = doctor::loaded_library_files(&["libcudnn.so"]);
+            let files = device::loaded_library_files(&["libcudnn.so"]);
             eprintln!(
                 "meddpm-cuda: {} (sm_{}{}), cuDNN {} from {}",
                 dev.info.name,
@@ -817,7 +816,7 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::forward(&self.dev, &mut cache, out, inp, w, b, cs);
+        conv::forward(&self.dev, &mut cache, out, inp, w, b, cs);
     }
     fn conv3d_forward_res(
         &self,
@@ -829,7 +828,7 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::forward_res(&self.dev, &mut cache, out, inp, w, b, z, cs);
+        conv::forward_res(&self.dev, &mut cache, out, inp, w, b, z, cs);
     }
     fn conv3d_backward(
         &self,
@@ -842,11 +841,11 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::backward(&self.dev, &mut cache, dinp, dw, db, dout, inp, w, cs);
+        conv::backward(&self.dev, &mut cache, dinp, dw, db, dout, inp, w, cs);
     }
     fn conv3d_backward_data(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, w: &Self::Buf, cs: ConvShape) {
         let mut cache = self.cache();
-        conv3d::backward_data(&self.dev, &mut cache, dinp, dout, w, cs);
+        conv::backward_data(&self.dev, &mut cache, dinp, dout, w, cs);
     }
     /// The GroupNorm backward's channel sums come from the data gradient's epilogue
     /// (`conv3d_wgmma_dgrad_gnb`) where our wgmma kernel runs it (bf16 NDHWC; with `res` where it
@@ -878,14 +877,14 @@ impl Backend for CudaBackend {
         // the partials (one chunk a column item of the kernel) and the finaliser's coefficients
         // in the scratch buffer, held until the backward is queued
         // (and dout's channel sums' chunks after them)
-        let items = conv_wgmma::items(dev, x);
+        let items = conv::wgmma::items(dev, x);
         let stride = if gn.dsum.is_some() { 3 } else { 2 };
         let npart = items * x.c * stride;
         let nys = if gn.dout_sum.is_some() { items * cs.cout * 2 } else { 0 };
         let scratch = dev.scratch(npart + x.n * groups * 2 + nys);
         let pp = dev.ptr(&*scratch);
         let ysp = if nys > 0 { pp + ((npart + x.n * groups * 2) * 4) as u64 } else { 0 };
-        let sums = conv_wgmma::GnSums {
+        let sums = conv::wgmma::GnSums {
             x: dev.ptr(gn.inp),
             mean: dev.ptr(gn.ms.0),
             rstd: dev.ptr(gn.ms.1),
@@ -902,7 +901,7 @@ impl Backend for CudaBackend {
         };
         let (took, ys_took) = {
             let mut c = self.cache();
-            let took = conv3d::backward_data_gn(dev, &mut c, da, dout, w, cs, sums);
+            let took = conv::backward_data_gn(dev, &mut c, da, dout, w, cs, sums);
             c.res_fold_runs += (took.0 && gn.res.is_some()) as u64;
             took
         };
@@ -1040,11 +1039,11 @@ impl Backend for CudaBackend {
         if fresh {
             groupnorm::stats(&self.dev, inp, None, mean, rstd, cs.x, groups, self.cl());
         }
-        conv3d::gn_head_forward(&self.dev, out, inp, (mean, rstd), (gamma, beta), (w, b), cs, groups);
+        conv::gn_head_forward(&self.dev, out, inp, (mean, rstd), (gamma, beta), (w, b), cs, groups);
     }
     fn gn_conv_fusable(&self, inp: &Self::Buf, w: &Self::Buf, cs: ConvShape, add: bool, groups: usize) -> bool {
         let mut conv = self.cache();
-        conv3d::gn_wgmma_chosen(&self.dev, &mut conv, cs, add, (inp, w), groups)
+        conv::gn_wgmma_chosen(&self.dev, &mut conv, cs, add, (inp, w), groups)
     }
     fn fused_conv_out_stats(&self) -> bool {
         self.cache().conv_stats
@@ -1066,7 +1065,7 @@ impl Backend for CudaBackend {
         }
         let mut conv = self.cache();
         let ys = ystats.map(|(m, r, o)| (m, r, o, groups));
-        conv3d::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), None, (mean, rstd), gb, wbz, cs, groups, ys);
+        conv::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), None, (mean, rstd), gb, wbz, cs, groups, ys);
     }
     fn cat_conv_fusable(
         &self,
@@ -1078,7 +1077,7 @@ impl Backend for CudaBackend {
         groups: usize,
     ) -> bool {
         let mut conv = self.cache();
-        conv3d::cat_free_chosen(&self.dev, &mut conv, cs, (x, w, w_skip), ca, groups)
+        conv::cat_free_chosen(&self.dev, &mut conv, cs, (x, w, w_skip), ca, groups)
     }
     fn concat_skip_conv_stats(
         &self,
@@ -1109,7 +1108,7 @@ impl Backend for CudaBackend {
         let mut conv = self.cache();
         let wbz = (w, None, None);
         let ys = ystats.map(|(m, r, o)| (m, r, o, groups));
-        conv3d::gn_wgmma_forward(
+        conv::gn_wgmma_forward(
             &self.dev,
             &mut conv,
             (out, Accum::Overwrite),
@@ -1351,7 +1350,7 @@ impl Backend for CudaBackend {
         let shaped = typed && ca + cb == xd.c && cs.k == 1 && cs.stride == 1;
         let f32s = [dw.dtype(), dsum.dtype()].iter().all(|&t| t == DType::F32);
         if shaped && f32s && self.cat_in_parts(xd, ca, w.dtype()) {
-            conv3d::backward_filter_1x1_from_parts(&self.dev, dw, dout, cat, dsum, cs, ca);
+            conv::backward_filter_1x1_from_parts(&self.dev, dw, dout, cat, dsum, cs, ca);
             let ((ph, mh), (ps, msk)) = parts;
             let pm = ((&mut *ph, mh), (&mut *ps, msk));
             // the skip conv's data gradient in the GroupNorm+SiLU backward's pass where it fits
@@ -1366,7 +1365,7 @@ impl Backend for CudaBackend {
                 &self.dev, d, x, cat, pm, ca, dgb, beta, ms, gamma, xd, groups, skip,
             );
             if !fused {
-                conv3d::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
+                conv::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
             }
             return;
         }
@@ -1380,7 +1379,7 @@ impl Backend for CudaBackend {
         let ((ph, mh), (ps, msk)) = parts;
         let pm = ((&mut *ph, mh), (&mut *ps, msk));
         groupnorm::backward_inplace_act_split(&self.dev, d, x, pm, ca, dgb, beta, ms, gamma, xd, groups, cl);
-        conv3d::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
+        conv::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
     }
 
     fn linear_forward(
@@ -1446,7 +1445,7 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::upsample_forward(&self.dev, &mut cache, out, u, x, xd, w, b, cs);
+        conv::upsample_forward(&self.dev, &mut cache, out, u, x, xd, w, b, cs);
     }
     /// The doubling written by the data gradient where our wgmma kernel runs it
     /// (`conv3d_wgmma_dgrad_up`); elsewhere the trait's two calls.
@@ -1464,7 +1463,7 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::upsample_backward(&self.dev, &mut cache, du, u, dw, db, dout, x, xd, w, cs);
+        conv::upsample_backward(&self.dev, &mut cache, du, u, dw, db, dout, x, xd, w, cs);
     }
 
     fn add_assign(&self, dst: &mut Self::Buf, src: &Self::Buf) {

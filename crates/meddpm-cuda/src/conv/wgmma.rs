@@ -1,8 +1,8 @@
 //! Host side of `kernels/conv3d_wgmma.cu`: the wide 3×3×3 stride-1 convolutions (Cin and Cout
 //! multiples of 64, bf16 NDHWC) on Hopper's warpgroup MMA, forward and data gradient (the same
 //! kernel on the flipped, transposed weights). cuDNN's implicit GEMM runs these at 520–560 TFLOP/s
-//! on the H200 (docs/perf/h200-2026-12-02a); this kernel puts the voxels on the MMA's N side and
-//! the weights in registers (the .cu file says why). `conv3d.rs` decides per shape, direction and
+//! on the H200; this kernel puts the voxels on the MMA's N side and
+//! the weights in registers (the .cu file says why). `choose.rs` decides per shape, direction and
 //! accumulation whether it runs (timed against cuDNN on first use where [`worth`] says the volume
 //! fills the GPU; `MEDDPM_WGMMA=0/1` forbids/forces it).
 //! `conv3d_wgmma_fwd_gn` is the forward with the input's GroupNorm+SiLU as its prologue (the
@@ -166,7 +166,7 @@ pub(crate) fn run_gn(
     );
     let ci = x.c;
     let packed = pack(dev, wp, wbf, ci, co, tw, slot);
-    let (dc, grid) = crate::conv3d::col_items(x, dev.info.sms as usize, TILE);
+    let (dc, grid) = super::small::col_items(x, dev.info.sms as usize, TILE);
     let mut args = vec![
         P(xp),
         P(packed),
@@ -295,7 +295,7 @@ pub(crate) fn run_dgrad_gnb(
         "conv3d_wgmma_dgrad_gnb {yd}: dy's sums need the window over 64 channels"
     );
     let packed = pack(dev, wp, wbf, yd.c, co, true, slot);
-    let (dc, grid) = crate::conv3d::col_items(yd, dev.info.sms as usize, TILE);
+    let (dc, grid) = super::small::col_items(yd, dev.info.sms as usize, TILE);
     let args = [
         P(dyp),
         P(packed),
@@ -349,7 +349,7 @@ const YSUMS: u32 = 4 * 8 * 16 * 4;
 /// The column items of `conv3d_wgmma_*` over volume `x` (planes d0 .. d1 of a 32 × 8 tile; the
 /// chunks of the output statistics, items / N a sample).
 pub(crate) fn items(dev: &Device, x: Dims) -> usize {
-    let (dc, _) = crate::conv3d::col_items(x, dev.info.sms as usize, TILE);
+    let (dc, _) = super::small::col_items(x, dev.info.sms as usize, TILE);
     x.n * x.d.div_ceil(dc) * x.h.div_ceil(TILE.0) * x.w.div_ceil(TILE.1)
 }
 
