@@ -6,6 +6,7 @@
 
 use std::fmt::Write;
 
+use crate::choices::KernelChoices;
 use crate::device::{library_presence, no_panic, Device};
 
 /// Oldest cuDNN the backend accepts for TF32 3-D convolutions (9.10.2–9.15 have known wrong-result
@@ -41,6 +42,7 @@ pub fn doctor() -> String {
     for (name, ok) in library_presence() {
         let _ = writeln!(r, "  {name:14} {}", if ok { "found" } else { "NOT FOUND" });
     }
+    let _ = write!(r, "kernel choices (environment; crates/meddpm-cuda/src/choices.rs):\n{}", KernelChoices::env());
     match Device::new(0) {
         Err(e) => {
             let _ = writeln!(r, "device: {e}");

@@ -570,12 +570,10 @@ pub(crate) struct Partials {
 }
 
 /// Whether [`backward`] can also give the channel sums of dinp (`dsum`): NDHWC, and the
-/// finaliser's shared arrays hold N·C/G sums (kernels/groupnorm.cu GNB_MAXNC); `MEDDPM_GN_SUMS=0`
-/// says no (the backward, then a `channel_sum` pass: A/B benchmarks).
+/// finaliser's shared arrays hold N·C/G sums (kernels/groupnorm.cu GNB_MAXNC); elsewhere the
+/// backward, then a `channel_sum` pass.
 pub(crate) fn can_sum(x: Dims, groups: usize, cl: bool) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("MEDDPM_GN_SUMS").map_or(true, |v| v != "0"));
-    on && cl && x.n * (x.c / groups.max(1)) <= 256
+    cl && x.n * (x.c / groups.max(1)) <= 256
 }
 
 /// [`backward`] with SiLU, in place: `d` holds ∂loss/∂silu(GN(inp)) and gets ∂loss/∂inp

@@ -22,6 +22,7 @@
 
 mod attention;
 pub mod buf;
+pub mod choices;
 pub mod collective;
 mod conv;
 pub mod cupti;
@@ -50,6 +51,7 @@ use meddpm::rng::Philox;
 use meddpm::{Accum, Backend, ConvShape, DType, Dims, Error, Layout, LossKind, Precision, Result};
 
 pub use buf::GpuBuf;
+pub use choices::KernelChoices;
 pub use conv::Algo;
 pub use device::{compile_kernels, kernel_arch, DeviceInfo};
 pub use doctor::{doctor, MIN_CUDNN_TF32};
@@ -84,11 +86,9 @@ pub struct CudaBackend {
     pinned: Mutex<Pinned>,
     /// Device tables of the multi-tensor optimizer kernels (optim.rs).
     tables: Mutex<optim::Tables>,
-    /// CUDA graphs of [`Backend::replay`] bodies, by key.
+    /// CUDA graphs of [`Backend::replay`] bodies, by key (whether `replay` captures them:
+    /// `KernelChoices::graphs`).
     graphs: Mutex<HashMap<u64, Graph>>,
-    /// Whether `replay` captures graphs (default on; `MEDDPM_GRAPHS=0` or [`CudaBackend::set_graphs`]
-    /// turns it off, e.g. for per-kernel range attribution in `meddpm profile`).
-    use_graphs: std::sync::atomic::AtomicBool,
 }
 
 /// The state of one [`Backend::replay`] key: run once plainly (warm-up), then captured and
@@ -150,24 +150,18 @@ impl CudaBackend {
     /// Whether `groupnorm_silu_backward_cat_in` over a concatenation `x` split at channel `ca`,
     /// with a skip conv weight of type `w`, takes the fused path (the elementwise pass writing the
     /// parts, two GEMMs onto them) rather than the trait's three steps: the weight of the
-    /// activation type and no vector of the pass straddling the parts. `MEDDPM_CAT_SPLIT=0`: never
-    /// (A/B benchmarks).
+    /// activation type and no vector of the pass straddling the parts.
     pub fn cat_in_fused(&self, x: Dims, ca: usize, w: DType) -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("MEDDPM_CAT_SPLIT").map_or(true, |v| v != "0"));
         let act = self.precision.act_dtype();
-        on && w == act && groupnorm::split_ok(x, ca, self.cl(), (act == DType::Bf16) as i32)
+        w == act && groupnorm::split_ok(x, ca, self.cl(), (act == DType::Bf16) as i32)
     }
 
     /// Whether `groupnorm_silu_backward_cat_in` over a concatenation `x` split at channel `ca`
     /// reads it from its parts (never building it): [`CudaBackend::cat_in_fused`]'s conditions in
     /// NDHWC with both parts a multiple of the sums' channels per thread.
-    /// `MEDDPM_CAT_PARTS=0`: never (A/B benchmarks; the concatenation is then rebuilt).
     pub fn cat_in_parts(&self, x: Dims, ca: usize, w: DType) -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("MEDDPM_CAT_PARTS").map_or(true, |v| v != "0"));
         let bf = (self.precision.act_dtype() == DType::Bf16) as i32;
-        on && self.cl() && self.cat_in_fused(x, ca, w) && groupnorm::parts_ok(x, ca, bf)
+        self.cl() && self.cat_in_fused(x, ca, w) && groupnorm::parts_ok(x, ca, bf)
     }
 
     /// Upload through a page-locked buffer ([`Pinned`]); `false` when the copy is small, the
@@ -243,7 +237,7 @@ impl CudaBackend {
         };
         device::cublas_ck(unsafe { cudarc::cublas::sys::cublasSetMathMode(dev.blas.0, math) }, "cublasSetMathMode")
             .map_err(Error::Backend)?;
-        let conv = Mutex::new(conv::ConvCache::new(&dev, layout, precision));
+        let conv = Mutex::new(conv::ConvCache::new(&dev, layout, precision, KernelChoices::env()));
         static ANNOUNCED: std::sync::Once = std::sync::Once::new();
         ANNOUNCED.call_once(|| {
             let files = device::loaded_library_files(&["libcudnn.so"]);
@@ -265,9 +259,6 @@ impl CudaBackend {
             pinned: Mutex::new(Pinned { slots: Vec::new(), turn: 0 }),
             tables: Mutex::new(optim::Tables::default()),
             graphs: Mutex::new(HashMap::new()),
-            use_graphs: std::sync::atomic::AtomicBool::new(
-                std::env::var("MEDDPM_GRAPHS").map(|v| v != "0").unwrap_or(true),
-            ),
         })
     }
 
@@ -279,12 +270,25 @@ impl CudaBackend {
     /// plainly (false: every kernel launched by the host, e.g. so that profilers attribute each to
     /// its NVTX/CUPTI range).
     pub fn set_graphs(&self, on: bool) {
-        self.use_graphs.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.cache().choices.graphs = on;
     }
 
     /// Whether replay bodies are captured into graphs.
     pub fn graphs(&self) -> bool {
-        self.use_graphs.load(std::sync::atomic::Ordering::Relaxed)
+        self.cache().choices.graphs
+    }
+
+    /// The kernel choices in force ([`KernelChoices`]: the environment's at start-up, then any
+    /// [`CudaBackend::set_choices`]).
+    pub fn choices(&self) -> KernelChoices {
+        self.cache().choices
+    }
+
+    /// Change the kernel choices, e.g. `be.set_choices(|c| c.wgmma = Some(true))`: for tests (a
+    /// fused path against the unfused calls) and benchmarks. Decisions already timed per shape
+    /// are kept.
+    pub fn set_choices(&self, f: impl FnOnce(&mut KernelChoices)) {
+        f(&mut self.cache().choices);
     }
 
     fn cl(&self) -> bool {
@@ -296,54 +300,10 @@ impl CudaBackend {
         self.cache().chosen(cs)
     }
 
-    /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) fusing the conv bias
-    /// into cuDNN. For tests and benchmarks.
-    pub fn set_conv_fused_bias(&self, mode: Option<bool>) {
-        self.cache().force_fused_bias = mode;
-    }
-
-    /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) running convolutions
-    /// whose Cin or Cout is not a multiple of 4 through a zero-padded shape. For tests and benchmarks.
-    pub fn set_conv_pad(&self, mode: Option<bool>) {
-        self.cache().force_pad = mode;
-    }
-
-    /// Use (Some(true)), forbid (Some(false)) or auto-select by timing (None, the default) our
-    /// direct kernels for few-channel convs (conv3d.rs: forward of Cin ≤ 4, forward and data
-    /// gradient of Cout ≤ 4). For tests and benchmarks; `MEDDPM_SMALL_CONV=1/0/auto` sets the
-    /// same at start-up.
-    pub fn set_small_conv(&self, mode: Option<bool>) {
-        self.cache().force_small = mode;
-    }
-
-    /// bf16: run the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
-    /// cores where the other side is a multiple of 8 up to 64, and the weight gradient of Cout = 1
-    /// where Cin is a multiple of 16 up to 64 (true, the default), or through the FMA kernels
-    /// (false). For tests and benchmarks; `MEDDPM_SMALL_MMA=0` sets false at start-up.
-    pub fn set_small_mma(&self, on: bool) {
-        self.cache().small_mma = on;
-    }
-
-    /// bf16 NDHWC on an sm_90 GPU: Some(true) runs every 3×3×3 stride-1 conv with Cin and Cout
-    /// multiples of 64 (forward and data gradient) through our warpgroup-MMA kernel
-    /// (`conv3d_wgmma_*`), Some(false) through cuDNN, None (the default) times both on first use
-    /// of a shape and keeps the faster. For tests and benchmarks; `MEDDPM_WGMMA=1/0` sets the
-    /// same at start-up.
-    pub fn set_wgmma(&self, mode: Option<bool>) {
-        self.cache().force_wgmma = mode;
-    }
-
     /// How many convolutions (forwards and data gradients) `conv3d_wgmma_*` has computed, first-use
     /// timing runs aside: tests prove the kernel ran with it.
     pub fn wgmma_runs(&self) -> u64 {
         self.cache().wgmma_runs
-    }
-
-    /// Data gradients with a result of 128k channels on `conv3d_wgmma_dgrad2` (both 64-channel
-    /// slices in one block; true, the default) or `conv3d_wgmma_dgrad` (a block a slice). For
-    /// tests and benchmarks; `MEDDPM_WGMMA_DUAL=0` sets false at start-up.
-    pub fn set_wgmma_dual(&self, on: bool) {
-        self.cache().wgmma_dual = on;
     }
 
     /// Of [`Self::wgmma_runs`], the data gradients `conv3d_wgmma_dgrad2` computed.
@@ -351,23 +311,9 @@ impl CudaBackend {
         self.cache().wgmma_dual_runs
     }
 
-    /// The ResBlocks' GroupNorm+SiLU → conv as one pass (`conv3d_wgmma_fwd_gn`) where the conv
-    /// runs on `conv3d_wgmma` (true, the default) or as the two calls (false). For tests and
-    /// benchmarks; `MEDDPM_WGMMA_GN=0` sets false at start-up.
-    pub fn set_wgmma_gn(&self, on: bool) {
-        self.cache().wgmma_gn = on;
-    }
-
     /// How many weight gradients `conv3d_wgmma_wgrad` has computed, first-use timing runs aside.
     pub fn wgmma_wgrad_runs(&self) -> u64 {
         self.cache().wgmma_wgrad_runs
-    }
-
-    /// Allow (true, the default: timed against cuDNN, or forced with [`CudaBackend::set_wgmma`])
-    /// or forbid `conv3d_wgmma_wgrad` for the wide convs' weight gradients
-    /// (`MEDDPM_WGMMA_WGRAD=0`).
-    pub fn set_wgmma_wgrad(&self, on: bool) {
-        self.cache().wgmma_wgrad = on;
     }
 
     /// Of [`CudaBackend::wgmma_runs`], the convolutions with the GroupNorm+SiLU prologue.
@@ -375,60 +321,14 @@ impl CudaBackend {
         self.cache().wgmma_gn_runs
     }
 
-    /// The decoder ResBlocks without their concatenation stored (`Backend::cat_conv_fusable`):
-    /// on (true, the default) or the concatenation built (false). For tests and benchmarks;
-    /// `MEDDPM_CAT_FREE=0` sets false at start-up.
-    pub fn set_cat_free(&self, on: bool) {
-        self.cache().cat_free = on;
-    }
-
-    /// The fused GroupNorm+SiLU → conv calls take their output's GroupNorm statistics from the
-    /// conv's epilogue where the model asks (true, the default; `Backend::fused_conv_out_stats`)
-    /// or the model runs a statistics pass (false). For tests and benchmarks;
-    /// `MEDDPM_CONV_STATS=0` sets false at start-up.
-    pub fn set_conv_stats(&self, on: bool) {
-        self.cache().conv_stats = on;
-    }
-
-    /// A decoder ResBlock's backward from the parts adds its skip conv's data gradient in the
-    /// GroupNorm+SiLU backward's pass (true, the default: `gn_bwd_apply_split_skip`) or runs it
-    /// as GEMMs after (false). For tests and benchmarks; `MEDDPM_SKIP_APPLY=0` sets false at
-    /// start-up.
-    pub fn set_skip_apply(&self, on: bool) {
-        self.cache().skip_apply = on;
-    }
-
-    /// An identity-skip ResBlock's skip gradient is added in the GroupNorm+SiLU backward's pass
-    /// (true, the default) or by an add_assign / copy pass before it (false). For tests and
-    /// benchmarks; `MEDDPM_RES_FOLD=0` sets false at start-up.
-    pub fn set_res_fold(&self, on: bool) {
-        self.cache().res_fold = on;
-    }
-
     /// Backward passes that took a skip gradient in so far.
     pub fn res_fold_runs(&self) -> u64 {
         self.cache().res_fold_runs
     }
 
-    /// A ResBlock conv's data gradient on our wgmma kernel takes the following GroupNorm+SiLU
-    /// backward's channel sums in its epilogue (true, the default) or leaves them to the
-    /// backward's own pass (false). For tests and benchmarks; `MEDDPM_DGRAD_GN=0` sets false at
-    /// start-up.
-    pub fn set_dgrad_gn(&self, on: bool) {
-        self.cache().dgrad_gn = on;
-    }
-
     /// Data gradients that took the GroupNorm backward's sums so far (`conv3d_wgmma_dgrad_gnb`).
     pub fn dgrad_gn_runs(&self) -> u64 {
         self.cache().dgrad_gn_runs
-    }
-
-    /// The Upsample's conv, where our wgmma kernels run it, computes the trilinear doubling in the
-    /// forward's producer and writes it in the data gradient's (true, the default:
-    /// `conv3d_wgmma_fwd_up`, `conv3d_wgmma_dgrad_up`) or reads it from an upsampling pass
-    /// (false). For tests and benchmarks; `MEDDPM_UP_CONV=0` sets false at start-up.
-    pub fn set_up_conv(&self, on: bool) {
-        self.cache().up_conv = on;
     }
 
     /// Calls of `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up` so far.
@@ -450,26 +350,6 @@ impl CudaBackend {
     /// concatenation's parts) so far.
     pub fn cat_free_runs(&self) -> u64 {
         self.cache().cat_free_runs
-    }
-
-    /// bf16 NDHWC: the output head's GroupNorm → SiLU → Conv3 (64 channels → Cout ≤ 4) as one
-    /// pass (true, the default; `conv3d_fwd_gn_small_cout`) or as GroupNorm+SiLU then the conv
-    /// (false). For tests and benchmarks; `MEDDPM_FUSED_HEAD=0` sets false at start-up.
-    pub fn set_fused_head(&self, on: bool) {
-        self.cache().fused_head = on;
-    }
-
-    /// The forward of Cout = 1 convs in NDHWC as a cuBLAS GEMM plus our tap sum (true, the
-    /// default) or through the direct FMA kernel (false). For tests and benchmarks;
-    /// `MEDDPM_SMALL_GEMM=0` sets false at start-up.
-    pub fn set_small_gemm(&self, on: bool) {
-        self.cache().small_gemm = on;
-    }
-
-    /// Bytes of tap products per slab of the GEMM route above (default 64 MiB; at least 8
-    /// planes a slab). For tests, to run several slabs on small volumes.
-    pub fn set_small_gemm_budget(&self, bytes: usize) {
-        self.cache().small_gemm_budget = bytes;
     }
 
     /// Whether the latest [forward, data gradient] of `cs` ran our few-channel kernels (None: no
@@ -866,8 +746,8 @@ impl Backend for CudaBackend {
         let eligible = {
             let c = self.cache();
             cl && bf
-                && c.dgrad_gn
-                && gn.res.is_none_or(|r| c.res_fold && r.dtype() == gn.dinp.0.dtype())
+                && c.choices.dgrad_gn
+                && gn.res.is_none_or(|r| c.choices.res_fold && r.dtype() == gn.dinp.0.dtype())
                 && (gn.dsum.is_none() || groupnorm::can_sum(x, groups, cl))
         };
         if !eligible {
@@ -1046,7 +926,7 @@ impl Backend for CudaBackend {
         conv::gn_wgmma_chosen(&self.dev, &mut conv, cs, add, (inp, w), groups)
     }
     fn fused_conv_out_stats(&self) -> bool {
-        self.cache().conv_stats
+        self.cache().choices.conv_stats
     }
     fn groupnorm_silu_conv3d_fused(
         &self,
@@ -1259,7 +1139,7 @@ impl Backend for CudaBackend {
     ) {
         let on = {
             let mut c = self.cache();
-            let on = c.res_fold && res.dtype() == dinp.0.dtype();
+            let on = c.choices.res_fold && res.dtype() == dinp.0.dtype();
             c.res_fold_runs += on as u64;
             on
         };
@@ -1356,7 +1236,7 @@ impl Backend for CudaBackend {
             // the skip conv's data gradient in the GroupNorm+SiLU backward's pass where it fits
             let fused = {
                 let mut conv = self.cache();
-                let on = conv.skip_apply && dt == DType::Bf16 && groupnorm::skip_apply_fits(xd.c, cs.cout, ca);
+                let on = conv.choices.skip_apply && dt == DType::Bf16 && groupnorm::skip_apply_fits(xd.c, cs.cout, ca);
                 conv.skip_apply_runs += on as u64;
                 on
             };

@@ -4,7 +4,7 @@
 //! else `$XDG_CACHE_HOME/meddpm`, else `~/.cache/meddpm`; `MEDDPM_CUDNN_CACHE=0` disables it).
 //! The workspace grows to the chosen algorithm's need. The timed choices between our kernels and
 //! cuDNN per shape are kept in the same file (keyed by a hash of our kernels' sources), so every
-//! later process runs the same kernels. It also holds the kernel-choice switches and the run
+//! later process runs the same kernels. It also holds the kernel choices (`crate::choices`) and the run
 //! counters the tests read.
 
 use std::collections::HashMap;
@@ -19,127 +19,40 @@ use super::desc::{
     math_of, tensor_desc, ActDesc, Algo, Dir, Plan,
 };
 use crate::buf::GpuBuf;
+use crate::choices::KernelChoices;
 use crate::device::{cache_dir, cudnn_ck, Device};
-
-/// A kernel choice forced by the environment variable `name`: "1" forces it (Some(true)), "0"
-/// forbids it (Some(false)), anything else or unset leaves it to timing (None).
-fn env_force(name: &str) -> Option<bool> {
-    match std::env::var(name).as_deref() {
-        Ok("1") => Some(true),
-        Ok("0") => Some(false),
-        _ => None,
-    }
-}
-
-/// Largest workspace `cudnnFind` may try (bytes, default 2 GiB, at most a quarter of the free
-/// memory); `MEDDPM_CUDNN_WS_MIB` overrides.
-fn find_ws_limit() -> usize {
-    std::env::var("MEDDPM_CUDNN_WS_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2048) << 20
-}
 
 /// Per-backend convolution state: plans per shape and the on-disk algorithm cache.
 pub(crate) struct ConvCache {
     pub(super) layout: Layout,
     pub(super) precision: Precision,
+    /// The kernel choices (`crate::choices`): which engine or fused path runs where several can.
+    pub(crate) choices: KernelChoices,
     pub(super) plans: HashMap<ConvShape, Plan>,
     /// Forward calls per shape since the last reset (for per-layer benchmarks).
     pub(crate) fwd_calls: HashMap<ConvShape, u64>,
-    /// Some(f): always (f = true) or never fuse the bias into cuDNN where possible; None: time it.
-    pub(crate) force_fused_bias: Option<bool>,
-    /// Some(f): always (f = true) or never run Cin/Cout not divisible by 4 through the
-    /// channel-padded shape; None: time both on first use.
-    pub(crate) force_pad: Option<bool>,
     /// Channel-padded forward state per original shape.
     pub(super) pads: HashMap<ConvShape, Pad>,
-    /// Some(f): always (f = true) or never run our few-channel kernels where they apply
-    /// (`small_fwd_kind`, `small_dgrad`; the default is Some(true)); None: time them against
-    /// cuDNN on first use.
-    pub(crate) force_small: Option<bool>,
-    /// bf16 only: the few-channel forward of Cin ≤ 8 and data gradient of Cout ≤ 4 on the tensor
-    /// cores (`conv3d_fwd_small_cin_mma`, `conv3d_dgrad_small_cout_mma`) where the other side is
-    /// a multiple of 8 up to 64, and the Cout = 1 and 4 weight gradients' stage 1
-    /// (`conv3d_wgrad_small{1,4}_mma`) where Cin is a multiple of 16; false: the FMA kernels
-    /// (`MEDDPM_SMALL_MMA=0`, A/B benchmarks).
-    pub(crate) small_mma: bool,
-    /// The output head GN → SiLU → Conv3 (Cout ≤ 4, 64 bf16 channels, NDHWC, with `small_mma` in
-    /// bf16) as one pass, `conv3d_fwd_gn_small_cout` (true, the default), or GroupNorm+SiLU then
-    /// the conv (`MEDDPM_FUSED_HEAD=0`, A/B benchmarks).
-    pub(crate) fused_head: bool,
-    /// The forward of Cout = 1 convs in NDHWC as a GEMM plus tap sum (`small_cout_gemm`, the
-    /// default) rather than the direct FMA kernel (`MEDDPM_SMALL_GEMM=0`, A/B benchmarks). On the
-    /// H200 the whole-head output conv takes 0.35 instead of 0.76 ms; BraTS' 64 → 4 conv gained
-    /// nothing that way (58.75–59.10 vs 58.72 ms per forward, +0.12 GiB), so Cout 2–4 stay direct.
-    pub(crate) small_gemm: bool,
-    /// Bytes of tap products per slab of `small_cout_gemm` (64 MiB; tests make it small to run
-    /// several slabs).
-    pub(crate) small_gemm_budget: usize,
-    /// Some(f): always (f = true) or never run the wide 3×3×3 convs (Cin, Cout multiples of 64,
-    /// bf16 NDHWC, sm_90) through `conv3d_wgmma_*` (`wgmma.rs`); None (the default): time them
-    /// against cuDNN on first use of a shape and direction. `MEDDPM_WGMMA=0/1`.
-    pub(crate) force_wgmma: Option<bool>,
     /// Per (shape, direction, accumulated): whether `conv3d_wgmma_*` timed faster than cuDNN.
     pub(super) wgmma: HashMap<(ConvShape, Dir, bool, bool), bool>,
     /// Convolutions (forward or data gradient) `conv3d_wgmma_*` computed, timing runs aside (tests).
     pub(crate) wgmma_runs: u64,
-    /// The ResBlocks' GroupNorm+SiLU → conv as `conv3d_wgmma_fwd_gn` where the conv runs on
-    /// `conv3d_wgmma` (true, the default), or the two calls (`MEDDPM_WGMMA_GN=0`, A/B benchmarks).
-    pub(crate) wgmma_gn: bool,
     /// Of `wgmma_runs`, those with the GroupNorm+SiLU prologue (tests).
     pub(crate) wgmma_gn_runs: u64,
-    /// `conv3d_wgmma_*` with 64 input channels load (and transform) each input plane once for the
-    /// three output planes that read it (true, the default), or once per output plane
-    /// (`MEDDPM_WGMMA_REUSE=0`, A/B benchmarks).
-    pub(crate) wgmma_reuse: bool,
-    /// Data gradients with a result of 128k channels on `conv3d_wgmma_dgrad2`, both 64-channel
-    /// slices in one block on the same staged dy planes (true, the default), or a block a slice
-    /// (`conv3d_wgmma_dgrad`; `MEDDPM_WGMMA_DUAL=0`, A/B benchmarks).
-    pub(crate) wgmma_dual: bool,
     /// Of `wgmma_runs`, the data gradients `conv3d_wgmma_dgrad2` computed (tests).
     pub(crate) wgmma_dual_runs: u64,
-    /// The weight gradients of the wide convs may run on `conv3d_wgmma_wgrad` (true, the default:
-    /// timed against cuDNN's as the other directions, or forced by `force_wgmma`), or never
-    /// (`MEDDPM_WGMMA_WGRAD=0`, A/B benchmarks).
-    pub(crate) wgmma_wgrad: bool,
     /// Weight gradients `conv3d_wgmma_wgrad` computed, timing runs aside (tests).
     pub(crate) wgmma_wgrad_runs: u64,
-    /// The decoder ResBlocks without their concatenation stored (the skip conv and the
-    /// statistics from the parts, `cat_skip_stats_ndhwc`; in_layers' conv reading the parts)
-    /// where in_layers' conv runs on `conv3d_wgmma_fwd_gn` (true, the default), or the
-    /// concatenation built (`MEDDPM_CAT_FREE=0`, A/B benchmarks).
-    pub(crate) cat_free: bool,
     /// Calls of `cat_skip_stats_ndhwc` (tests).
     pub(crate) cat_free_runs: u64,
-    /// The GroupNorm statistics of a fused conv's output from its epilogue where the model asks
-    /// (true, the default: `Backend::fused_conv_out_stats`), or a statistics pass
-    /// (`MEDDPM_CONV_STATS=0`, A/B benchmarks and the bit-for-bit tests).
-    pub(crate) conv_stats: bool,
     /// `conv3d_wgmma_fwd_gn` calls that took their output's statistics (tests).
     pub(crate) wgmma_ystats_runs: u64,
-    /// A decoder ResBlock's backward from the parts adds its skip conv's data gradient in the
-    /// GroupNorm+SiLU backward's pass (`gn_bwd_apply_split_skip`, true, the default) or runs it as
-    /// GEMMs onto the parts after (`MEDDPM_SKIP_APPLY=0`, A/B benchmarks).
-    pub(crate) skip_apply: bool,
     /// Calls of `gn_bwd_apply_split_skip` (tests).
     pub(crate) skip_apply_runs: u64,
-    /// An identity-skip ResBlock's skip gradient rides in the GroupNorm+SiLU backward's pass
-    /// (true, the default: `Backend::groupnorm_silu_backward_act_res`, `gn_bwd_apply`'s res) or is
-    /// an add_assign / copy pass before it (`MEDDPM_RES_FOLD=0`, A/B benchmarks and tests).
-    pub(crate) res_fold: bool,
     /// Backward passes that took the skip gradient in (tests).
     pub(crate) res_fold_runs: u64,
-    /// A ResBlock's conv data gradient, where our wgmma kernel runs it, also takes the following
-    /// GroupNorm+SiLU backward's channel sums in its epilogue (true, the default:
-    /// `conv3d_wgmma_dgrad_gnb`, `Backend::conv3d_backward_data_gn`) or leaves them to the
-    /// backward's own pass over dx (`MEDDPM_DGRAD_GN=0`, A/B benchmarks and tests).
-    pub(crate) dgrad_gn: bool,
     /// Data gradients that took the sums (tests).
     pub(crate) dgrad_gn_runs: u64,
-    /// The Upsample's conv, where our wgmma kernels run it, computes the trilinear doubling of its
-    /// input in the forward's producer and writes it in the data gradient's for the weight
-    /// gradient (true, the default: `conv3d_wgmma_fwd_up` / `_dgrad_up`,
-    /// `Backend::upsample_conv3d_forward` / `_backward`) or reads it from an upsampling pass
-    /// (`MEDDPM_UP_CONV=0`, A/B benchmarks and tests).
-    pub(crate) up_conv: bool,
     /// Calls of `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up` (tests).
     pub(crate) up_conv_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
@@ -205,7 +118,7 @@ fn parse_disk(text: &str) -> HashMap<String, Algo> {
 }
 
 impl ConvCache {
-    pub(crate) fn new(dev: &Device, layout: Layout, precision: Precision) -> ConvCache {
+    pub(crate) fn new(dev: &Device, layout: Layout, precision: Precision, choices: KernelChoices) -> ConvCache {
         let disk_path = cache_dir().map(|d| {
             let gpu: String = dev.info.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
             d.join(format!(
@@ -220,41 +133,20 @@ impl ConvCache {
         ConvCache {
             layout,
             precision,
+            choices,
             plans: HashMap::new(),
             fwd_calls: HashMap::new(),
-            // MEDDPM_CONV_PAD=0/1 forbids/forces the channel padding (A/B benchmarks)
-            force_pad: std::env::var("MEDDPM_CONV_PAD").ok().map(|v| v != "0"),
-            // MEDDPM_FUSED_BIAS=0/1 forbids/forces the bias (and residual) in cuDNN's call
-            force_fused_bias: std::env::var("MEDDPM_FUSED_BIAS").ok().map(|v| v != "0"),
             pads: HashMap::new(),
-            // our few-channel kernels timed against cuDNN per shape by default; MEDDPM_SMALL_CONV=1
-            // forces them, =0 forbids them (A/B benchmarks)
-            force_small: env_force("MEDDPM_SMALL_CONV"),
-            small_mma: std::env::var("MEDDPM_SMALL_MMA").map_or(true, |v| v != "0"),
-            fused_head: std::env::var("MEDDPM_FUSED_HEAD").map_or(true, |v| v != "0"),
-            small_gemm: std::env::var("MEDDPM_SMALL_GEMM").map_or(true, |v| v != "0"),
-            small_gemm_budget: 64 << 20,
-            force_wgmma: env_force("MEDDPM_WGMMA"),
             wgmma: HashMap::new(),
             wgmma_runs: 0,
-            wgmma_gn: std::env::var("MEDDPM_WGMMA_GN").map_or(true, |v| v != "0"),
             wgmma_gn_runs: 0,
-            wgmma_reuse: std::env::var("MEDDPM_WGMMA_REUSE").map_or(true, |v| v != "0"),
-            wgmma_dual: std::env::var("MEDDPM_WGMMA_DUAL").map_or(true, |v| v != "0"),
             wgmma_dual_runs: 0,
-            wgmma_wgrad: std::env::var("MEDDPM_WGMMA_WGRAD").map_or(true, |v| v != "0"),
             wgmma_wgrad_runs: 0,
-            cat_free: std::env::var("MEDDPM_CAT_FREE").map_or(true, |v| v != "0"),
             cat_free_runs: 0,
-            conv_stats: std::env::var("MEDDPM_CONV_STATS").map_or(true, |v| v != "0"),
             wgmma_ystats_runs: 0,
-            skip_apply: std::env::var("MEDDPM_SKIP_APPLY").map_or(true, |v| v != "0"),
             skip_apply_runs: 0,
-            res_fold: std::env::var("MEDDPM_RES_FOLD").map_or(true, |v| v != "0"),
             res_fold_runs: 0,
-            dgrad_gn: std::env::var("MEDDPM_DGRAD_GN").map_or(true, |v| v != "0"),
             dgrad_gn_runs: 0,
-            up_conv: std::env::var("MEDDPM_UP_CONV").map_or(true, |v| v != "0"),
             up_conv_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
@@ -266,14 +158,14 @@ impl ConvCache {
 
     /// Whether the tensor-core few-channel kernels run (`small_mma`, bf16 precision only).
     pub(super) fn mma_on(&self) -> bool {
-        self.small_mma && self.precision == Precision::Bf16
+        self.choices.small_mma && self.precision == Precision::Bf16
     }
 
     /// Whether [`gn_head_forward`] takes the output head of `cs` (`groups` GroupNorm groups) with
     /// a bf16 input: `fused_head` on, the tensor-core few-channel kernels on, NDHWC, 64 input
     /// channels, Cout ≤ 4, 3×3×3 stride 1.
     pub(crate) fn gn_head_fits(&self, cs: ConvShape, groups: usize, x_bf16: bool) -> bool {
-        self.fused_head
+        self.choices.fused_head
             && self.mma_on()
             && self.layout == Layout::Ndhwc
             && x_bf16
@@ -334,6 +226,7 @@ impl ConvCache {
         }
         let k = key(dir, &cs, self.layout, self.precision);
         let precision = self.precision;
+        let ws_mib = self.choices.cudnn_ws_mib;
         let cached = self.disk.get(&k).copied();
         let plan = self.plan(cs);
         let a = match cached {
@@ -343,7 +236,7 @@ impl ConvCache {
                 a
             }
             None => {
-                let a = find(dev, plan, dir, precision, x, w, y, &cs);
+                let a = find(dev, plan, dir, precision, (x, w, y), &cs, ws_mib);
                 ck(unsafe { nsys::cudnnSetConvolutionMathType(plan.conv[idx(dir)].0, math_of(a.math)) }, "math type");
                 a
             }
@@ -400,8 +293,18 @@ fn ws_size(dev: &Device, p: &Plan, dir: Dir, id: u32) -> usize {
 /// cudnnFind*AlgorithmEx with a temporary workspace; the fastest successful algorithm whose math
 /// type fits the precision.
 #[allow(clippy::too_many_arguments)]
-fn find(dev: &Device, p: &Plan, dir: Dir, precision: Precision, x: u64, w: u64, y: u64, cs: &ConvShape) -> Algo {
-    let mut limit = find_ws_limit();
+/// `ws_mib`: the largest workspace to try, MiB (`KernelChoices::cudnn_ws_mib`; at most a quarter
+/// of the free memory is used).
+fn find(
+    dev: &Device,
+    p: &Plan,
+    dir: Dir,
+    precision: Precision,
+    (x, w, y): (u64, u64, u64),
+    cs: &ConvShape,
+    ws_mib: usize,
+) -> Algo {
+    let mut limit = ws_mib << 20;
     let (free, _) = dev.ctx.mem_get_info().unwrap_or((usize::MAX, 0));
     limit = limit.min(free / 4).max(1 << 20);
     let mut ws = dev.stream.alloc_zeros::<u8>(limit).unwrap_or_else(|e| panic!("{}", dev.oom(limit, &e.to_string())));

@@ -10,13 +10,13 @@ use super::algo_cache::{choice_key, ConvCache};
 use super::cudnn::{cudnn_dgrad, cudnn_fwd_trial, cudnn_wgrad, forward_plain, T_WPD, T_WPF};
 use super::desc::Dir;
 use super::pad::{forward_padded, padded_shape};
-use super::timing::{conv_log, stream_ms};
+use super::timing::stream_ms;
 use super::wgmma;
 use crate::buf::GpuBuf;
 use crate::device::Device;
 
 /// Whether `conv3d_wgmma_*` computes (cs, dir) (its channels fit, `wgmma::fits`): forced by
-/// `force_wgmma`, else, where the volume is large enough (`worth`), timed against cuDNN on first
+/// `KernelChoices::wgmma`, else, where the volume is large enough (`worth`), timed against cuDNN on first
 /// use (`run(cache, ours, target)` computes the direction one way or the other into a scratch
 /// bf16 target of `len` elements, accumulated onto it where `add`; the best of five runs each,
 /// interleaved) and the faster kept for the shape, direction and `add`, in this process and in the
@@ -49,14 +49,14 @@ pub(super) fn timed_choice(
     len: usize,
     mut run: impl FnMut(&mut ConvCache, bool, u64),
 ) -> bool {
-    if let Some(f) = cache.force_wgmma.or_else(|| cache.wgmma.get(&(cs, dir, add, up)).copied()) {
+    if let Some(f) = cache.choices.wgmma.or_else(|| cache.wgmma.get(&(cs, dir, add, up)).copied()) {
         return f;
     }
     if !worth {
         return false;
     }
     // the data gradients `conv3d_wgmma_dgrad2` computes are their own choice (A/B)
-    let dual = dir == Dir::BwdData && wgmma::dual_fits(cs.x.c, cache.wgmma_dual);
+    let dual = dir == Dir::BwdData && wgmma::dual_fits(cs.x.c, cache.choices.wgmma_dual);
     let kind = if up {
         "wgmma_up"
     } else if dual {
@@ -66,7 +66,7 @@ pub(super) fn timed_choice(
     };
     let k = choice_key(kind, dir, &cs, (cache.layout, cache.precision), add);
     if let Some(on) = cache.disk_choice(&k) {
-        if conv_log() {
+        if cache.choices.conv_log {
             eprintln!(
                 "meddpm-cuda conv {} -> {} k{} s{} {dir:?}{}: {kind} {} (timed by an earlier process, disk cache)",
                 cs.x,
@@ -86,7 +86,7 @@ pub(super) fn timed_choice(
     dev.sync();
     drop(tmp);
     let on = t[1] < t[0];
-    if conv_log() {
+    if cache.choices.conv_log {
         eprintln!(
             "meddpm-cuda conv {} -> {} k{} s{} {dir:?}{}: {kind} {:.3} ms, cuDNN {:.3} ms",
             cs.x,
@@ -119,7 +119,7 @@ pub(super) fn wgmma_fwd_chosen(
     let acc = if add { Accum::Add } else { Accum::Overwrite };
     wgmma_decided(dev, cache, cs, (Dir::Fwd, add), worth, len, |cache, ours, tp| {
         if ours {
-            wgmma::run(dev, (xp, wp, 0, tp, 0), wbf, cs.x, cs.cout, acc, false, cache.wgmma_reuse, T_WPF);
+            wgmma::run(dev, (xp, wp, 0, tp, 0), wbf, cs.x, cs.cout, acc, false, cache.choices.wgmma_reuse, T_WPF);
         } else {
             cudnn_fwd_trial(dev, cache, cs, xp, w, tp, add);
         }
@@ -140,7 +140,7 @@ pub(crate) fn gn_wgmma_chosen(
 ) -> bool {
     let cl = cache.layout == Layout::Ndhwc;
     let bf = cache.precision == Precision::Bf16 && inp.dtype() == DType::Bf16;
-    cache.wgmma_gn
+    cache.choices.wgmma_gn
         && wgmma::fwd_fits(dev, cs, cl, bf)
         && wgmma::gn_fits(cs.x, groups)
         && wgmma_fwd_chosen(dev, cache, cs, add, inp, w, cs.out().numel())
@@ -161,7 +161,7 @@ pub(crate) fn cat_free_chosen(
     groups: usize,
 ) -> bool {
     let c = cs.x.c;
-    cache.cat_free
+    cache.choices.cat_free
         && ca.is_multiple_of(64)
         && ca < c
         && (c - ca).is_multiple_of(64)
@@ -175,7 +175,7 @@ pub(crate) fn cat_free_chosen(
 /// The forward on operands already in the compute type.
 pub(super) fn forward_typed(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u64, wp: u64, bp: u64, yp: u64) {
     if let Some(pcs) = padded_shape(cs) {
-        let decided = cache.force_pad.or_else(|| cache.pads.get(&cs).and_then(|p| p.on));
+        let decided = cache.choices.conv_pad.or_else(|| cache.pads.get(&cs).and_then(|p| p.on));
         let on = match decided {
             Some(on) => on,
             None => {
@@ -193,7 +193,7 @@ pub(super) fn forward_typed(dev: &Device, cache: &mut ConvCache, cs: ConvShape, 
                     }
                 }
                 let on = t[1] < t[0];
-                if conv_log() {
+                if cache.choices.conv_log {
                     eprintln!(
                         "meddpm-cuda conv {} -> {} k{} s{}: channel-padded {:.3} ms, plain {:.3} ms",
                         cs.x, cs.cout, cs.k, cs.stride, t[1], t[0]
@@ -212,9 +212,9 @@ pub(super) fn forward_typed(dev: &Device, cache: &mut ConvCache, cs: ConvShape, 
 }
 
 /// Whether (cs, dir) runs our few-channel kernel, if known without timing: forced by
-/// `MEDDPM_SMALL_CONV` / `set_small_conv`, or decided on an earlier call.
+/// `KernelChoices::small_conv`, or decided on an earlier call.
 pub(super) fn small_decided(cache: &ConvCache, cs: ConvShape, dir: Dir) -> Option<bool> {
-    cache.force_small.or_else(|| cache.small.get(&(cs, dir)).copied())
+    cache.choices.small_conv.or_else(|| cache.small.get(&(cs, dir)).copied())
 }
 
 /// Decide by timing whether (cs, dir) runs our few-channel kernel: `run(cache, ours)` computes the
@@ -230,7 +230,7 @@ pub(super) fn time_small(
 ) -> bool {
     let t = best_of_five(dev, cache, run);
     let on = t[1] < t[0];
-    if conv_log() {
+    if cache.choices.conv_log {
         eprintln!(
             "meddpm-cuda conv {} -> {} k{} s{} {dir:?}: our few-channel kernel {:.3} ms, cuDNN {:.3} ms",
             cs.x, cs.cout, cs.k, cs.stride, t[1], t[0]
@@ -262,7 +262,7 @@ pub(super) fn wgmma_wgrad_chosen(dev: &Device, cache: &mut ConvCache, cs: ConvSh
     let cl = cache.layout == Layout::Ndhwc;
     let tf32 = cache.precision == Precision::Tf32;
     let ok = matches!(cache.precision, Precision::Bf16 | Precision::Tf32);
-    if !(ok && cache.wgmma_wgrad && wgmma::wgrad_fits(dev, cs.x, (cs.k, cs.stride), cs.cout, cl)) {
+    if !(ok && cache.choices.wgmma_wgrad && wgmma::wgrad_fits(dev, cs.x, (cs.k, cs.stride), cs.cout, cl)) {
         return false;
     }
     // Timed at every size: the kernel's blocks are (kd, input group, output slice) triples times
@@ -292,7 +292,7 @@ pub(super) fn dgrad_trial(
     acc: Accum,
 ) {
     if ours {
-        let modes = (cache.wgmma_reuse, cache.wgmma_dual);
+        let modes = (cache.choices.wgmma_reuse, cache.choices.wgmma_dual);
         wgmma::run_dgrad(dev, (dyp, wp, 0, tp, 0), wbf, cs.out(), cs.x.c, acc, modes, T_WPD);
     } else {
         cudnn_dgrad(dev, cache, tp, DType::Bf16, acc, w, dyp, cs);

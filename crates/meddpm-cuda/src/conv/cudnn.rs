@@ -17,7 +17,7 @@ use meddpm::{Accum, ConvShape, DType, Layout};
 
 use super::algo_cache::ConvCache;
 use super::desc::{bwd_data_algo, bwd_filter_algo, ck, compute_type, fwd_algo, Algo, Dir};
-use super::timing::{conv_log, stream_ms};
+use super::timing::stream_ms;
 use crate::buf::GpuBuf;
 use crate::device::Device;
 
@@ -78,7 +78,7 @@ pub(super) fn forward_plain(
     let cl = cache.layout == Layout::Ndhwc;
     let r = z.is_some() as usize;
     let can_fuse = a.id == nsys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
-    let fused = match (can_fuse, cache.force_fused_bias, cache.plan(cs).fused_bias[r]) {
+    let fused = match (can_fuse, cache.choices.fused_bias, cache.plan(cs).fused_bias[r]) {
         (false, _, _) => false,
         (true, Some(f), _) => f,
         (true, None, Some(f)) => f,
@@ -96,7 +96,7 @@ pub(super) fn forward_plain(
                 }
             }
             let f = t[1] < t[0];
-            if conv_log() {
+            if cache.choices.conv_log {
                 eprintln!(
                     "meddpm-cuda conv {} -> {} k{} s{}{}: bias fused into cuDNN {:.3} ms, separate {:.3} ms: {}",
                     cs.x,
@@ -114,7 +114,7 @@ pub(super) fn forward_plain(
         }
     };
     if !run_forward(dev, cache, a, cs, fused, xp, wp, bp, yp, cl, true, z) {
-        if conv_log() {
+        if cache.choices.conv_log {
             eprintln!("meddpm-cuda conv {} -> {} k{}: cuDNN refused the fused bias call", cs.x, cs.cout, cs.k);
         }
         cache.plan(cs).fused_bias[r] = Some(false);
@@ -180,7 +180,7 @@ pub(super) fn run_forward(
                 yp as _,
             )
         };
-        if st != nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && conv_log() {
+        if st != nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && cache.choices.conv_log {
             eprintln!(
                 "meddpm-cuda conv {} -> {} k{}: cudnnConvolutionBiasActivationForward: {st:?}",
                 cs.x, cs.cout, cs.k

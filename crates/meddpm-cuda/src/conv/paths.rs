@@ -24,7 +24,7 @@ use crate::device::Device;
 
 /// out = conv(inp, w) + b (no bias where None), overwriting `out` or added to it (cuDNN's β = 1)
 /// per `Accum`: through our few-channel kernel or cuDNN, whichever timed faster for the shape
-/// (`MEDDPM_SMALL_CONV` / `force_small` override). An added-to or bias-less forward always takes
+/// (`KernelChoices::small_conv` overrides). An added-to or bias-less forward always takes
 /// the plain cuDNN call (the U-Net's residual convs, never few-channel ones).
 pub(crate) fn forward(
     dev: &Device,
@@ -49,7 +49,7 @@ pub(crate) fn forward(
     };
     let (cl, mma) = (cache.layout == Layout::Ndhwc, cache.mma_on());
     if let Some(kind) = small_fwd_kind_in(cs, (cl, mma)) {
-        let gemm = if cache.small_gemm { cache.small_gemm_budget } else { 0 };
+        let gemm = if cache.choices.small_gemm { cache.choices.small_gemm_budget } else { 0 };
         let ours = match small_decided(cache, cs, Dir::Fwd) {
             Some(f) => f,
             None => time_small(dev, cache, cs, Dir::Fwd, |cache, ours| {
@@ -215,7 +215,17 @@ fn wgmma_forward(
     let (xp, wp, wbf) = (dev.ptr(inp), dev.ptr(w), w.dtype() == DType::Bf16);
     let acc = if add { Accum::Add } else { Accum::Overwrite };
     let (bp, zp) = (b.map_or(0, |b| dev.ptr(b)), z.map_or(0, |z| dev.ptr(z)));
-    wgmma::run(dev, (xp, wp, bp, dev.ptr_mut(out), zp), wbf, cs.x, cs.cout, acc, false, cache.wgmma_reuse, T_WPF);
+    wgmma::run(
+        dev,
+        (xp, wp, bp, dev.ptr_mut(out), zp),
+        wbf,
+        cs.x,
+        cs.cout,
+        acc,
+        false,
+        cache.choices.wgmma_reuse,
+        T_WPF,
+    );
     cache.wgmma_runs += 1;
     true
 }
@@ -278,7 +288,7 @@ pub(crate) fn gn_wgmma_forward(
         require_f32("conv3d bias", &[b]);
     }
     *cache.fwd_calls.entry(cs).or_insert(0) += 1;
-    let reuse = cache.wgmma_reuse;
+    let reuse = cache.choices.wgmma_reuse;
     let gn = wgmma::GnPro {
         mean: dev.ptr(mean),
         rstd: dev.ptr(rstd),
@@ -394,7 +404,7 @@ pub(crate) fn backward_data(
 /// [`backward_data`] overwriting dinp whose epilogue also takes the GroupNorm+SiLU backward's
 /// channel sums of dinp ([`wgmma::GnSums`], written to `s.part`) where our wgmma data
 /// gradient runs this shape (decided as [`backward_data`] decides: the plain kernel against
-/// cuDNN) and `ConvCache::dgrad_gn` is on. Returns whether the sums were taken and whether dy's
+/// cuDNN) and `KernelChoices::dgrad_gn` is on. Returns whether the sums were taken and whether dy's
 /// channel sums were (`s.dys`, where the kernel can: 64 channels of dy, the window of planes); if
 /// not, dinp is what [`backward_data`] gives and the caller takes the sums itself.
 pub(crate) fn backward_data_gn(
@@ -413,14 +423,17 @@ pub(crate) fn backward_data_gn(
     assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
     let bf = cdt == DType::Bf16 && dx.dtype() == DType::Bf16;
     let (yd, ci) = (cs.out(), cs.x.c);
-    if cache.dgrad_gn && wgmma::fits(dev, yd, cs.k, cs.stride, ci, ly.0, bf) && wgmma::gnb_fits(cs.x.n, ci, s.groups) {
+    if cache.choices.dgrad_gn
+        && wgmma::fits(dev, yd, cs.k, cs.stride, ci, ly.0, bf)
+        && wgmma::gnb_fits(cs.x.n, ci, s.groups)
+    {
         let (wp, wbf) = (dev.ptr(w), w.dtype() == DType::Bf16);
         let worth = wgmma::worth(dev, cs.x, ci);
         let ours = wgmma_decided(dev, cache, cs, (Dir::BwdData, false), worth, dx.len(), |cache, ours, tp| {
             dgrad_trial(dev, cache, ours, tp, (dyp, wp, wbf), w, cs, Accum::Overwrite)
         });
         if ours {
-            let reuse = cache.wgmma_reuse;
+            let reuse = cache.choices.wgmma_reuse;
             if !(reuse && yd.c == 64) {
                 s.dys = 0;
             }
@@ -459,7 +472,8 @@ fn data_grad(
             dgrad_trial(dev, cache, ours, tp, (dyp, wp, wbf), w, cs, acc)
         });
         if ours {
-            let (ptrs, modes) = ((dyp, wp, 0, dev.ptr_mut(dx), 0), (cache.wgmma_reuse, cache.wgmma_dual));
+            let (ptrs, modes) =
+                ((dyp, wp, 0, dev.ptr_mut(dx), 0), (cache.choices.wgmma_reuse, cache.choices.wgmma_dual));
             if wgmma::run_dgrad(dev, ptrs, wbf, yd, cs.x.c, acc, modes, T_WPD) {
                 cache.wgmma_dual_runs += 1;
             }

@@ -26,7 +26,7 @@ pub(crate) fn small_cout_wgrad(cs: ConvShape, cdt: DType) -> bool {
 
 /// dW += the weight gradient of a few-output-channel conv (kernels/conv3d.cu), fp32 in every
 /// precision mode. `(cl, mma)`: NDHWC, and the tensor-core stage 1 asked for (bf16 precision and
-/// `ConvCache::small_mma`): it runs where Cout is 1 or 4 and Cin is a multiple of 16.
+/// `KernelChoices::small_mma`): it runs where Cout is 1 or 4 and Cin is a multiple of 16.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn wgrad_small(
     dev: &Device,
@@ -98,7 +98,7 @@ pub(super) fn wgrad_small(
 /// whole-head, 8 → 64 BraTS) goes to our tensor-core kernel instead of cuDNN (which pads the
 /// input to 8 channels and runs an sm80 kernel): 3×3×3, stride 1, Cin ≤ 8, Cout 16, 32 or 64
 /// (a power-of-two count of 16-byte chunks a voxel: the kernel's swizzle), bf16 NDHWC with the
-/// tensor-core few-channel kernels on (`ConvCache::small_mma`).
+/// tensor-core few-channel kernels on (`KernelChoices::small_mma`).
 pub(crate) fn small_cin_wgrad(cs: ConvShape, cdt: DType, (cl, mma): (bool, bool)) -> bool {
     cl && mma && cdt == DType::Bf16 && cs.k == 3 && cs.stride == 1 && cs.x.c <= 8 && matches!(cs.cout, 16 | 32 | 64)
 }
@@ -201,7 +201,7 @@ fn small_cout_launch(x: Dims, cl: bool, xdt: DType, sms: u32) -> ((u32, u32, u32
 /// Whether the tensor-core kernels (`conv3d_fwd_small_cin_mma`, `conv3d_dgrad_small_cout_mma`)
 /// compute a few-channel conv of `ci` ≤ 8 inputs and `co` outputs (the forward's, or the data
 /// gradient's with the roles swapped): NDHWC, `co` a multiple of 8 up to 64, asked for (`mma`:
-/// bf16 precision and `ConvCache::small_mma`). Cin 5 to 8 (BraTS' first conv, 8 → 64) has no
+/// bf16 precision and `KernelChoices::small_mma`). Cin 5 to 8 (BraTS' first conv, 8 → 64) has no
 /// FMA twin: there the choice is these kernels or cuDNN.
 fn mma_fits(cl: bool, mma: bool, ci: usize, co: usize) -> bool {
     cl && mma && (1..=8).contains(&ci) && co.is_multiple_of(8) && co <= 64
@@ -346,7 +346,7 @@ pub(crate) fn col_items(x: Dims, slots: usize, (th, tw): (usize, usize)) -> (usi
 }
 
 /// Planes per slab of [`small_cout_gemm`]: its tap products (27·Cout f32 per voxel, two halo
-/// planes included) stay within `budget` bytes (`ConvCache::small_gemm_budget`, 64 MiB), but a
+/// planes included) stay within `budget` bytes (`KernelChoices::small_gemm_budget`, 64 MiB), but a
 /// slab has at least 8 planes (the halo planes are read twice).
 fn gemm_slab(x: Dims, co: usize, budget: usize) -> usize {
     let plane = 27 * co * x.h * x.w * 4;
@@ -354,7 +354,7 @@ fn gemm_slab(x: Dims, co: usize, budget: usize) -> usize {
 }
 
 /// out = conv(inp, w) + b of a Cout ≤ 4, 3×3×3, stride-1 conv in NDHWC as a GEMM and a tap sum
-/// (used for Cout = 1, see `ConvCache::small_gemm`):
+/// (used for Cout = 1, see `KernelChoices::small_gemm`):
 /// per slab of planes (one halo plane each side) cuBLAS forms every voxel's 27·Cout tap products
 /// P[co·27 + t][u] = Σ_ci w[co, t, ci]·x[u, ci] (f32, in the input's type: bf16 tensor cores, or
 /// f32 with TF32 as the precision allows), then `conv3d_small_cout_taps` adds the 27 products that

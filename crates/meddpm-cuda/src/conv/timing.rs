@@ -1,5 +1,5 @@
-//! Timing of candidate kernels on the stream (for the timed choices between conv engines) and
-//! the `MEDDPM_CONV_LOG` switch that prints each choice with its times.
+//! Timing of candidate kernels on the stream, for the timed choices between conv engines
+//! (`KernelChoices::conv_log` prints each choice with its times).
 
 use crate::device::Device;
 
@@ -14,11 +14,4 @@ pub(super) fn stream_ms(dev: &Device, f: impl FnOnce()) -> f32 {
     let e1 = ev();
     e1.synchronize().expect("cuEventSynchronize");
     e0.elapsed_ms(&e1).expect("cuEventElapsedTime")
-}
-
-/// `MEDDPM_CONV_LOG=1`: print the per-shape choices made by timing (bias fused into cuDNN or not,
-/// our few-channel kernels or cuDNN, channel-padded shape or not) with both times.
-pub(super) fn conv_log() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MEDDPM_CONV_LOG").is_ok_and(|v| v != "0"))
 }

@@ -1,7 +1,7 @@
 //! The Upsample's conv (`Backend::upsample_conv3d_forward` / `_backward`): where our wgmma kernels
 //! run it, the forward's producer computes the trilinear doubling of x per stage and the data
 //! gradient writes it beside dx for the weight gradient, so no pass stores the doubled volume
-//! first (timed as its own choice "wgmma_up", `MEDDPM_UP_CONV=0` for A/B); else an upsampling
+//! first (timed as its own choice "wgmma_up"; `KernelChoices::up_conv` off in tests); else an upsampling
 //! pass and the plain conv.
 
 use meddpm::{Accum, ConvShape, DType, Layout, Precision};
@@ -17,7 +17,7 @@ use crate::device::Device;
 
 /// `Backend::upsample_conv3d_forward`: out = conv(up(x), w) (+ b), x of dims `xd`, `cs.x` its
 /// trilinear doubling. `conv3d_wgmma_fwd_up` computes the doubling in its producer (`u` stays
-/// unwritten) where `conv3d_wgmma` fits `cs`, `ConvCache::up_conv` is on and the first-use timing
+/// unwritten) where `conv3d_wgmma` fits `cs`, `KernelChoices::up_conv` is on and the first-use timing
 /// keeps it (its own choice: the fused kernel against the upsampling pass and cuDNN's conv; a
 /// shape shared with the ResBlocks' convs is timed apart from them); else x is doubled into `u`
 /// and [`forward`] runs on it.
@@ -36,10 +36,10 @@ pub(crate) fn upsample_forward(
     assert_eq!(cs.x, xd.up2(), "upsample conv: its input {} is not the doubling of {xd}", cs.x);
     let cl = cache.layout == Layout::Ndhwc;
     let bf = cache.precision == Precision::Bf16 && [x, &*u, &*out].iter().all(|t| t.dtype() == DType::Bf16);
-    if cache.up_conv && wgmma::fwd_fits(dev, cs, cl, bf) {
+    if cache.choices.up_conv && wgmma::fwd_fits(dev, cs, cl, bf) {
         check_lens(cs, u.len(), w.len(), out.len(), b.map_or(cs.cout, |b| b.len()));
         assert_eq!(x.len(), xd.numel(), "upsample conv: x length vs {xd}");
-        let (xp, wp, wbf, reuse) = (dev.ptr(x), dev.ptr(w), w.dtype() == DType::Bf16, cache.wgmma_reuse);
+        let (xp, wp, wbf, reuse) = (dev.ptr(x), dev.ptr(w), w.dtype() == DType::Bf16, cache.choices.wgmma_reuse);
         let worth = wgmma::worth(dev, cs.out(), cs.cout);
         let up = dev.ptr_mut(u);
         let ours = timed_choice(dev, cache, cs, (Dir::Fwd, false, true), worth, out.len(), |cache, ours, tp| {
@@ -69,7 +69,7 @@ pub(crate) fn upsample_forward(
 /// `Backend::upsample_conv3d_backward`: du (overwritten) = the data gradient, dw += and db += the
 /// weight and bias gradients of the conv over up(x) (`cs.x` the doubling of `xd`). Where
 /// `conv3d_wgmma` fits the data gradient with the window of planes (64 channels of dout, one
-/// slice a block), `ConvCache::up_conv` is on and the first-use timing keeps it (against the
+/// slice a block), `KernelChoices::up_conv` is on and the first-use timing keeps it (against the
 /// upsampling pass and cuDNN's data gradient), `conv3d_wgmma_dgrad_up` computes du and writes the
 /// doubling into `u` beside it, and the weight gradient reads `u`; else x is doubled into `u` and
 /// [`backward`] runs on it.
@@ -92,11 +92,11 @@ pub(crate) fn upsample_backward(
     let cdt = compute_type(cache.precision);
     let yd = cs.out();
     let bf = cdt == DType::Bf16 && [x, &*u, &*du, dout].iter().all(|t| t.dtype() == DType::Bf16);
-    if cache.up_conv
+    if cache.choices.up_conv
         && bf
         && yd.c == 64
-        && cache.wgmma_reuse
-        && !wgmma::dual_fits(cs.x.c, cache.wgmma_dual)
+        && cache.choices.wgmma_reuse
+        && !wgmma::dual_fits(cs.x.c, cache.choices.wgmma_dual)
         && wgmma::fits(dev, yd, cs.k, cs.stride, cs.x.c, cl, true)
     {
         check_lens(cs, u.len(), w.len(), dout.len(), cs.cout);

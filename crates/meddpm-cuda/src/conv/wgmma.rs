@@ -60,7 +60,7 @@ pub(crate) fn worth(dev: &Device, x: Dims, co: usize) -> bool {
 /// The weights are packed into `conv3d_wgmma`'s fragment order first (a kept temporary of
 /// co · x.c · 27 bf16). `reuse`: with 64 input channels each input plane is loaded (and
 /// transformed) once for the three output planes that read it, a window of planes in the
-/// kernel's ring, instead of once per output plane (`ConvCache::wgmma_reuse`).
+/// kernel's ring, instead of once per output plane (`KernelChoices::wgmma_reuse`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     dev: &Device,
@@ -124,7 +124,7 @@ pub(crate) fn run_dgrad_up(
 }
 
 /// [`run`] for the data gradient (`tw`); with `dual` and a result of 128k channels (`co`) on
-/// `conv3d_wgmma_dgrad2` (both 64-channel slices in one block; `ConvCache::wgmma_dual`). Returns
+/// `conv3d_wgmma_dgrad2` (both 64-channel slices in one block; `KernelChoices::wgmma_dual`). Returns
 /// whether it ran there.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_dgrad(
@@ -222,7 +222,7 @@ pub(crate) fn run_gn(
 }
 
 /// Whether a data gradient with `co` result channels runs on `conv3d_wgmma_dgrad2` where the
-/// switch (`ConvCache::wgmma_dual`) is `on`: both 64-channel slices of a block, co a multiple of
+/// switch (`KernelChoices::wgmma_dual`) is `on`: both 64-channel slices of a block, co a multiple of
 /// 128.
 pub(crate) fn dual_fits(co: usize, on: bool) -> bool {
     on && co.is_multiple_of(128)
