@@ -5,7 +5,7 @@
 
 use meddpm::{Accum, Dims};
 
-use crate::buf::{require_f32, GpuBuf};
+use crate::buf::{require_f32, GpuBuf, Mode};
 use crate::device::{Arg::*, Device};
 
 /// NDHWC partial kernels give each of 256 threads 4 (f32) or 8 (bf16) channels, or 1 when C is not
@@ -42,8 +42,9 @@ pub(crate) fn vec_width(bf: i32, fits: impl Fn(usize) -> bool) -> usize {
 
 /// Vector width of a channel-constant traversal (kernels/common.cu `Row`) of an activation:
 /// NDHWC needs C % V == 0 (at most 1024 lanes), NCDHW S % V == 0.
-pub(crate) fn row_vec(x: Dims, cl: bool, bf: i32) -> usize {
-    vec_width(bf, |v| if cl { x.c.is_multiple_of(v) && x.c / v <= 1024 } else { x.s().is_multiple_of(v) })
+pub(crate) fn row_vec(x: Dims, mode: Mode) -> usize {
+    let cl = mode.cl();
+    vec_width(mode.bf_flag(), |v| if cl { x.c.is_multiple_of(v) && x.c / v <= 1024 } else { x.s().is_multiple_of(v) })
 }
 
 /// Grid and block of a channel-constant traversal (kernels/common.cu `Row`) of an activation with
@@ -99,16 +100,8 @@ pub(crate) enum Partial {
 /// `lead` are the kernel's leading pointer arguments (activations of the type `bf` says);
 /// partials go to `part`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_partial(
-    dev: &Device,
-    kind: Partial,
-    x: Dims,
-    groups: usize,
-    cl: bool,
-    lead: &[u64],
-    part: u64,
-    bf: i32,
-) {
+pub(crate) fn launch_partial(dev: &Device, kind: Partial, x: Dims, groups: usize, mode: Mode, lead: &[u64], part: u64) {
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
     let (len, nchunks) = chunking(x, cl);
     let mut a = [P(0); 20];
     let mut k = 0;
@@ -175,7 +168,7 @@ pub(crate) fn channel_sums(dev: &Device, src: &GpuBuf, x: Dims, cl: bool, to: Su
     let (_, nchunks) = chunking(x, cl);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
     let pp = dev.ptr(&*part);
-    launch_partial(dev, Partial::Sum, x, 1, cl, &[dev.ptr(src)], pp, src.bf());
+    launch_partial(dev, Partial::Sum, x, 1, Mode::from_flags(cl, src.bf()), &[dev.ptr(src)], pp);
     let (out, over_n, accum) = match to {
         SumTo::PerSample(p) => (p, 0, 0),
         SumTo::AccumOverN(p) => (p, 1, 1),
@@ -214,20 +207,19 @@ pub(crate) fn scale(dev: &Device, buf: &mut GpuBuf, s: f32) {
     dev.launch1("scale_buf", n, &[P(dev.ptr_mut(buf)), F(s), L(n as i64), I(bf)]);
 }
 
-/// x[n, c, ...] += bias[n, c] (per_n) or bias[c]; x of the type `bf` says, bias f32.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn add_channel_bias(dev: &Device, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool, bf: i32) {
-    add_channel_bias_to(dev, x, x, bias, xd, cl, per_n, bf);
+/// x[n, c, ...] += bias[n, c] (per_n) or bias[c]; x in `mode`, bias f32.
+pub(crate) fn add_channel_bias(dev: &Device, x: u64, bias: u64, xd: Dims, mode: Mode, per_n: bool) {
+    add_channel_bias_to(dev, x, x, bias, xd, mode, per_n);
 }
 
-/// y[n, c, ...] = x[n, c, ...] + bias[n, c] (per_n) or bias[c]; y may be x; x and y of the type
-/// `bf` says, bias f32.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn add_channel_bias_to(dev: &Device, y: u64, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool, bf: i32) {
+/// y[n, c, ...] = x[n, c, ...] + bias[n, c] (per_n) or bias[c]; y may be x; x and y in `mode`,
+/// bias f32.
+pub(crate) fn add_channel_bias_to(dev: &Device, y: u64, x: u64, bias: u64, xd: Dims, mode: Mode, per_n: bool) {
     if xd.numel() == 0 {
         return;
     }
-    let v = row_vec(xd, cl, bf);
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
+    let v = row_vec(xd, mode);
     let (grid, block) = row_launch(dev, xd, v, cl);
     let args =
         [P(y), P(x), P(bias), I(xd.c as i32), L(xd.s() as i64), I(cl as i32), I(per_n as i32), I(bf), I(v as i32)];
@@ -235,9 +227,9 @@ pub(crate) fn add_channel_bias_to(dev: &Device, y: u64, x: u64, bias: u64, xd: D
 }
 
 /// Vector width for concat/split: NDHWC needs both parts' channel counts divisible.
-fn cat_vec(x: Dims, ca: usize, cb: usize, cl: bool, bf: i32) -> usize {
-    vec_width(bf, |v| {
-        if cl {
+fn cat_vec(x: Dims, ca: usize, cb: usize, mode: Mode) -> usize {
+    vec_width(mode.bf_flag(), |v| {
+        if mode.cl() {
             ca.is_multiple_of(v) && cb.is_multiple_of(v) && (ca + cb) / v <= 1024
         } else {
             x.s().is_multiple_of(v)
@@ -287,7 +279,7 @@ pub(crate) fn concat(
 ) {
     let od = x.with_c(ca + cb);
     let bf = check_concat("concat_channels", out, a, a_bias, b, x, ca, cb);
-    let v = cat_vec(x, ca, cb, cl, bf);
+    let v = cat_vec(x, ca, cb, Mode::from_flags(cl, bf));
     let (grid, block) = row_launch(dev, od, v, cl);
     let args = [
         P(dev.ptr_mut(out)),
@@ -321,7 +313,7 @@ pub(crate) fn split(
         "split_channels {x} ca {ca} cb {cb}: lengths"
     );
     let bf = same_bf("split_channels", &[da.0, db.0, dout]);
-    let v = cat_vec(x, ca, cb, cl, bf);
+    let v = cat_vec(x, ca, cb, Mode::from_flags(cl, bf));
     let (grid, block) = row_launch(dev, od, v, cl);
     let args = [
         P(dev.ptr_mut(da.0)),

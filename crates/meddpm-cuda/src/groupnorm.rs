@@ -13,9 +13,9 @@
 //! a pass that adds it (kernels/groupnorm.cu). `backward` can also give the channel sums of dx
 //! from the backward's own stage-1 sums (the ResBlock's time-embedding bias gradient, no pass).
 
-use meddpm::{Accum, Dims};
+use meddpm::{Accum, DType, Dims, Layout};
 
-use crate::buf::{require_f32, GpuBuf};
+use crate::buf::{require_f32, GpuBuf, Mode};
 use crate::device::{Arg::*, Device};
 use crate::elementwise::{check_concat, chunking, launch_partial, ndhwc_vec, row_launch, row_vec, same_bf, Partial};
 
@@ -45,7 +45,7 @@ pub(crate) fn forward(
     let op_ = out.map(|o| dev.ptr_mut(o)).unwrap_or(0);
     let ap = act.map(|a| dev.ptr_mut(a)).unwrap_or(0);
     let offp = off_ptr(dev, off, x);
-    forward_ptrs(dev, xp, offp, op_, ap, mean, rstd, gamma, beta, x, groups, cl, bf);
+    forward_ptrs(dev, xp, offp, op_, ap, mean, rstd, gamma, beta, x, groups, Mode::from_flags(cl, bf));
 }
 
 /// [`forward`] with SiLU, in place: `x` := silu(GN(x)) (the statistics pass reads x before the
@@ -65,7 +65,7 @@ pub(crate) fn forward_inplace(
     check(xd, groups, x.len(), gamma.len(), mean.len());
     let bf = x.bf();
     let xp = dev.ptr_mut(x);
-    forward_ptrs(dev, xp, 0, 0, xp, mean, rstd, gamma, beta, xd, groups, cl, bf);
+    forward_ptrs(dev, xp, 0, 0, xp, mean, rstd, gamma, beta, xd, groups, Mode::from_flags(cl, bf));
 }
 
 /// The device pointer of an input offset (0: none), its length checked: f32, N·C.
@@ -92,11 +92,10 @@ fn forward_ptrs(
     beta: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
-    bf: i32,
+    mode: Mode,
 ) {
-    stats_ptrs(dev, xp, offp, mean, rstd, x, groups, cl, bf);
-    apply(dev, xp, offp, dev.ptr(mean), dev.ptr(rstd), gamma, beta, op_, ap, x, groups, cl, bf);
+    stats_ptrs(dev, xp, offp, mean, rstd, x, groups, mode);
+    apply(dev, xp, offp, dev.ptr(mean), dev.ptr(rstd), gamma, beta, op_, ap, x, groups, mode);
 }
 
 /// The statistics alone (mean/rstd [N·G]) of `inp` + `off`: for a consumer that applies
@@ -114,7 +113,7 @@ pub(crate) fn stats(
     cl: bool,
 ) {
     check(x, groups, inp.len(), x.c, mean.len());
-    stats_ptrs(dev, dev.ptr(inp), off_ptr(dev, off, x), mean, rstd, x, groups, cl, inp.bf());
+    stats_ptrs(dev, dev.ptr(inp), off_ptr(dev, off, x), mean, rstd, x, groups, Mode::from_flags(cl, inp.bf()));
 }
 
 /// Stages 1 and 2 of the statistics of x at `xp` (+ the offset at `offp`, 0: none) into mean/rstd.
@@ -127,13 +126,13 @@ fn stats_ptrs(
     rstd: &mut GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
-    bf: i32,
+    mode: Mode,
 ) {
+    let cl = mode.cl();
     let (_, nchunks) = chunking(x, cl);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
     let pp = dev.ptr(&*part);
-    launch_partial(dev, Partial::Stats, x, groups, cl, &[xp], pp, bf);
+    launch_partial(dev, Partial::Stats, x, groups, mode, &[xp], pp);
     finalize_stats(dev, pp, offp, mean, rstd, x, groups, cl);
 }
 
@@ -258,7 +257,7 @@ pub(crate) fn concat_stats(
     let v = if cl { ndhwc_vec(od.c, bf) } else { 0 };
     if v < 4 || !ca.is_multiple_of(v) || !cb.is_multiple_of(v) {
         crate::elementwise::concat(dev, out, a, a_bias, b, x, ca, cb, cl);
-        return stats_ptrs(dev, dev.ptr(out), 0, mean, rstd, od, groups, cl, bf);
+        return stats_ptrs(dev, dev.ptr(out), 0, mean, rstd, od, groups, Mode::from_flags(cl, bf));
     }
     let (len, nchunks) = chunking(od, cl);
     let part = dev.scratch(od.n * nchunks * od.c * 2);
@@ -405,7 +404,7 @@ pub(crate) fn recompute(
     let bf = same_bf("groupnorm recompute", &[inp, act]);
     let (xp, mp, rp, ap) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr_mut(act));
     let offp = off_ptr(dev, off, x);
-    apply(dev, xp, offp, mp, rp, gamma, beta, 0, ap, x, groups, cl, bf);
+    apply(dev, xp, offp, mp, rp, gamma, beta, 0, ap, x, groups, Mode::from_flags(cl, bf));
 }
 
 /// [`recompute`] in place: `x` := silu(GN(x)) (one gn_apply pass reading and writing `x`).
@@ -425,7 +424,7 @@ pub(crate) fn recompute_inplace(
     assert!(rstd.len() == mean.len(), "groupnorm recompute in place {xd}: lengths");
     let bf = x.bf();
     let (mp, rp, xp) = (dev.ptr(mean), dev.ptr(rstd), dev.ptr_mut(x));
-    apply(dev, xp, 0, mp, rp, gamma, beta, 0, xp, xd, groups, cl, bf);
+    apply(dev, xp, 0, mp, rp, gamma, beta, 0, xp, xd, groups, Mode::from_flags(cl, bf));
 }
 
 /// The elementwise stage (kernel gn_apply): out = GN(x + off) and/or act = silu(GN(x + off)) (0:
@@ -443,10 +442,10 @@ fn apply(
     ap: u64,
     x: Dims,
     groups: usize,
-    cl: bool,
-    bf: i32,
+    mode: Mode,
 ) {
-    let v = row_vec(x, cl, bf);
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
+    let v = row_vec(x, mode);
     let (grid, block) = row_launch(dev, x, v, cl);
     let args = [
         P(xp),
@@ -549,8 +548,7 @@ pub(crate) fn backward(
         gamma,
         x,
         groups,
-        cl,
-        bf,
+        Mode::from_flags(cl, bf),
         (sp, ap, rp),
         None,
         pre,
@@ -635,7 +633,24 @@ fn inplace(
     let dp = dev.ptr_mut(d);
     let dx = (dp, Accum::Overwrite);
     let (b, ip) = (Some(beta), (inp, 0));
-    backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap, 0), None, None);
+    backward_ptrs(
+        dev,
+        dx,
+        dgamma,
+        dbeta,
+        dp,
+        b,
+        ip,
+        mean,
+        rstd,
+        gamma,
+        x,
+        groups,
+        Mode::from_flags(cl, bf),
+        (0, ap, 0),
+        None,
+        None,
+    );
 }
 
 /// [`backward_inplace_act`] that delivers the gradient to the two parts of the concatenation
@@ -666,7 +681,10 @@ pub(crate) fn backward_inplace_act_split(
         ps.len()
     );
     let bf = same_bf("groupnorm backward into parts", &[d, &*x, &*ph, &*ps]);
-    assert!(split_ok(xd, ca, cl, bf), "groupnorm backward into parts of {xd} at channel {ca}: a vector straddles them");
+    assert!(
+        split_ok(xd, ca, Mode::from_flags(cl, bf)),
+        "groupnorm backward into parts of {xd} at channel {ca}: a vector straddles them"
+    );
     let ap = dev.ptr_mut(x);
     let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
     let ip = (&*x, 0);
@@ -684,8 +702,7 @@ pub(crate) fn backward_inplace_act_split(
         gamma,
         xd,
         groups,
-        cl,
-        bf,
+        Mode::from_flags(cl, bf),
         (0, ap, 0),
         split,
         None,
@@ -744,7 +761,10 @@ pub(crate) fn backward_act_split_from_parts(
         assert!(b.len() == ca, "groupnorm backward from parts of {xd}: bias length {} (expected {ca})", b.len());
     }
     let bf = same_bf("groupnorm backward from parts", &[d, &*act, h, s, &*ph, &*ps]);
-    assert!(parts_ok(xd, ca, bf), "groupnorm backward from parts of {xd} at channel {ca}: a vector straddles them");
+    assert!(
+        parts_ok(xd, ca, Mode::from_flags(true, bf).dtype),
+        "groupnorm backward from parts of {xd} at channel {ca}: a vector straddles them"
+    );
     let ap = dev.ptr_mut(act);
     let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
     let xs = [dev.ptr(h), dev.ptr(s), h_bias.map_or(0, |b| dev.ptr(b))];
@@ -752,7 +772,24 @@ pub(crate) fn backward_act_split_from_parts(
     let split = Some((sp, ms_, ca, xs, skip));
     let (b, ip) = (Some(beta), (&*act, 0));
     let (d, g) = ((hp, mh), (dgamma, dbeta));
-    backward_ptrs(dev, d, g.0, g.1, dp, b, ip, mean, rstd, gamma, xd, groups, true, bf, (0, ap, 0), split, None);
+    backward_ptrs(
+        dev,
+        d,
+        g.0,
+        g.1,
+        dp,
+        b,
+        ip,
+        mean,
+        rstd,
+        gamma,
+        xd,
+        groups,
+        Mode::from_flags(true, bf),
+        (0, ap, 0),
+        split,
+        None,
+    );
 }
 
 /// `gn_bwd_apply_split_skip`'s warps for C concatenated channels: one a 32-channel group, times the
@@ -783,21 +820,22 @@ pub(crate) fn skip_apply_fits(c: usize, co: usize, ca: usize) -> bool {
 }
 
 /// Whether [`backward_act_split_from_parts`] takes a concatenation of `x` at channel `ca` with
-/// activations of type `bf`: NDHWC, the sums' 4 or 8 channels a thread and the elementwise pass's
-/// vectors each within one part.
-pub(crate) fn parts_ok(x: Dims, ca: usize, bf: i32) -> bool {
-    let v = ndhwc_vec(x.c, bf);
-    v >= 4 && ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v) && split_ok(x, ca, true, bf)
+/// activations of type `dtype`: NDHWC, the sums' 4 or 8 channels a thread and the elementwise
+/// pass's vectors each within one part.
+pub(crate) fn parts_ok(x: Dims, ca: usize, dtype: DType) -> bool {
+    let mode = Mode::new(Layout::Ndhwc, dtype);
+    let v = ndhwc_vec(x.c, mode.bf_flag());
+    v >= 4 && ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v) && split_ok(x, ca, mode)
 }
 
 /// Whether the elementwise pass can write the parts of a concatenation of `x` at channel `ca`:
 /// in NDHWC no vector of the pass may straddle them.
-pub(crate) fn split_ok(x: Dims, ca: usize, cl: bool, bf: i32) -> bool {
+pub(crate) fn split_ok(x: Dims, ca: usize, mode: Mode) -> bool {
     if ca == 0 || ca >= x.c {
         return false;
     }
-    let v = row_vec(x, cl, bf);
-    !cl || (ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v))
+    let v = row_vec(x, mode);
+    !mode.cl() || (ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v))
 }
 
 /// [`backward_ptrs`]'s concatenation split: (dx2, its Accum, ca, [xh, xs, xbias], and where the
@@ -823,12 +861,12 @@ fn backward_ptrs(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
-    bf: i32,
+    mode: Mode,
     (dsum, act, res): (u64, u64, u64),
     split: Option<Split>,
     pre: Option<Partials>,
 ) {
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
     assert!(res == 0 || split.is_none(), "groupnorm backward: res with a split gradient");
     assert!(pre.is_none() || split.is_none(), "groupnorm backward: partials given with a split gradient");
     let stride = if dsum != 0 { 3 } else { 2 };
@@ -852,10 +890,10 @@ fn backward_ptrs(
         assert!(dsum == 0 && cl, "groupnorm backward from parts: NDHWC, no dx channel sums");
         let ca = split.map_or(0, |s| s.2);
         let [xh, xs, xb] = from_parts;
-        launch_partial(dev, Partial::GnBwdCat(ca), x, groups, cl, &[dp, xh, xs, xb, mp, rp, gp, bp, offp], pp, bf);
+        launch_partial(dev, Partial::GnBwdCat(ca), x, groups, mode, &[dp, xh, xs, xb, mp, rp, gp, bp, offp], pp);
     } else {
         let kind = if dsum != 0 { Partial::GnBwd3 } else { Partial::GnBwd };
-        launch_partial(dev, kind, x, groups, cl, &[dp, xp, mp, rp, gp, bp, offp], pp, bf);
+        launch_partial(dev, kind, x, groups, mode, &[dp, xp, mp, rp, gp, bp, offp], pp);
     }
     let q = fin_split(nchunks, x.c / groups, groups);
     let fin = dev.fin_ws(x.n * x.c * q * 3);
@@ -882,7 +920,7 @@ fn backward_ptrs(
         ],
     );
     drop(fin);
-    let v = row_vec(x, cl, bf);
+    let v = row_vec(x, mode);
     let (grid, block) = row_launch(dev, x, v, cl);
     let args = [
         P(dp),

@@ -51,6 +51,7 @@ use meddpm::rng::Philox;
 use meddpm::{Accum, Backend, ConvShape, DType, Dims, Error, Layout, LossKind, Precision, Result};
 
 pub use buf::GpuBuf;
+use buf::Mode;
 pub use choices::KernelChoices;
 pub use conv::Algo;
 pub use device::{compile_kernels, kernel_arch, DeviceInfo};
@@ -153,15 +154,14 @@ impl CudaBackend {
     /// activation type and no vector of the pass straddling the parts.
     pub fn cat_in_fused(&self, x: Dims, ca: usize, w: DType) -> bool {
         let act = self.precision.act_dtype();
-        w == act && groupnorm::split_ok(x, ca, self.cl(), (act == DType::Bf16) as i32)
+        w == act && groupnorm::split_ok(x, ca, Mode::new(self.layout, act))
     }
 
     /// Whether `groupnorm_silu_backward_cat_in` over a concatenation `x` split at channel `ca`
     /// reads it from its parts (never building it): [`CudaBackend::cat_in_fused`]'s conditions in
     /// NDHWC with both parts a multiple of the sums' channels per thread.
     pub fn cat_in_parts(&self, x: Dims, ca: usize, w: DType) -> bool {
-        let bf = (self.precision.act_dtype() == DType::Bf16) as i32;
-        self.cl() && self.cat_in_fused(x, ca, w) && groupnorm::parts_ok(x, ca, bf)
+        self.cl() && self.cat_in_fused(x, ca, w) && groupnorm::parts_ok(x, ca, self.precision.act_dtype())
     }
 
     /// Upload through a page-locked buffer ([`Pinned`]); `false` when the copy is small, the
@@ -1355,9 +1355,9 @@ impl Backend for CudaBackend {
     fn add_channel_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, xd: Dims) {
         assert!(x.len() == xd.numel() && bias.len() == xd.n * xd.c, "add_channel_bias {xd}: lengths");
         buf::require_f32("add_channel_bias: bias", &[bias]);
-        let bf = x.bf();
+        let mode = Mode::new(self.layout, x.dtype());
         let (xp, bp) = (self.dev.ptr_mut(x), self.dev.ptr(bias));
-        elementwise::add_channel_bias(&self.dev, xp, bp, xd, self.cl(), true, bf);
+        elementwise::add_channel_bias(&self.dev, xp, bp, xd, mode, true);
     }
     fn add_channel_bias_to(&self, out: &mut Self::Buf, x: &Self::Buf, bias: &Self::Buf, xd: Dims) {
         assert!(
@@ -1369,9 +1369,9 @@ impl Backend for CudaBackend {
         );
         assert_eq!(out.dtype(), x.dtype(), "add_channel_bias_to {xd}: out and x types");
         buf::require_f32("add_channel_bias_to: bias", &[bias]);
-        let bf = x.bf();
+        let mode = Mode::new(self.layout, x.dtype());
         let (yp, xp, bp) = (self.dev.ptr_mut(out), self.dev.ptr(x), self.dev.ptr(bias));
-        elementwise::add_channel_bias_to(&self.dev, yp, xp, bp, xd, self.cl(), false, bf);
+        elementwise::add_channel_bias_to(&self.dev, yp, xp, bp, xd, mode, false);
     }
     fn add_bias_vectors(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf) {
         meddpm::backend::check_bias_vectors(out.len(), a.len(), b.len());
@@ -1379,7 +1379,7 @@ impl Backend for CudaBackend {
         // the channel-bias kernel over a (1, C, 1, 1, 1) f32 tensor
         let d = Dims { n: 1, c: a.len(), d: 1, h: 1, w: 1 };
         let (op, ap, bp) = (self.dev.ptr_mut(out), self.dev.ptr(a), self.dev.ptr(b));
-        elementwise::add_channel_bias_to(&self.dev, op, ap, bp, d, false, false, 0);
+        elementwise::add_channel_bias_to(&self.dev, op, ap, bp, d, Mode::new(Layout::Ncdhw, DType::F32), false);
     }
     fn add_bias_vectors_all(&self, triples: &mut [(&mut Self::Buf, &Self::Buf, &Self::Buf)]) {
         optim::add_all(&self.dev, &self.tables, triples);

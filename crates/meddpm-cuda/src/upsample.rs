@@ -6,7 +6,7 @@
 
 use meddpm::{Accum, Dims};
 
-use crate::buf::GpuBuf;
+use crate::buf::{GpuBuf, Mode};
 use crate::device::{Arg::*, Device};
 use crate::elementwise::{row_launch, row_vec, same_bf};
 
@@ -35,16 +35,16 @@ pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl:
         out.len()
     );
     let bf = same_bf("upsample_forward", &[out, inp]);
-    forward_ptrs(dev, (dev.ptr_mut(out), dev.ptr(inp)), x, cl, bf == 1);
+    forward_ptrs(dev, (dev.ptr_mut(out), dev.ptr(inp)), x, Mode::from_flags(cl, bf));
 }
 
 /// [`forward`] on device addresses (out of `x.up2()`'s, inp of `x`'s elements, both bf16 or both
-/// f32 per `bf`): the Upsample conv's first-use timing runs it on its scratch.
-pub(crate) fn forward_ptrs(dev: &Device, (op_, ip): (u64, u64), x: Dims, cl: bool, bf: bool) {
+/// f32 per `mode`): the Upsample conv's first-use timing runs it on its scratch.
+pub(crate) fn forward_ptrs(dev: &Device, (op_, ip): (u64, u64), x: Dims, mode: Mode) {
     let total = x.up2().numel();
-    let bf = bf as i32;
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
     if cl {
-        let v = row_vec(x, true, bf);
+        let v = row_vec(x, Mode::from_flags(true, bf));
         if let Some(smem) = quad_smem(x, v) {
             // one block per 2 × 2 output rows (a source row's), separable through shared memory
             let dims = [x.c, x.d, x.h, x.w].map(|d| I(d as i32));
@@ -78,7 +78,7 @@ pub(crate) fn backward(dev: &Device, dinp: (&mut GpuBuf, Accum), dout: &GpuBuf, 
     assert!(dinp.0.len() == x.numel() && dout.len() == x.up2().numel(), "upsample backward {x}: lengths");
     let bf = same_bf("upsample_backward", &[dinp.0, dout]);
     if cl {
-        let v = row_vec(x, true, bf);
+        let v = row_vec(x, Mode::from_flags(true, bf));
         let acc = (dinp.1 == Accum::Add) as i32;
         if let Some(smem) = rows_smem(2 * x.w * x.c) {
             // one block per input row, separable through shared memory

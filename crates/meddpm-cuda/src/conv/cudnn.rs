@@ -18,7 +18,7 @@ use meddpm::{Accum, ConvShape, DType, Layout};
 use super::algo_cache::ConvCache;
 use super::desc::{bwd_data_algo, bwd_filter_algo, ck, compute_type, fwd_algo, Algo, Dir};
 use super::timing::stream_ms;
-use crate::buf::GpuBuf;
+use crate::buf::{GpuBuf, Mode};
 use crate::device::Device;
 
 /// Temporary slots of converted operands (see `Device::temp`).
@@ -191,13 +191,13 @@ pub(super) fn run_forward(
     match z {
         Some(zp) => {
             assert!(bias, "conv3d forward with a residual: the bias pass writes z + b first");
-            crate::elementwise::add_channel_bias_to(dev, yp, zp, bp, cs.out(), cl, false, bf);
+            crate::elementwise::add_channel_bias_to(dev, yp, zp, bp, cs.out(), Mode::from_flags(cl, bf), false);
             run_forward_beta(dev, cache, a, cs, xp, wp, yp, 1.0);
         }
         None => {
             run_forward_beta(dev, cache, a, cs, xp, wp, yp, 0.0);
             if bias {
-                crate::elementwise::add_channel_bias(dev, yp, bp, cs.out(), cl, false, bf);
+                crate::elementwise::add_channel_bias(dev, yp, bp, cs.out(), Mode::from_flags(cl, bf), false);
             }
         }
     }

@@ -19,7 +19,7 @@ use super::small::{
     wgrad_small, wgrad_small_cin,
 };
 use super::wgmma;
-use crate::buf::{require_f32, GpuBuf};
+use crate::buf::{require_f32, GpuBuf, Mode};
 use crate::device::Device;
 
 /// out = conv(inp, w) + b (no bias where None), overwriting `out` or added to it (cuDNN's β = 1)
@@ -105,9 +105,16 @@ pub(crate) fn forward_res(
     }
     let cdt = compute_type(cache.precision);
     if out.dtype() != cdt || small_fwd_kind(cs).is_some() || padded_shape(cs).is_some() {
-        let cl = cache.layout == Layout::Ndhwc;
         let (yp, zp) = (dev.ptr_mut(out), dev.ptr(z));
-        crate::elementwise::add_channel_bias_to(dev, yp, zp, dev.ptr(b), cs.out(), cl, false, out.bf());
+        crate::elementwise::add_channel_bias_to(
+            dev,
+            yp,
+            zp,
+            dev.ptr(b),
+            cs.out(),
+            Mode::new(cache.layout, out.dtype()),
+            false,
+        );
         cudnn_forward_acc(dev, cache, out, true, inp, w, None, cs);
         return;
     }
@@ -178,11 +185,9 @@ fn cudnn_forward_acc(
         drop(tmp);
         a
     };
-    let cl = cache.layout == Layout::Ndhwc;
     run_forward_beta(dev, cache, a, cs, xp, wp, yp, if add { 1.0 } else { 0.0 });
     if let Some(b) = b {
-        let bf = (cdt == DType::Bf16) as i32;
-        crate::elementwise::add_channel_bias(dev, yp, dev.ptr(b), cs.out(), cl, false, bf);
+        crate::elementwise::add_channel_bias(dev, yp, dev.ptr(b), cs.out(), Mode::new(cache.layout, cdt), false);
     }
     if out.dtype() != cdt {
         dev.cast(dev.ptr_mut(out), out.dtype(), yp, cdt, out.len(), false);

@@ -12,7 +12,7 @@ use super::cudnn::{cudnn_dgrad, cudnn_fwd_trial, T_WPD, T_WPF};
 use super::desc::{check_lens, compute_type, Dir};
 use super::paths::{backward, bias_grad, forward, weight_grad};
 use super::wgmma;
-use crate::buf::{require_f32, GpuBuf};
+use crate::buf::{require_f32, GpuBuf, Mode};
 use crate::device::Device;
 
 /// `Backend::upsample_conv3d_forward`: out = conv(up(x), w) (+ b), x of dims `xd`, `cs.x` its
@@ -46,7 +46,7 @@ pub(crate) fn upsample_forward(
             if ours {
                 wgmma::run_up(dev, (xp, wp, 0, tp), wbf, cs.x, cs.cout, reuse, T_WPF);
             } else {
-                crate::upsample::forward_ptrs(dev, (up, xp), xd, cl, true);
+                crate::upsample::forward_ptrs(dev, (up, xp), xd, Mode::new(cache.layout, DType::Bf16));
                 cudnn_fwd_trial(dev, cache, cs, up, w, tp, false);
             }
         });
@@ -110,7 +110,7 @@ pub(crate) fn upsample_backward(
                 wgmma::run_dgrad_up(dev, (dyp, wp, tp), wbf, yd, cs.x.c, (xp, up), T_WPD);
             } else {
                 cudnn_dgrad(dev, cache, tp, DType::Bf16, Accum::Overwrite, w, dyp, cs);
-                crate::upsample::forward_ptrs(dev, (up, xp), xd, cl, true);
+                crate::upsample::forward_ptrs(dev, (up, xp), xd, Mode::new(cache.layout, DType::Bf16));
             }
         });
         if ours {
