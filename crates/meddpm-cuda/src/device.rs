@@ -149,7 +149,7 @@ pub(crate) struct FinWs {
 /// Check a cuDNN status. A failure's message carries cuDNN's own account of it where the library
 /// keeps one (`cudnnGetLastErrorString`, cuDNN 9): for `..._EXECUTION_FAILED_CUDART` it names the
 /// CUDA call that failed inside cuDNN and its error (an intermittent one in the parity tests, with
-/// four test threads, is not yet explained: `docs/perf/h200-2026-12-03o/README.md`).
+/// four test threads, is not yet explained).
 pub(crate) fn cudnn_ck(st: nsys::cudnnStatus_t, what: &str) -> std::result::Result<(), String> {
     if st == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
         return Ok(());

@@ -1,5 +1,5 @@
 //! `meddpm doctor`: which GPU, driver and libraries this process would use, and where each library
-//! file was found, with versions. The cuDNN trap (docs: ../shared/docs/gpu-machine.md): a system
+//! file was found, with versions. The cuDNN trap: a system
 //! folder may hold an old cuDNN under the unversioned name `libcudnn.so`, which cudarc's loader
 //! tries first; this report shows the file actually mapped into the process and warns when its
 //! version has known wrong-result bugs for TF32 / bf16 3-D convolutions.
