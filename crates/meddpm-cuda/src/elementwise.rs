@@ -3,7 +3,7 @@
 //! whole volume (kernels/reduce.cu) that channel_sum and the conv bias gradient share.
 //! Semantics: `Backend` docs in crates/meddpm/src/backend.rs; CPU twin cpu/elementwise.rs.
 
-use meddpm::{Accum, Dims};
+use meddpm::{Accum, Dims, Layout};
 
 use crate::buf::{require_f32, GpuBuf, Mode};
 use crate::device::{Arg::*, Device};
@@ -50,7 +50,8 @@ pub(crate) fn row_vec(x: Dims, mode: Mode) -> usize {
 /// Grid and block of a channel-constant traversal (kernels/common.cu `Row`) of an activation with
 /// V elements per access: NDHWC grid (gx, N) with a block that is a multiple of lanes = C / V;
 /// NCDHW grid (gx, N·C) of 256-thread blocks. gx fills the GPU about 8 blocks per SM deep.
-pub(crate) fn row_launch(dev: &Device, x: Dims, v: usize, cl: bool) -> ((u32, u32, u32), (u32, u32, u32)) {
+pub(crate) fn row_launch(dev: &Device, x: Dims, v: usize, layout: Layout) -> ((u32, u32, u32), (u32, u32, u32)) {
+    let cl = layout == Layout::Ndhwc;
     let target = dev.info.sms as usize * 8;
     if cl {
         let lanes = x.c / v;
@@ -69,7 +70,8 @@ pub(crate) fn row_launch(dev: &Device, x: Dims, v: usize, cl: bool) -> ((u32, u3
 
 /// How the voxels of one (n, c) are cut into chunks for the stage-1 reductions:
 /// (voxels per chunk, number of chunks).
-pub(crate) fn chunking(x: Dims, cl: bool) -> (usize, usize) {
+pub(crate) fn chunking(x: Dims, layout: Layout) -> (usize, usize) {
+    let cl = layout == Layout::Ndhwc;
     // At most ~1024 chunks per sample (NDHWC; 256 per channel in NCDHW): one or two waves of
     // blocks on a large GPU with long enough loops, and few partials, so the one-block-per-group
     // finalisers stay short (with 16K-element chunks a 128³ × 128-channel finaliser combined 16K
@@ -102,7 +104,7 @@ pub(crate) enum Partial {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_partial(dev: &Device, kind: Partial, x: Dims, groups: usize, mode: Mode, lead: &[u64], part: u64) {
     let (cl, bf) = (mode.cl(), mode.bf_flag());
-    let (len, nchunks) = chunking(x, cl);
+    let (len, nchunks) = chunking(x, mode.layout);
     let mut a = [P(0); 20];
     let mut k = 0;
     for &p in lead {
@@ -163,9 +165,10 @@ pub(crate) enum SumTo {
 }
 
 /// Per-channel sums of `src` (shape x) over the voxels, parallel over the whole volume.
-pub(crate) fn channel_sums(dev: &Device, src: &GpuBuf, x: Dims, cl: bool, to: SumTo) {
+pub(crate) fn channel_sums(dev: &Device, src: &GpuBuf, x: Dims, layout: Layout, to: SumTo) {
+    let cl = layout == Layout::Ndhwc;
     assert_eq!(src.len(), x.numel(), "channel sums over {x}: buffer length");
-    let (_, nchunks) = chunking(x, cl);
+    let (_, nchunks) = chunking(x, layout);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
     let pp = dev.ptr(&*part);
     launch_partial(dev, Partial::Sum, x, 1, Mode::from_flags(cl, src.bf()), &[dev.ptr(src)], pp);
@@ -220,7 +223,7 @@ pub(crate) fn add_channel_bias_to(dev: &Device, y: u64, x: u64, bias: u64, xd: D
     }
     let (cl, bf) = (mode.cl(), mode.bf_flag());
     let v = row_vec(xd, mode);
-    let (grid, block) = row_launch(dev, xd, v, cl);
+    let (grid, block) = row_launch(dev, xd, v, mode.layout);
     let args =
         [P(y), P(x), P(bias), I(xd.c as i32), L(xd.s() as i64), I(cl as i32), I(per_n as i32), I(bf), I(v as i32)];
     dev.launch("add_channel_bias", grid, block, &args);
@@ -275,12 +278,13 @@ pub(crate) fn concat(
     x: Dims,
     ca: usize,
     cb: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     let od = x.with_c(ca + cb);
     let bf = check_concat("concat_channels", out, a, a_bias, b, x, ca, cb);
     let v = cat_vec(x, ca, cb, Mode::from_flags(cl, bf));
-    let (grid, block) = row_launch(dev, od, v, cl);
+    let (grid, block) = row_launch(dev, od, v, layout);
     let args = [
         P(dev.ptr_mut(out)),
         P(dev.ptr(a)),
@@ -305,8 +309,9 @@ pub(crate) fn split(
     x: Dims,
     ca: usize,
     cb: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     let od = x.with_c(ca + cb);
     assert!(
         dout.len() == od.numel() && da.0.len() == x.with_c(ca).numel() && db.0.len() == x.with_c(cb).numel(),
@@ -314,7 +319,7 @@ pub(crate) fn split(
     );
     let bf = same_bf("split_channels", &[da.0, db.0, dout]);
     let v = cat_vec(x, ca, cb, Mode::from_flags(cl, bf));
-    let (grid, block) = row_launch(dev, od, v, cl);
+    let (grid, block) = row_launch(dev, od, v, layout);
     let args = [
         P(dev.ptr_mut(da.0)),
         P(dev.ptr_mut(db.0)),

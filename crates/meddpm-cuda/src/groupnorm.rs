@@ -35,8 +35,9 @@ pub(crate) fn forward(
     beta: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), gamma.len(), mean.len());
     let outs: Vec<&GpuBuf> = out.iter().map(|b| &**b).chain(act.iter().map(|b| &**b)).collect();
     assert!(!outs.is_empty() && outs.iter().all(|b| b.len() == x.numel()), "groupnorm {x}: output lengths");
@@ -60,8 +61,9 @@ pub(crate) fn forward_inplace(
     beta: &GpuBuf,
     xd: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(xd, groups, x.len(), gamma.len(), mean.len());
     let bf = x.bf();
     let xp = dev.ptr_mut(x);
@@ -110,8 +112,9 @@ pub(crate) fn stats(
     rstd: &mut GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), x.c, mean.len());
     stats_ptrs(dev, dev.ptr(inp), off_ptr(dev, off, x), mean, rstd, x, groups, Mode::from_flags(cl, inp.bf()));
 }
@@ -128,12 +131,11 @@ fn stats_ptrs(
     groups: usize,
     mode: Mode,
 ) {
-    let cl = mode.cl();
-    let (_, nchunks) = chunking(x, cl);
+    let (_, nchunks) = chunking(x, mode.layout);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
     let pp = dev.ptr(&*part);
     launch_partial(dev, Partial::Stats, x, groups, mode, &[xp], pp);
-    finalize_stats(dev, pp, offp, mean, rstd, x, groups, cl);
+    finalize_stats(dev, pp, offp, mean, rstd, x, groups, mode.layout);
 }
 
 /// Stage 2 of the statistics of `x` + off from partials that carry their counts, (mean, M2,
@@ -173,9 +175,9 @@ fn finalize_stats(
     rstd: &mut GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
-    finalize_launch(dev, pp, offp, (mean, rstd), x, groups, chunking(x, cl));
+    finalize_launch(dev, pp, offp, (mean, rstd), x, groups, chunking(x, layout));
 }
 
 /// gn_stats_finalize over the partials at `pp` (+ the offset at `offp`, 0: none): `nchunks`
@@ -244,8 +246,9 @@ pub(crate) fn concat_stats(
     x: Dims,
     (ca, cb): (usize, usize),
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     let od = x.with_c(ca + cb);
     assert!(
         groups > 0 && od.c.is_multiple_of(groups) && mean.len() == od.n * groups && rstd.len() == mean.len(),
@@ -256,10 +259,10 @@ pub(crate) fn concat_stats(
     let bf = check_concat("concat statistics", out, a, a_bias, b, x, ca, cb);
     let v = if cl { ndhwc_vec(od.c, bf) } else { 0 };
     if v < 4 || !ca.is_multiple_of(v) || !cb.is_multiple_of(v) {
-        crate::elementwise::concat(dev, out, a, a_bias, b, x, ca, cb, cl);
+        crate::elementwise::concat(dev, out, a, a_bias, b, x, ca, cb, layout);
         return stats_ptrs(dev, dev.ptr(out), 0, mean, rstd, od, groups, Mode::from_flags(cl, bf));
     }
-    let (len, nchunks) = chunking(od, cl);
+    let (len, nchunks) = chunking(od, layout);
     let part = dev.scratch(od.n * nchunks * od.c * 2);
     let pp = dev.ptr(&*part);
     let args = [
@@ -277,7 +280,7 @@ pub(crate) fn concat_stats(
         I(v as i32),
     ];
     dev.launch("concat_stats_ndhwc", (nchunks as u32, od.n as u32, 1), (256, 1, 1), &args);
-    finalize_stats(dev, pp, 0, mean, rstd, od, groups, cl);
+    finalize_stats(dev, pp, 0, mean, rstd, od, groups, layout);
 }
 
 /// `cat_skip_stats_ndhwc`'s tile for C concatenated channels and CO outputs: T voxels, a
@@ -359,7 +362,7 @@ pub(crate) fn cat_skip_stats(
         bias.len(),
         mean.len()
     );
-    let (len, nchunks) = chunking(x, true);
+    let (len, nchunks) = chunking(x, Layout::Ndhwc);
     let part = dev.scratch(x.n * nchunks * c * 2);
     let pp = dev.ptr(&*part);
     let t = cat_skip_tile(c, co).unwrap_or_else(|| panic!("cat_skip_stats_ndhwc {x} → {co}: shared memory"));
@@ -380,7 +383,7 @@ pub(crate) fn cat_skip_stats(
     ];
     let smem = (cat_skip_bytes(c, co, t) - 16384) as u32;
     dev.launch_shared("cat_skip_stats_ndhwc", (nchunks as u32, x.n as u32, 1), (256, 1, 1), smem, &args);
-    finalize_stats(dev, pp, 0, mean, rstd, x, groups, true);
+    finalize_stats(dev, pp, 0, mean, rstd, x, groups, Layout::Ndhwc);
 }
 
 /// `act` = silu(GN(inp + off)) from statistics saved by [`forward`] (the backward's recomputation of a
@@ -397,8 +400,9 @@ pub(crate) fn recompute(
     beta: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(act.len() == x.numel() && rstd.len() == mean.len(), "groupnorm recompute {x}: lengths");
     let bf = same_bf("groupnorm recompute", &[inp, act]);
@@ -418,8 +422,9 @@ pub(crate) fn recompute_inplace(
     beta: &GpuBuf,
     xd: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(xd, groups, x.len(), gamma.len(), mean.len());
     assert!(rstd.len() == mean.len(), "groupnorm recompute in place {xd}: lengths");
     let bf = x.bf();
@@ -446,7 +451,7 @@ fn apply(
 ) {
     let (cl, bf) = (mode.cl(), mode.bf_flag());
     let v = row_vec(x, mode);
-    let (grid, block) = row_launch(dev, x, v, cl);
+    let (grid, block) = row_launch(dev, x, v, mode.layout);
     let args = [
         P(xp),
         P(mp),
@@ -498,8 +503,9 @@ pub(crate) fn backward(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    (cl, res, pre): (bool, Option<&GpuBuf>, Option<Partials>),
+    (layout, res, pre): (Layout, Option<&GpuBuf>, Option<Partials>),
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(dout.len() == x.numel() && dinp.0.len() == x.numel(), "groupnorm backward {x}: dout/dinp lengths");
     let bf = same_bf("groupnorm backward", &[dinp.0, dout, inp]);
@@ -511,7 +517,7 @@ pub(crate) fn backward(
         None => 0,
         Some(s) => {
             assert!(
-                can_sum(x, groups, cl) && acc == Accum::Overwrite,
+                can_sum(x, groups, layout) && acc == Accum::Overwrite,
                 "groupnorm backward with channel sums {x} G{groups}: NDHWC, N·C/G ≤ 256, dinp overwritten only"
             );
             assert!(s.len() == x.n * x.c && s.bf() == 0, "groupnorm backward {x}: dsum is f32 [N·C], got {}", s.len());
@@ -570,7 +576,8 @@ pub(crate) struct Partials {
 /// Whether [`backward`] can also give the channel sums of dinp (`dsum`): NDHWC, and the
 /// finaliser's shared arrays hold N·C/G sums (kernels/groupnorm.cu GNB_MAXNC); elsewhere the
 /// backward, then a `channel_sum` pass.
-pub(crate) fn can_sum(x: Dims, groups: usize, cl: bool) -> bool {
+pub(crate) fn can_sum(x: Dims, groups: usize, layout: Layout) -> bool {
+    let cl = layout == Layout::Ndhwc;
     cl && x.n * (x.c / groups.max(1)) <= 256
 }
 
@@ -589,9 +596,9 @@ pub(crate) fn backward_inplace(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
-    inplace(dev, d, (dgamma, dbeta), beta, (inp, 0), (mean, rstd), gamma, x, groups, cl);
+    inplace(dev, d, (dgamma, dbeta), beta, (inp, 0), (mean, rstd), gamma, x, groups, layout);
 }
 
 /// [`backward_inplace`] that also replaces `x` (the GroupNorm's input) by silu(GN(x)) in the
@@ -608,10 +615,10 @@ pub(crate) fn backward_inplace_act(
     gamma: &GpuBuf,
     xd: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
     let ap = dev.ptr_mut(x);
-    inplace(dev, d, dgb, beta, (&*x, ap), (mean, rstd), gamma, xd, groups, cl);
+    inplace(dev, d, dgb, beta, (&*x, ap), (mean, rstd), gamma, xd, groups, layout);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -625,8 +632,9 @@ fn inplace(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(d.len() == x.numel(), "groupnorm backward in place {x}: gradient length");
     let bf = same_bf("groupnorm backward in place", &[d, inp]);
@@ -669,8 +677,9 @@ pub(crate) fn backward_inplace_act_split(
     gamma: &GpuBuf,
     xd: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(xd, groups, x.len(), gamma.len(), mean.len());
     let cb = xd.c - ca;
     assert!(
@@ -874,7 +883,7 @@ fn backward_ptrs(
     let (nchunks, pp, coef, _scratch) = match pre {
         Some(p) => (p.nchunks, p.part, p.coef, None),
         None => {
-            let (_, nchunks) = chunking(x, cl);
+            let (_, nchunks) = chunking(x, mode.layout);
             let npart = x.n * nchunks * x.c * stride;
             let scratch = dev.scratch(npart + x.n * groups * 2);
             let pp = dev.ptr(&*scratch);
@@ -921,7 +930,7 @@ fn backward_ptrs(
     );
     drop(fin);
     let v = row_vec(x, mode);
-    let (grid, block) = row_launch(dev, x, v, cl);
+    let (grid, block) = row_launch(dev, x, v, mode.layout);
     let args = [
         P(dp),
         P(xp),

@@ -453,9 +453,8 @@ impl CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        let cl = self.cl();
         let (dsum, sum_after) = match dsum {
-            Some(s) if !groupnorm::can_sum(x, groups, cl) => (None, Some(s)),
+            Some(s) if !groupnorm::can_sum(x, groups, self.layout) => (None, Some(s)),
             other => (other, None),
         };
         if dsum.is_some() || sum_after.is_some() {
@@ -478,7 +477,7 @@ impl CudaBackend {
             gamma,
             x,
             groups,
-            (cl, None, None),
+            (self.layout, None, None),
         );
         if let Some(s) = sum_after {
             self.channel_sum(s, dx, x);
@@ -748,7 +747,7 @@ impl Backend for CudaBackend {
             cl && bf
                 && c.choices.dgrad_gn
                 && gn.res.is_none_or(|r| c.choices.res_fold && r.dtype() == gn.dinp.0.dtype())
-                && (gn.dsum.is_none() || groupnorm::can_sum(x, groups, cl))
+                && (gn.dsum.is_none() || groupnorm::can_sum(x, groups, self.layout))
         };
         if !eligible {
             self.conv3d_backward_data((&mut *da, Accum::Overwrite), dout, w, cs);
@@ -821,7 +820,7 @@ impl Backend for CudaBackend {
             gamma,
             x,
             groups,
-            (cl, res, Some(pre)),
+            (self.layout, res, Some(pre)),
         );
         drop(scratch);
         if let Some(s) = dout_sum {
@@ -840,7 +839,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, Some(out), None, mean, rstd, inp, None, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, Some(out), None, mean, rstd, inp, None, gamma, beta, x, groups, self.layout);
     }
     fn groupnorm_backward(
         &self,
@@ -871,7 +870,7 @@ impl Backend for CudaBackend {
             gamma,
             x,
             groups,
-            (self.cl(), None, None),
+            (self.layout, None, None),
         );
     }
     fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) {
@@ -892,7 +891,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, off, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, off, gamma, beta, x, groups, self.layout);
     }
     fn groupnorm_silu_conv3d_forward(
         &self,
@@ -917,7 +916,7 @@ impl Backend for CudaBackend {
             return;
         }
         if fresh {
-            groupnorm::stats(&self.dev, inp, None, mean, rstd, cs.x, groups, self.cl());
+            groupnorm::stats(&self.dev, inp, None, mean, rstd, cs.x, groups, self.layout);
         }
         conv::gn_head_forward(&self.dev, out, inp, (mean, rstd), (gamma, beta), (w, b), cs, groups);
     }
@@ -941,7 +940,7 @@ impl Backend for CudaBackend {
         ystats: Option<meddpm::backend::YStats<'_, Self::Buf>>,
     ) {
         if fresh {
-            groupnorm::stats(&self.dev, inp, off, mean, rstd, cs.x, groups, self.cl());
+            groupnorm::stats(&self.dev, inp, off, mean, rstd, cs.x, groups, self.layout);
         }
         let mut conv = self.cache();
         let ys = ystats.map(|(m, r, o)| (m, r, o, groups));
@@ -1012,7 +1011,7 @@ impl Backend for CudaBackend {
         xd: Dims,
         groups: usize,
     ) {
-        groupnorm::forward_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.cl());
+        groupnorm::forward_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.layout);
     }
     fn concat_channels_stats(
         &self,
@@ -1026,7 +1025,7 @@ impl Backend for CudaBackend {
         cb: usize,
         groups: usize,
     ) {
-        groupnorm::concat_stats(&self.dev, out, a, a_bias, b, stats, x, (ca, cb), groups, self.cl());
+        groupnorm::concat_stats(&self.dev, out, a, a_bias, b, stats, x, (ca, cb), groups, self.layout);
     }
     fn groupnorm_silu_recompute_inplace(
         &self,
@@ -1038,7 +1037,7 @@ impl Backend for CudaBackend {
         xd: Dims,
         groups: usize,
     ) {
-        groupnorm::recompute_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.cl());
+        groupnorm::recompute_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.layout);
     }
     fn groupnorm_silu_backward_inplace(
         &self,
@@ -1053,8 +1052,19 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        let cl = self.cl();
-        groupnorm::backward_inplace(&self.dev, d, (dgamma, dbeta), beta, inp, mean, rstd, gamma, x, groups, cl);
+        groupnorm::backward_inplace(
+            &self.dev,
+            d,
+            (dgamma, dbeta),
+            beta,
+            inp,
+            mean,
+            rstd,
+            gamma,
+            x,
+            groups,
+            self.layout,
+        );
     }
     fn groupnorm_silu_recompute(
         &self,
@@ -1068,7 +1078,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::recompute(&self.dev, out, mean, rstd, inp, off, gamma, beta, x, groups, self.cl());
+        groupnorm::recompute(&self.dev, out, mean, rstd, inp, off, gamma, beta, x, groups, self.layout);
     }
     fn groupnorm_silu_backward(
         &self,
@@ -1162,7 +1172,7 @@ impl Backend for CudaBackend {
                 groups,
             );
         }
-        let (dev, b, cl) = (&self.dev, Some(gb.1), self.cl());
+        let (dev, b) = (&self.dev, Some(gb.1));
         let (dgamma, dbeta) = dgb;
         let (mean, rstd) = ms;
         groupnorm::backward(
@@ -1181,7 +1191,7 @@ impl Backend for CudaBackend {
             gb.0,
             x,
             groups,
-            (cl, Some(res), None),
+            (self.layout, Some(res), None),
         );
     }
     fn groupnorm_silu_backward_inplace_act(
@@ -1194,7 +1204,7 @@ impl Backend for CudaBackend {
         xd: Dims,
         groups: usize,
     ) {
-        groupnorm::backward_inplace_act(&self.dev, d, x, dgb, beta, ms, gamma, xd, groups, self.cl());
+        groupnorm::backward_inplace_act(&self.dev, d, x, dgb, beta, ms, gamma, xd, groups, self.layout);
     }
     /// Three routes, fastest first:
     /// - from the parts (NDHWC, [`CudaBackend::cat_in_parts`]): the skip conv's weight gradient
@@ -1258,7 +1268,7 @@ impl Backend for CudaBackend {
         self.conv3d_backward(None, dw, None, dout, x, w, cs);
         let ((ph, mh), (ps, msk)) = parts;
         let pm = ((&mut *ph, mh), (&mut *ps, msk));
-        groupnorm::backward_inplace_act_split(&self.dev, d, x, pm, ca, dgb, beta, ms, gamma, xd, groups, cl);
+        groupnorm::backward_inplace_act_split(&self.dev, d, x, pm, ca, dgb, beta, ms, gamma, xd, groups, self.layout);
         conv::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
     }
 
@@ -1290,7 +1300,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention_forward(&self, out: &mut Self::Buf, att: &mut Self::Buf, qkv: &Self::Buf, x: Dims, heads: usize) {
-        attention::forward(&self.dev, out, att, qkv, x, heads, self.cl());
+        attention::forward(&self.dev, out, att, qkv, x, heads, self.layout);
     }
     fn attention_backward(
         &self,
@@ -1302,14 +1312,14 @@ impl Backend for CudaBackend {
         x: Dims,
         heads: usize,
     ) {
-        attention::backward(&self.dev, dqkv, datt, dout, qkv, att, x, heads, self.cl());
+        attention::backward(&self.dev, dqkv, datt, dout, qkv, att, x, heads, self.layout);
     }
 
     fn upsample_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, x: Dims) {
-        upsample::forward(&self.dev, out, inp, x, self.cl());
+        upsample::forward(&self.dev, out, inp, x, self.layout);
     }
     fn upsample_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, x: Dims) {
-        upsample::backward(&self.dev, dinp, dout, x, self.cl());
+        upsample::backward(&self.dev, dinp, dout, x, self.layout);
     }
     /// The doubling in the conv's producer where our wgmma forward runs the conv
     /// (`conv3d_wgmma_fwd_up`, `u` unwritten); elsewhere the trait's two calls.
@@ -1388,7 +1398,7 @@ impl Backend for CudaBackend {
         assert_eq!(dbias.len(), xd.n * xd.c, "channel_sum {xd}: dbias length");
         buf::require_f32("channel_sum: dbias", &[dbias]);
         let out = self.dev.ptr_mut(dbias);
-        elementwise::channel_sums(&self.dev, dx, xd, self.cl(), elementwise::SumTo::PerSample(out));
+        elementwise::channel_sums(&self.dev, dx, xd, self.layout, elementwise::SumTo::PerSample(out));
     }
     fn bias_grad_rows(&self, db: &mut Self::Buf, rows: &Self::Buf, n: usize, c: usize) {
         linear::bias_grad_rows(&self.dev, db, rows, n, c);
@@ -1403,7 +1413,7 @@ impl Backend for CudaBackend {
         ca: usize,
         cb: usize,
     ) {
-        elementwise::concat(&self.dev, out, a, a_bias, b, x, ca, cb, self.cl());
+        elementwise::concat(&self.dev, out, a, a_bias, b, x, ca, cb, self.layout);
     }
     fn split_channels(
         &self,
@@ -1414,7 +1424,7 @@ impl Backend for CudaBackend {
         ca: usize,
         cb: usize,
     ) {
-        elementwise::split(&self.dev, da, db, dout, x, ca, cb, self.cl());
+        elementwise::split(&self.dev, da, db, dout, x, ca, cb, self.layout);
     }
 
     fn loss_forward(&self, loss: &mut Self::Buf, pred: &Self::Buf, target: &Self::Buf, kind: LossKind) {
@@ -1425,7 +1435,7 @@ impl Backend for CudaBackend {
     }
 
     fn randn(&self, out: &mut Self::Buf, rng: Philox, offset: u64, x: Dims) {
-        diffusion::randn(&self.dev, out, rng, offset, x, self.cl());
+        diffusion::randn(&self.dev, out, rng, offset, x, self.layout);
     }
     fn q_sample(&self, xt: &mut Self::Buf, x0: &Self::Buf, eps: &Self::Buf, a: &[f32], b: &[f32], x: Dims) {
         diffusion::q_sample(&self.dev, xt, x0, eps, a, b, x);
@@ -1441,7 +1451,7 @@ impl Backend for CudaBackend {
         x: Dims,
         cc: usize,
     ) {
-        diffusion::q_sample_input(&self.dev, (input, eps), srcs, rng, offset, ab, x, cc, self.cl());
+        diffusion::q_sample_input(&self.dev, (input, eps), srcs, rng, offset, ab, x, cc, self.layout);
     }
     fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims) {
         diffusion::ddpm_step(&self.dev, x, eps, z, coefs, xd);
@@ -1456,7 +1466,7 @@ impl Backend for CudaBackend {
         coefs: &[SamplerCoefs],
         xd: Dims,
     ) {
-        sampler::sampler_step(&self.dev, x, eps, hist, pred, clip, coefs, xd, self.cl());
+        sampler::sampler_step(&self.dev, x, eps, hist, pred, clip, coefs, xd, self.layout);
     }
 
     fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep) {

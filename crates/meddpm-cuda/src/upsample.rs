@@ -4,7 +4,7 @@
 //! output rows a block, four rows of f32 in 227 KB, a thread per channel vector of a voxel; the
 //! backward: one input row a block, 48 KB), else per voxel.
 
-use meddpm::{Accum, Dims};
+use meddpm::{Accum, Dims, Layout};
 
 use crate::buf::{GpuBuf, Mode};
 use crate::device::{Arg::*, Device};
@@ -27,7 +27,8 @@ fn quad_smem(x: Dims, v: usize) -> Option<u32> {
     (bytes <= 227 * 1024 && x.c / v <= ROWS_BLOCK as usize).then_some(bytes as u32)
 }
 
-pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl: bool) {
+pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, layout: Layout) {
+    let cl = layout == Layout::Ndhwc;
     assert!(
         inp.len() == x.numel() && out.len() == x.up2().numel(),
         "upsample {x}: lengths inp {} out {}",
@@ -53,7 +54,7 @@ pub(crate) fn forward_ptrs(dev: &Device, (op_, ip): (u64, u64), x: Dims, mode: M
             return dev.launch_shared("upsample_fwd_quad", grid, (ROWS_BLOCK, 1, 1), smem, &args);
         }
         // channels-last: each thread interpolates V channels of one voxel (16-byte accesses)
-        let (grid, block) = row_launch(dev, x.up2(), v, true);
+        let (grid, block) = row_launch(dev, x.up2(), v, Layout::Ndhwc);
         let args = [P(op_), P(ip), I(x.c as i32), I(x.d as i32), I(x.h as i32), I(x.w as i32), I(bf), I(v as i32)];
         return dev.launch("upsample_fwd_cl", grid, block, &args);
     }
@@ -74,7 +75,8 @@ pub(crate) fn forward_ptrs(dev: &Device, (op_, ip): (u64, u64), x: Dims, mode: M
     );
 }
 
-pub(crate) fn backward(dev: &Device, dinp: (&mut GpuBuf, Accum), dout: &GpuBuf, x: Dims, cl: bool) {
+pub(crate) fn backward(dev: &Device, dinp: (&mut GpuBuf, Accum), dout: &GpuBuf, x: Dims, layout: Layout) {
+    let cl = layout == Layout::Ndhwc;
     assert!(dinp.0.len() == x.numel() && dout.len() == x.up2().numel(), "upsample backward {x}: lengths");
     let bf = same_bf("upsample_backward", &[dinp.0, dout]);
     if cl {
@@ -88,7 +90,7 @@ pub(crate) fn backward(dev: &Device, dinp: (&mut GpuBuf, Accum), dout: &GpuBuf, 
             let grid = ((x.n * x.d * x.h) as u32, 1, 1);
             return dev.launch_shared("upsample_bwd_rows", grid, (ROWS_BLOCK, 1, 1), smem, &args);
         }
-        let (grid, block) = row_launch(dev, x, v, true);
+        let (grid, block) = row_launch(dev, x, v, Layout::Ndhwc);
         let (dp, op_) = (dev.ptr_mut(dinp.0), dev.ptr(dout));
         let args =
             [P(dp), P(op_), I(x.c as i32), I(x.d as i32), I(x.h as i32), I(x.w as i32), I(acc), I(bf), I(v as i32)];

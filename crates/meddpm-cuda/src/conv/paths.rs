@@ -345,7 +345,7 @@ pub(crate) fn backward(
     assert_eq!(dw.len(), cs.w_len(), "conv3d backward: dw length");
     require_f32("conv3d backward: dw", &[dw]);
     let cl = cache.layout == Layout::Ndhwc;
-    bias_grad(dev, db, dout, cs.out(), cl);
+    bias_grad(dev, db, dout, cs.out(), cache.layout);
     let cdt = compute_type(cache.precision);
     let (xp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, dout, cdt, T_DY));
     let ly = (cl, cache.mma_on());
@@ -357,11 +357,11 @@ pub(crate) fn backward(
 
 /// The bias gradient: db[c] += the sum over n and voxels of dout (as given; volume `yd`), where
 /// there is a db.
-pub(super) fn bias_grad(dev: &Device, db: Option<&mut GpuBuf>, dout: &GpuBuf, yd: meddpm::Dims, cl: bool) {
+pub(super) fn bias_grad(dev: &Device, db: Option<&mut GpuBuf>, dout: &GpuBuf, yd: meddpm::Dims, layout: Layout) {
     if let Some(db) = db {
         require_f32("conv3d backward: db", &[db]);
         let to = crate::elementwise::SumTo::AccumOverN(dev.ptr_mut(db));
-        crate::elementwise::channel_sums(dev, dout, yd, cl, to);
+        crate::elementwise::channel_sums(dev, dout, yd, layout, to);
     }
 }
 

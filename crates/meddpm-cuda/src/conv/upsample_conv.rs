@@ -62,7 +62,7 @@ pub(crate) fn upsample_forward(
             return;
         }
     }
-    crate::upsample::forward(dev, u, x, xd, cl);
+    crate::upsample::forward(dev, u, x, xd, cache.layout);
     forward(dev, cache, (out, Accum::Overwrite), u, w, b, cs);
 }
 
@@ -114,7 +114,7 @@ pub(crate) fn upsample_backward(
             }
         });
         if ours {
-            bias_grad(dev, db, dout, yd, cl);
+            bias_grad(dev, db, dout, yd, cache.layout);
             wgmma::run_dgrad_up(dev, (dyp, wp, dev.ptr_mut(du)), wbf, yd, cs.x.c, (xp, up), T_WPD);
             cache.wgmma_runs += 1;
             cache.up_conv_runs += 1;
@@ -122,6 +122,6 @@ pub(crate) fn upsample_backward(
             return;
         }
     }
-    crate::upsample::forward(dev, u, x, xd, cl);
+    crate::upsample::forward(dev, u, x, xd, cache.layout);
     backward(dev, cache, Some((du, Accum::Overwrite)), dw, db, dout, u, w, cs);
 }
