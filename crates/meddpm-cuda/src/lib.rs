@@ -1232,7 +1232,7 @@ impl Backend for CudaBackend {
         groups: usize,
     ) {
         let (dout, dsum, w, dw, cs) = skip;
-        let (xd, dt, cl) = (cs.x, x.dtype(), self.cl());
+        let (xd, dt) = (cs.x, x.dtype());
         let (h, hb, s) = cat;
         let typed = [d.dtype(), dout.dtype(), w.dtype(), parts.0 .0.dtype(), parts.1 .0.dtype(), h.dtype(), s.dtype()]
             .iter()
@@ -1255,7 +1255,7 @@ impl Backend for CudaBackend {
                 &self.dev, d, x, cat, pm, ca, dgb, beta, ms, gamma, xd, groups, skip,
             );
             if !fused {
-                conv::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
+                conv::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, self.layout);
             }
             return;
         }
@@ -1269,7 +1269,7 @@ impl Backend for CudaBackend {
         let ((ph, mh), (ps, msk)) = parts;
         let pm = ((&mut *ph, mh), (&mut *ps, msk));
         groupnorm::backward_inplace_act_split(&self.dev, d, x, pm, ca, dgb, beta, ms, gamma, xd, groups, self.layout);
-        conv::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
+        conv::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, self.layout);
     }
 
     fn linear_forward(

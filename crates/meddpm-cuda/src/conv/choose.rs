@@ -4,7 +4,7 @@
 //! ([`forward_typed`]). A decision is timed once (best of five runs of each) and kept in
 //! `ConvCache` and its disk cache; a switch that forces or forbids an engine skips the timing.
 
-use meddpm::{Accum, ConvShape, DType, Layout, Precision};
+use meddpm::{Accum, ConvShape, DType, Precision};
 
 use super::algo_cache::{choice_key, ConvCache};
 use super::cudnn::{cudnn_dgrad, cudnn_fwd_trial, cudnn_wgrad, forward_plain, T_WPD, T_WPF};
@@ -138,10 +138,9 @@ pub(crate) fn gn_wgmma_chosen(
     (inp, w): (&GpuBuf, &GpuBuf),
     groups: usize,
 ) -> bool {
-    let cl = cache.layout == Layout::Ndhwc;
     let bf = cache.precision == Precision::Bf16 && inp.dtype() == DType::Bf16;
     cache.choices.wgmma_gn
-        && wgmma::fwd_fits(dev, cs, cl, bf)
+        && wgmma::fwd_fits(dev, cs, cache.layout, bf)
         && wgmma::gn_fits(cs.x, groups)
         && wgmma_fwd_chosen(dev, cache, cs, add, inp, w, cs.out().numel())
 }
@@ -259,10 +258,9 @@ fn best_of_five(dev: &Device, cache: &mut ConvCache, mut run: impl FnMut(&mut Co
 /// (`wgmma_wgrad`), and it is forced or timed faster than cuDNN's ([`wgmma_decided`], a scratch
 /// f32 dW of the weight's length).
 pub(super) fn wgmma_wgrad_chosen(dev: &Device, cache: &mut ConvCache, cs: ConvShape, xp: u64, dyp: u64) -> bool {
-    let cl = cache.layout == Layout::Ndhwc;
     let tf32 = cache.precision == Precision::Tf32;
     let ok = matches!(cache.precision, Precision::Bf16 | Precision::Tf32);
-    if !(ok && cache.choices.wgmma_wgrad && wgmma::wgrad_fits(dev, cs.x, (cs.k, cs.stride), cs.cout, cl)) {
+    if !(ok && cache.choices.wgmma_wgrad && wgmma::wgrad_fits(dev, cs.x, (cs.k, cs.stride), cs.cout, cache.layout)) {
         return false;
     }
     // Timed at every size: the kernel's blocks are (kd, input group, output slice) triples times

@@ -75,7 +75,6 @@ pub(super) fn forward_plain(
     z: Option<u64>,
 ) {
     let a = cache.algo(dev, Dir::Fwd, cs, xp, wp, yp);
-    let cl = cache.layout == Layout::Ndhwc;
     let r = z.is_some() as usize;
     let can_fuse = a.id == nsys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
     let fused = match (can_fuse, cache.choices.fused_bias, cache.plan(cs).fused_bias[r]) {
@@ -88,7 +87,9 @@ pub(super) fn forward_plain(
             for f in [false, true] {
                 for _ in 0..2 {
                     let mut ok = true;
-                    let ms = stream_ms(dev, || ok = run_forward(dev, cache, a, cs, f, xp, wp, bp, yp, cl, true, z));
+                    let ms = stream_ms(dev, || {
+                        ok = run_forward(dev, cache, a, cs, f, xp, wp, bp, yp, cache.layout, true, z)
+                    });
                     t[f as usize] = if ok { ms } else { f32::INFINITY };
                     if !ok {
                         break;
@@ -113,12 +114,12 @@ pub(super) fn forward_plain(
             f
         }
     };
-    if !run_forward(dev, cache, a, cs, fused, xp, wp, bp, yp, cl, true, z) {
+    if !run_forward(dev, cache, a, cs, fused, xp, wp, bp, yp, cache.layout, true, z) {
         if cache.choices.conv_log {
             eprintln!("meddpm-cuda conv {} -> {} k{}: cuDNN refused the fused bias call", cs.x, cs.cout, cs.k);
         }
         cache.plan(cs).fused_bias[r] = Some(false);
-        run_forward(dev, cache, a, cs, false, xp, wp, bp, yp, cl, true, z);
+        run_forward(dev, cache, a, cs, false, xp, wp, bp, yp, cache.layout, true, z);
     }
 }
 
@@ -138,10 +139,11 @@ pub(super) fn run_forward(
     wp: u64,
     bp: u64,
     yp: u64,
-    cl: bool,
+    layout: Layout,
     bias: bool,
     z: Option<u64>,
 ) -> bool {
+    let cl = layout == Layout::Ndhwc;
     let cdt = compute_type(cache.precision);
     let bf = (cdt == DType::Bf16) as i32;
     if fused {

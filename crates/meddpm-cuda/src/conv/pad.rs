@@ -3,11 +3,12 @@
 //! cuDNN runs on tensor cores; timed against the plain call on first use (`MEDDPM_CONV_PAD=0/1`
 //! forbids/forces it). The padded sums are the same sums (the extra terms are exact zeros).
 
-use meddpm::{ConvShape, DType, Layout};
+use meddpm::ConvShape;
 
 use super::algo_cache::{ConvCache, Pad};
 use super::cudnn::run_forward;
 use super::desc::{compute_type, Dir};
+use crate::buf::Mode;
 use crate::device::{Arg, Device};
 
 /// Channel counts that keep cuDNN off its tensor-core kernels (Cin = 3 of the first conv, Cout = 1
@@ -32,8 +33,8 @@ pub(super) fn forward_padded(
     bp: u64,
     yp: u64,
 ) {
-    let cl = cache.layout == Layout::Ndhwc;
     let cdt = compute_type(cache.precision);
+    let mode = Mode::new(cache.layout, cdt);
     let pad = match cache.pads.entry(cs) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
@@ -49,12 +50,11 @@ pub(super) fn forward_padded(
     let k3 = cs.k * cs.k * cs.k;
     // weights (Cout, Cin, k³) as an activation with N = Cout: pad both
     let pw = dev.ptr_mut(&mut pad.w);
-    let bf = (cdt == DType::Bf16) as i32;
-    pad_nc(dev, pw, wp, cs.cout, pcs.cout, cs.x.c, pcs.x.c, k3 as i64, cl, bf);
+    pad_nc(dev, pw, wp, cs.cout, pcs.cout, cs.x.c, pcs.x.c, k3 as i64, mode);
     let px = match &mut pad.x {
         Some(b) => {
             let p = dev.ptr_mut(b);
-            pad_nc(dev, p, xp, cs.x.n, cs.x.n, cs.x.c, pcs.x.c, cs.x.s() as i64, cl, bf);
+            pad_nc(dev, p, xp, cs.x.n, cs.x.n, cs.x.c, pcs.x.c, cs.x.s() as i64, mode);
             p
         }
         None => xp,
@@ -63,7 +63,7 @@ pub(super) fn forward_padded(
     let a = cache.algo(dev, Dir::Fwd, pcs, px, pw, py.unwrap_or(yp));
     match py {
         Some(py) => {
-            run_forward(dev, cache, a, pcs, false, px, pw, 0, py, cl, false, None);
+            run_forward(dev, cache, a, pcs, false, px, pw, 0, py, cache.layout, false, None);
             let o = cs.out();
             dev.launch1(
                 "unpad_c_bias",
@@ -76,20 +76,21 @@ pub(super) fn forward_padded(
                     Arg::I(pcs.cout as i32),
                     Arg::L(o.s() as i64),
                     Arg::L(o.numel() as i64),
-                    Arg::I(cl as i32),
-                    Arg::I(bf | (bf << 1)),
+                    Arg::I(mode.cl() as i32),
+                    Arg::I(mode.bf_flag() | (mode.bf_flag() << 1)),
                 ],
             );
         }
         None => {
-            run_forward(dev, cache, a, pcs, false, px, pw, bp, yp, cl, true, None);
+            run_forward(dev, cache, a, pcs, false, px, pw, bp, yp, cache.layout, true, None);
         }
     }
 }
 
-/// dst (Np, Cp, S) = src (N, C, S) zero-padded, both of the type `bf` says.
+/// dst (Np, Cp, S) = src (N, C, S) zero-padded, both in `mode`.
 #[allow(clippy::too_many_arguments)]
-fn pad_nc(dev: &Device, dst: u64, src: u64, n: usize, np: usize, c: usize, cp: usize, s: i64, cl: bool, bf: i32) {
+fn pad_nc(dev: &Device, dst: u64, src: u64, n: usize, np: usize, c: usize, cp: usize, s: i64, mode: Mode) {
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
     let total = np as i64 * cp as i64 * s;
     dev.launch1(
         "pad_nc",

@@ -2,7 +2,7 @@
 //! never stores its concatenation): the data gradient written into the parts and the weight
 //! gradient read from them, as cuBLAS GEMMs.
 
-use meddpm::{ConvShape, DType};
+use meddpm::{ConvShape, DType, Layout};
 
 use crate::buf::{require_f32, GpuBuf};
 use crate::device::{Arg, Device};
@@ -19,9 +19,10 @@ pub(crate) fn backward_data_1x1_into_parts(
     w: &GpuBuf,
     cs: ConvShape,
     ca: usize,
-    cl: bool,
+    layout: Layout,
 ) {
     use crate::linear::{gemm_typed, Mat};
+    let cl = layout == Layout::Ndhwc;
     let (x, co) = (cs.x, cs.cout);
     let (ci, s) = (x.c, x.s());
     let dt = dout.dtype();

@@ -47,14 +47,14 @@ pub(crate) fn forward(
             return;
         }
     };
-    let (cl, mma) = (cache.layout == Layout::Ndhwc, cache.mma_on());
-    if let Some(kind) = small_fwd_kind_in(cs, (cl, mma)) {
+    let (layout, mma) = (cache.layout, cache.mma_on());
+    if let Some(kind) = small_fwd_kind_in(cs, (layout, mma)) {
         let gemm = if cache.choices.small_gemm { cache.choices.small_gemm_budget } else { 0 };
         let ours = match small_decided(cache, cs, Dir::Fwd) {
             Some(f) => f,
             None => time_small(dev, cache, cs, Dir::Fwd, |cache, ours| {
                 if ours {
-                    small_forward(dev, kind, out, inp, w, b, cs, (cl, mma, gemm));
+                    small_forward(dev, kind, out, inp, w, b, cs, (layout, mma, gemm));
                 } else {
                     cudnn_forward(dev, cache, out, inp, w, b, cs);
                 }
@@ -62,7 +62,7 @@ pub(crate) fn forward(
         };
         cache.small_used.insert((cs, Dir::Fwd), ours);
         if ours {
-            small_forward(dev, kind, out, inp, w, b, cs, (cl, mma, gemm));
+            small_forward(dev, kind, out, inp, w, b, cs, (layout, mma, gemm));
             return;
         }
     } else {
@@ -209,9 +209,8 @@ fn wgmma_forward(
     z: Option<&GpuBuf>,
     cs: ConvShape,
 ) -> bool {
-    let cl = cache.layout == Layout::Ndhwc;
     let bf = cache.precision == Precision::Bf16 && inp.dtype() == DType::Bf16 && out.dtype() == DType::Bf16;
-    if !wgmma::fwd_fits(dev, cs, cl, bf) {
+    if !wgmma::fwd_fits(dev, cs, cache.layout, bf) {
         return false;
     }
     if !wgmma_fwd_chosen(dev, cache, cs, add, inp, w, out.len()) {
@@ -344,11 +343,10 @@ pub(crate) fn backward(
     check_lens(cs, inp.len(), w.len(), dout.len(), db.as_ref().map_or(cs.cout, |b| b.len()));
     assert_eq!(dw.len(), cs.w_len(), "conv3d backward: dw length");
     require_f32("conv3d backward: dw", &[dw]);
-    let cl = cache.layout == Layout::Ndhwc;
     bias_grad(dev, db, dout, cs.out(), cache.layout);
     let cdt = compute_type(cache.precision);
     let (xp, dyp) = (operand(dev, inp, cdt, T_X), operand(dev, dout, cdt, T_DY));
-    let ly = (cl, cache.mma_on());
+    let ly = (cache.layout, cache.mma_on());
     weight_grad(dev, cache, dw, xp, dyp, cs, ly);
     if let Some(d) = dinp {
         data_grad(dev, cache, d, dyp, cdt, w, cs, ly);
@@ -374,11 +372,11 @@ pub(super) fn weight_grad(
     xp: u64,
     dyp: u64,
     cs: ConvShape,
-    ly: (bool, bool),
+    ly: (Layout, bool),
 ) {
     let cdt = compute_type(cache.precision);
     if small_cout_wgrad(cs, cdt) {
-        wgrad_small(dev, dw, xp, dyp, (cdt == DType::Bf16) as i32, cs, ly);
+        wgrad_small(dev, dw, xp, dyp, cs, (Mode::new(ly.0, cdt), ly.1));
     } else if small_cin_wgrad(cs, cdt, ly) {
         wgrad_small_cin(dev, dw, xp, dyp, cs);
     } else if wgmma_wgrad_chosen(dev, cache, cs, xp, dyp) {
@@ -402,7 +400,7 @@ pub(crate) fn backward_data(
     check_lens(cs, cs.x.numel(), w.len(), dout.len(), cs.cout);
     let cdt = compute_type(cache.precision);
     let dyp = operand(dev, dout, cdt, T_DY);
-    let ly = (cache.layout == Layout::Ndhwc, cache.mma_on());
+    let ly = (cache.layout, cache.mma_on());
     data_grad(dev, cache, dinp, dyp, cdt, w, cs, ly);
 }
 
@@ -424,7 +422,7 @@ pub(crate) fn backward_data_gn(
     check_lens(cs, cs.x.numel(), w.len(), dout.len(), cs.cout);
     let cdt = compute_type(cache.precision);
     let dyp = operand(dev, dout, cdt, T_DY);
-    let ly = (cache.layout == Layout::Ndhwc, cache.mma_on());
+    let ly = (cache.layout, cache.mma_on());
     assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
     let bf = cdt == DType::Bf16 && dx.dtype() == DType::Bf16;
     let (yd, ci) = (cs.out(), cs.x.c);
@@ -463,7 +461,7 @@ fn data_grad(
     cdt: DType,
     w: &GpuBuf,
     cs: ConvShape,
-    ly: (bool, bool),
+    ly: (Layout, bool),
 ) {
     assert_eq!(dx.len(), cs.x.numel(), "conv3d backward: dinp length");
     let dxdt = dx.dtype();

@@ -9,11 +9,11 @@
 //! of 3 → 64 (0.76 vs 1.34 ms). Also the fused output head GN → SiLU → Conv3 ([`gn_head_forward`])
 //! and the Cout = 1 forward as a cuBLAS GEMM plus tap sum ([`small_cout_gemm`]).
 
-use meddpm::{Accum, ConvShape, DType, Dims};
+use meddpm::{Accum, ConvShape, DType, Dims, Layout};
 
 use super::cudnn::{operand, T_P, T_W, T_WF};
 use super::desc::check_lens;
-use crate::buf::{require_f32, GpuBuf};
+use crate::buf::{require_f32, GpuBuf, Mode};
 use crate::device::{Arg, Device};
 
 /// Whether the weight gradient goes to our kernel (kernels/conv3d.cu) instead of cuDNN: 3×3×3,
@@ -25,19 +25,12 @@ pub(crate) fn small_cout_wgrad(cs: ConvShape, cdt: DType) -> bool {
 }
 
 /// dW += the weight gradient of a few-output-channel conv (kernels/conv3d.cu), fp32 in every
-/// precision mode. `(cl, mma)`: NDHWC, and the tensor-core stage 1 asked for (bf16 precision and
-/// `KernelChoices::small_mma`): it runs where Cout is 1 or 4 and Cin is a multiple of 16.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn wgrad_small(
-    dev: &Device,
-    dw: &mut GpuBuf,
-    xp: u64,
-    dyp: u64,
-    bf: i32,
-    cs: ConvShape,
-    (cl, mma): (bool, bool),
-) {
+/// precision mode. `(mode, mma)`: the layout and compute type of x and dy, and the tensor-core
+/// stage 1 asked for (bf16 precision and `KernelChoices::small_mma`): it runs in NDHWC bf16 where
+/// Cout is 1 or 4 and Cin is a multiple of 16.
+pub(super) fn wgrad_small(dev: &Device, dw: &mut GpuBuf, xp: u64, dyp: u64, cs: ConvShape, (mode, mma): (Mode, bool)) {
     use Arg::{I, P};
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
     let x = cs.x;
     if cl && mma && bf == 1 && (cs.cout == 1 || cs.cout == 4) && x.c.is_multiple_of(16) {
         // 8-channel chunks of x a block (kernels/conv3d.cu wgrad_small_mma's NT), and the
@@ -99,7 +92,8 @@ pub(super) fn wgrad_small(
 /// input to 8 channels and runs an sm80 kernel): 3×3×3, stride 1, Cin ≤ 8, Cout 16, 32 or 64
 /// (a power-of-two count of 16-byte chunks a voxel: the kernel's swizzle), bf16 NDHWC with the
 /// tensor-core few-channel kernels on (`KernelChoices::small_mma`).
-pub(crate) fn small_cin_wgrad(cs: ConvShape, cdt: DType, (cl, mma): (bool, bool)) -> bool {
+pub(crate) fn small_cin_wgrad(cs: ConvShape, cdt: DType, (layout, mma): (Layout, bool)) -> bool {
+    let cl = layout == Layout::Ndhwc;
     cl && mma && cdt == DType::Bf16 && cs.k == 3 && cs.stride == 1 && cs.x.c <= 8 && matches!(cs.cout, 16 | 32 | 64)
 }
 
@@ -191,7 +185,8 @@ fn small_cin_launch(x: Dims, cout: usize, sms: u32) -> ((u32, u32, u32), (u32, u
 
 /// Grid and block of conv3d_fwd_small_cout*: 256 threads; a voxel group is one thread (NCDHW) or
 /// SC_CC / VEC lanes (NDHWC, VEC = 8 bf16 / 4 f32 input channels a lane).
-fn small_cout_launch(x: Dims, cl: bool, xdt: DType, sms: u32) -> ((u32, u32, u32), (u32, u32, u32)) {
+fn small_cout_launch(x: Dims, layout: Layout, xdt: DType, sms: u32) -> ((u32, u32, u32), (u32, u32, u32)) {
+    let cl = layout == Layout::Ndhwc;
     let vec = if xdt == DType::Bf16 { 8 } else { 4 };
     let per_block = if cl { 256 / (SC_CC / vec) } else { 256 };
     let gx = voxel_groups(x).div_ceil(per_block).min(sms as usize * 8).max(1);
@@ -203,7 +198,8 @@ fn small_cout_launch(x: Dims, cl: bool, xdt: DType, sms: u32) -> ((u32, u32, u32
 /// gradient's with the roles swapped): NDHWC, `co` a multiple of 8 up to 64, asked for (`mma`:
 /// bf16 precision and `KernelChoices::small_mma`). Cin 5 to 8 (BraTS' first conv, 8 → 64) has no
 /// FMA twin: there the choice is these kernels or cuDNN.
-fn mma_fits(cl: bool, mma: bool, ci: usize, co: usize) -> bool {
+fn mma_fits(layout: Layout, mma: bool, ci: usize, co: usize) -> bool {
+    let cl = layout == Layout::Ndhwc;
     cl && mma && (1..=8).contains(&ci) && co.is_multiple_of(8) && co <= 64
 }
 
@@ -219,9 +215,9 @@ fn small_mma_smem(ci: usize) -> u32 {
 
 /// The few-channel forward that runs `cs` in a backend with NDHWC `cl` and tensor-core kernels
 /// `mma`: [`small_fwd_kind`]'s, or the tensor-core Cin kernel for Cin 5 to 8 where it fits.
-pub(super) fn small_fwd_kind_in(cs: ConvShape, (cl, mma): (bool, bool)) -> Option<SmallFwd> {
+pub(super) fn small_fwd_kind_in(cs: ConvShape, (layout, mma): (Layout, bool)) -> Option<SmallFwd> {
     small_fwd_kind(cs)
-        .or_else(|| (cs.k == 3 && cs.stride == 1 && mma_fits(cl, mma, cs.x.c, cs.cout)).then_some(SmallFwd::Cin))
+        .or_else(|| (cs.k == 3 && cs.stride == 1 && mma_fits(layout, mma, cs.x.c, cs.cout)).then_some(SmallFwd::Cin))
 }
 
 /// `conv3d_fwd_small_cin_mma` (`tw` false) / `conv3d_dgrad_small_cout_mma` (`tw` true): y (= or +=
@@ -416,20 +412,21 @@ pub(super) fn small_forward(
     w: &GpuBuf,
     b: &GpuBuf,
     cs: ConvShape,
-    (cl, mma, gemm): (bool, bool, usize),
+    (layout, mma, gemm): (Layout, bool, usize),
 ) {
     use Arg::{I, P};
     let x = cs.x;
+    let cl = layout == Layout::Ndhwc;
     if kind == SmallFwd::Cout && cl && gemm > 0 && cs.cout == 1 {
         small_cout_gemm(dev, out, inp, w, b, cs, gemm);
         return;
     }
-    if kind == SmallFwd::Cout && cout_mma_fits(cl, mma, inp.dtype(), x.c, cs.cout) {
+    if kind == SmallFwd::Cout && cout_mma_fits(layout, mma, inp.dtype(), x.c, cs.cout) {
         small_cout_mma(dev, out, inp, w, b, cs);
         return;
     }
     let dt = small_dt(inp.dtype(), w.dtype(), out.dtype());
-    if kind == SmallFwd::Cin && mma_fits(cl, mma, x.c, cs.cout) {
+    if kind == SmallFwd::Cin && mma_fits(layout, mma, x.c, cs.cout) {
         let ptrs = (dev.ptr(inp), dev.ptr(w), dev.ptr(b), dev.ptr_mut(out));
         small_mma_run(dev, ptrs, x, x.c, cs.cout, dt, Accum::Overwrite, false);
         return;
@@ -455,7 +452,7 @@ pub(super) fn small_forward(
             dev.launch("conv3d_fwd_small_cin", grid, block, &args);
         }
         SmallFwd::Cout => {
-            let (grid, block) = small_cout_launch(x, cl, inp.dtype(), sms);
+            let (grid, block) = small_cout_launch(x, layout, inp.dtype(), sms);
             let name = if cs.cout == 1 { "conv3d_fwd_small_cout1" } else { "conv3d_fwd_small_cout4" };
             dev.launch(name, grid, block, &args);
         }
@@ -464,7 +461,8 @@ pub(super) fn small_forward(
 
 /// Whether `conv3d_fwd_small_cout_mma` computes a few-output conv's forward: NDHWC, bf16 input,
 /// Cin a multiple of 16, Cout ≤ 8, the tensor-core kernels asked for (`mma`).
-fn cout_mma_fits(cl: bool, mma: bool, xdt: DType, ci: usize, co: usize) -> bool {
+fn cout_mma_fits(layout: Layout, mma: bool, xdt: DType, ci: usize, co: usize) -> bool {
+    let cl = layout == Layout::Ndhwc;
     cl && mma && xdt == DType::Bf16 && ci.is_multiple_of(16) && co <= 8
 }
 
@@ -512,11 +510,12 @@ pub(super) fn small_dgrad_run(
     dyp: u64,
     dydt: DType,
     cs: ConvShape,
-    (cl, mma): (bool, bool),
+    (layout, mma): (Layout, bool),
 ) {
     use Arg::{I, P};
+    let cl = layout == Layout::Ndhwc;
     let x = cs.x;
-    if mma_fits(cl, mma, cs.cout, x.c) {
+    if mma_fits(layout, mma, cs.cout, x.c) {
         let dt = small_dt(dydt, w.dtype(), dxdt);
         small_mma_run(dev, (dyp, dev.ptr(w), 0, dxp), x, cs.cout, x.c, dt, acc, true);
         return;
@@ -571,14 +570,14 @@ mod tests {
         // Cin 5 to 8 only on the tensor cores: NDHWC, mma on, Cout a multiple of 8 up to 64
         let brats = cs(1, 8, 144, 192, 192, 64, 3, 1);
         assert_eq!(small_fwd_kind(brats), None);
-        assert_eq!(small_fwd_kind_in(brats, (true, true)), Some(SmallFwd::Cin));
-        assert_eq!(small_fwd_kind_in(brats, (false, true)), None);
-        assert_eq!(small_fwd_kind_in(brats, (true, false)), None);
-        assert_eq!(small_fwd_kind_in(cs(1, 5, 5, 5, 5, 24, 3, 1), (true, true)), Some(SmallFwd::Cin));
-        assert_eq!(small_fwd_kind_in(cs(1, 8, 5, 5, 5, 20, 3, 1), (true, true)), None);
-        assert_eq!(small_fwd_kind_in(cs(1, 8, 5, 5, 5, 72, 3, 1), (true, true)), None);
-        assert_eq!(small_fwd_kind_in(cs(1, 9, 5, 5, 5, 64, 3, 1), (true, true)), None);
-        assert_eq!(small_fwd_kind_in(cs(1, 8, 8, 8, 8, 64, 3, 2), (true, true)), None);
+        assert_eq!(small_fwd_kind_in(brats, (Layout::Ndhwc, true)), Some(SmallFwd::Cin));
+        assert_eq!(small_fwd_kind_in(brats, (Layout::Ncdhw, true)), None);
+        assert_eq!(small_fwd_kind_in(brats, (Layout::Ndhwc, false)), None);
+        assert_eq!(small_fwd_kind_in(cs(1, 5, 5, 5, 5, 24, 3, 1), (Layout::Ndhwc, true)), Some(SmallFwd::Cin));
+        assert_eq!(small_fwd_kind_in(cs(1, 8, 5, 5, 5, 20, 3, 1), (Layout::Ndhwc, true)), None);
+        assert_eq!(small_fwd_kind_in(cs(1, 8, 5, 5, 5, 72, 3, 1), (Layout::Ndhwc, true)), None);
+        assert_eq!(small_fwd_kind_in(cs(1, 9, 5, 5, 5, 64, 3, 1), (Layout::Ndhwc, true)), None);
+        assert_eq!(small_fwd_kind_in(cs(1, 8, 8, 8, 8, 64, 3, 2), (Layout::Ndhwc, true)), None);
         // the kernels' shared memory (kernels/conv3d.cu small_mma_smem): 38784 and 58880 bytes
         assert_eq!((small_mma_smem(3), small_mma_smem(8)), (38784, 58880));
         assert!(!small_dgrad(cs(1, 3, 8, 8, 8, 64, 3, 1)), "the first conv's dgrad is cuDNN's");
@@ -650,16 +649,16 @@ mod tests {
         assert_eq!(voxel_groups(Dims::new(2, 3, 5, 6, 7)), 2 * 5 * 6 * 2);
         assert_eq!(voxel_groups(Dims::new(1, 3, 128, 128, 128)), 128 * 128 * 32);
         for (x, cl, dt, per_block) in [
-            (Dims::new(1, 64, 128, 128, 128), true, DType::Bf16, 32),
-            (Dims::new(1, 64, 128, 128, 128), true, DType::F32, 16),
-            (Dims::new(1, 64, 128, 128, 128), false, DType::Bf16, 256),
-            (Dims::new(2, 70, 7, 9, 6), true, DType::Bf16, 32),
-            (Dims::new(1, 5, 1, 1, 1), false, DType::F32, 256),
+            (Dims::new(1, 64, 128, 128, 128), Layout::Ndhwc, DType::Bf16, 32),
+            (Dims::new(1, 64, 128, 128, 128), Layout::Ndhwc, DType::F32, 16),
+            (Dims::new(1, 64, 128, 128, 128), Layout::Ncdhw, DType::Bf16, 256),
+            (Dims::new(2, 70, 7, 9, 6), Layout::Ndhwc, DType::Bf16, 32),
+            (Dims::new(1, 5, 1, 1, 1), Layout::Ncdhw, DType::F32, 256),
         ] {
             let ((gx, gy, _), (bx, _, _)) = small_cout_launch(x, cl, dt, sms);
             assert_eq!((gy, bx), (1, 256));
             let groups = voxel_groups(x);
-            assert!(gx >= 1 && (gx as usize - 1) * per_block < groups && gx <= sms * 8, "{x} {cl} {dt:?}: {gx}");
+            assert!(gx >= 1 && (gx as usize - 1) * per_block < groups && gx <= sms * 8, "{x} {cl:?} {dt:?}: {gx}");
             if groups <= per_block * sms as usize * 8 {
                 assert!(gx as usize * per_block >= groups, "{x}: one pass covers all groups");
             }

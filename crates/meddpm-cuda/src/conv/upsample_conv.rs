@@ -4,7 +4,7 @@
 //! first (timed as its own choice "wgmma_up"; `KernelChoices::up_conv` off in tests); else an upsampling
 //! pass and the plain conv.
 
-use meddpm::{Accum, ConvShape, DType, Layout, Precision};
+use meddpm::{Accum, ConvShape, DType, Precision};
 
 use super::algo_cache::ConvCache;
 use super::choose::timed_choice;
@@ -34,9 +34,8 @@ pub(crate) fn upsample_forward(
     cs: ConvShape,
 ) {
     assert_eq!(cs.x, xd.up2(), "upsample conv: its input {} is not the doubling of {xd}", cs.x);
-    let cl = cache.layout == Layout::Ndhwc;
     let bf = cache.precision == Precision::Bf16 && [x, &*u, &*out].iter().all(|t| t.dtype() == DType::Bf16);
-    if cache.choices.up_conv && wgmma::fwd_fits(dev, cs, cl, bf) {
+    if cache.choices.up_conv && wgmma::fwd_fits(dev, cs, cache.layout, bf) {
         check_lens(cs, u.len(), w.len(), out.len(), b.map_or(cs.cout, |b| b.len()));
         assert_eq!(x.len(), xd.numel(), "upsample conv: x length vs {xd}");
         let (xp, wp, wbf, reuse) = (dev.ptr(x), dev.ptr(w), w.dtype() == DType::Bf16, cache.choices.wgmma_reuse);
@@ -88,7 +87,6 @@ pub(crate) fn upsample_backward(
     cs: ConvShape,
 ) {
     assert_eq!(cs.x, xd.up2(), "upsample conv backward: its input {} is not the doubling of {xd}", cs.x);
-    let cl = cache.layout == Layout::Ndhwc;
     let cdt = compute_type(cache.precision);
     let yd = cs.out();
     let bf = cdt == DType::Bf16 && [x, &*u, &*du, dout].iter().all(|t| t.dtype() == DType::Bf16);
@@ -97,7 +95,7 @@ pub(crate) fn upsample_backward(
         && yd.c == 64
         && cache.choices.wgmma_reuse
         && !wgmma::dual_fits(cs.x.c, cache.choices.wgmma_dual)
-        && wgmma::fits(dev, yd, cs.k, cs.stride, cs.x.c, cl, true)
+        && wgmma::fits(dev, yd, cs.k, cs.stride, cs.x.c, cache.layout, true)
     {
         check_lens(cs, u.len(), w.len(), dout.len(), cs.cout);
         assert!(du.len() == u.len() && x.len() == xd.numel(), "upsample conv backward: du / x lengths vs {xd}");
@@ -118,7 +116,7 @@ pub(crate) fn upsample_backward(
             wgmma::run_dgrad_up(dev, (dyp, wp, dev.ptr_mut(du)), wbf, yd, cs.x.c, (xp, up), T_WPD);
             cache.wgmma_runs += 1;
             cache.up_conv_runs += 1;
-            weight_grad(dev, cache, dw, up, dyp, cs, (cl, cache.mma_on()));
+            weight_grad(dev, cache, dw, up, dyp, cs, (cache.layout, cache.mma_on()));
             return;
         }
     }

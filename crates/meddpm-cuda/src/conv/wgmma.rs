@@ -13,7 +13,7 @@
 //! Twin: the CPU reference convolution (`meddpm::cpu::conv3d`), through the parity tests (after
 //! the CPU GroupNorm+SiLU for the prologue).
 
-use meddpm::{Accum, ConvShape, Dims};
+use meddpm::{Accum, ConvShape, Dims, Layout};
 
 use crate::device::{Arg, Device};
 
@@ -30,7 +30,8 @@ const SMEM: u32 = 4 * STAGE + STAGING;
 /// outputs, 3×3×3, stride 1, here: an sm_90 device (the kernel is compiled for sm_90a), NDHWC
 /// (`cl`), bf16 operands (`bf16`: the input, the output and the compute type), channel counts
 /// multiples of 64.
-pub(crate) fn fits(dev: &Device, x: Dims, k: usize, stride: usize, co: usize, cl: bool, bf16: bool) -> bool {
+pub(crate) fn fits(dev: &Device, x: Dims, k: usize, stride: usize, co: usize, layout: Layout, bf16: bool) -> bool {
+    let cl = layout == Layout::Ndhwc;
     let ci = x.c;
     dev.info.cc == (9, 0)
         && cl
@@ -378,8 +379,8 @@ const WGRAD_TF32_SMEM: u32 = 2 * 32_768 + 2 * (32_768 + 180 * 256);
 /// `stride`) can run on `conv3d_wgmma_wgrad` (`tf32` false: bf16 operands) or
 /// `conv3d_wgmma_wgrad_tf32` (`tf32`: f32 operands rounded to TF32): [`fits`]'s conditions, the
 /// operand type aside.
-pub(crate) fn wgrad_fits(dev: &Device, x: Dims, (k, stride): (usize, usize), co: usize, cl: bool) -> bool {
-    fits(dev, x, k, stride, co, cl, true)
+pub(crate) fn wgrad_fits(dev: &Device, x: Dims, (k, stride): (usize, usize), co: usize, layout: Layout) -> bool {
+    fits(dev, x, k, stride, co, layout, true)
 }
 
 /// dW (f32 at `dwp`, (co, 27, x.c) as NDHWC weights are) += the weight gradient of the conv over
@@ -415,6 +416,6 @@ pub(crate) fn wgrad(dev: &Device, (xp, dyp, dwp): (u64, u64, u64), x: Dims, co: 
 }
 
 /// [`fits`] for the forward of `cs` (its input volume and output channels).
-pub(crate) fn fwd_fits(dev: &Device, cs: ConvShape, cl: bool, bf16: bool) -> bool {
-    fits(dev, cs.x, cs.k, cs.stride, cs.cout, cl, bf16)
+pub(crate) fn fwd_fits(dev: &Device, cs: ConvShape, layout: Layout, bf16: bool) -> bool {
+    fits(dev, cs.x, cs.k, cs.stride, cs.cout, layout, bf16)
 }
