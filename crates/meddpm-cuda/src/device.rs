@@ -295,7 +295,7 @@ fn compile_unit(arch: &str, i: usize, unit: &[(&str, &str)]) -> std::result::Res
 }
 
 /// A hash of our kernels' sources and the NVRTC version: names the compiled cubins on disk, and
-/// keys the timed kernel-vs-cuDNN choices kept there (conv3d.rs), so a changed kernel is compiled
+/// keys the timed kernel-vs-cuDNN choices kept there (conv/algo_cache.rs), so a changed kernel is compiled
 /// and timed again.
 pub(crate) fn sources_key() -> u64 {
     use std::hash::{Hash, Hasher};

@@ -101,8 +101,8 @@ fn forward_ptrs(
 }
 
 /// The statistics alone (mean/rstd [N·G]) of `inp` + `off`: for a consumer that applies
-/// GroupNorm+SiLU itself (the fused output head, `conv3d::gn_head_forward`; the ResBlocks' convs,
-/// `conv3d::gn_wgmma_forward`).
+/// GroupNorm+SiLU itself (the fused output head, `conv::small::gn_head_forward`; the ResBlocks' convs,
+/// `conv::paths::gn_wgmma_forward`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn stats(
     dev: &Device,
@@ -562,7 +562,7 @@ pub(crate) fn backward(
 }
 
 /// The channel partials of a GroupNorm backward taken before [`backward`] (by the conv data
-/// gradient's epilogue, `conv3d::backward_data_gn`): `part` (device pointer) holds `nchunks`
+/// gradient's epilogue, `conv::paths::backward_data_gn`): `part` (device pointer) holds `nchunks`
 /// chunks a sample, three floats a (n, chunk, c) where the backward gives dsum, else two; `coef`
 /// has room for N·G pairs. The caller holds the storage (the scratch buffer) until the backward
 /// is queued.

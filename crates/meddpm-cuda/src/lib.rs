@@ -2,9 +2,13 @@
 //! kernels. [`CudaBackend`] implements [`meddpm::Backend`] (crates/meddpm/src/backend.rs holds the
 //! binding semantics; the CPU backend is the executable spec the parity tests compare against).
 //!
-//! - cuDNN (legacy N-d API) for 3-D convolutions, algorithms chosen by cudnnFind once per shape;
-//!   cuBLAS for linear layers and the attention GEMMs; NVRTC kernels of our own (kernels/*.cu) for
-//!   everything else, each supporting NCDHW and NDHWC.
+//! - 3-D convolutions through cuDNN (legacy N-d API, algorithms chosen by cudnnFind once per shape)
+//!   or our own kernels where they are faster (conv/: few-channel and Hopper wgmma kernels, timed
+//!   per shape); cuBLAS for linear layers and the attention GEMMs; NVRTC kernels of our own
+//!   (kernels/*.cu, the list in `meddpm::analysis::kernels::OUR_KERNELS`) for everything else,
+//!   each supporting NCDHW and NDHWC.
+//! - Which engine or fused path runs where several can: [`KernelChoices`] (choices.rs), one
+//!   table, read from the environment once.
 //! - Two switches: [`Precision`] (`Fp32`: FMA math everywhere; `Tf32`: tensor-op math in cuDNN
 //!   and cuBLAS; `Bf16`: activations stored in bf16 ([`GpuBuf`] carries the type), bf16 cuDNN
 //!   convolutions with fp32 accumulation, everything else fp32 with TF32 GEMMs) and [`Layout`]
@@ -12,8 +16,9 @@
 //! - Libraries are loaded at run time, so this crate builds everywhere; on a machine without a GPU
 //!   [`CudaBackend::new`] returns `Error::Backend("no CUDA device: ...")`.
 //!
-//! Modules mirror the CPU twin: conv3d, groupnorm, silu, linear, attention, upsample,
-//! elementwise, loss, diffusion, optim; device (context, stream, handles, kernels), doctor; nccl
+//! Modules mirror the CPU twin: conv (a folder: conv/mod.rs lists its files), groupnorm, silu,
+//! linear, attention, upsample, elementwise, loss, diffusion, optim; buf (the buffer, its element
+//! type, `Mode`) and device (context, stream, handles, kernels, caches) at the bottom; doctor; nccl
 //! (NCCL on raw device pointers) and collective (data-parallel gradient averaging over NCCL);
 //! power (board power, SM clock and energy through NVML while a benchmark runs).
 
