@@ -228,6 +228,33 @@ impl KernelChoices {
     }
 }
 
+/// How often each of our kernel paths ran, first-use timing runs aside: the tests prove with it
+/// that a path ran (or did not) under a choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PathRuns {
+    /// Convolutions (forward or data gradient) `conv3d_wgmma_*` computed.
+    pub wgmma: u64,
+    /// Of `wgmma`, those with the GroupNorm+SiLU prologue (`conv3d_wgmma_fwd_gn`).
+    pub wgmma_gn: u64,
+    /// Of `wgmma`, the data gradients `conv3d_wgmma_dgrad2` computed.
+    pub wgmma_dual: u64,
+    /// Weight gradients `conv3d_wgmma_wgrad` computed.
+    pub wgmma_wgrad: u64,
+    /// Calls of `cat_skip_stats_ndhwc` (a decoder ResBlock's skip conv and statistics from the
+    /// concatenation's parts).
+    pub cat_free: u64,
+    /// `conv3d_wgmma_fwd_gn` calls that took their output's GroupNorm statistics.
+    pub conv_stats: u64,
+    /// Calls of `gn_bwd_apply_split_skip`.
+    pub skip_apply: u64,
+    /// Backward passes that took an identity skip's gradient in.
+    pub res_fold: u64,
+    /// Data gradients that took the GroupNorm backward's sums (`conv3d_wgmma_dgrad_gnb`).
+    pub dgrad_gn: u64,
+    /// Calls of `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up`.
+    pub up_conv: u64,
+}
+
 impl std::fmt::Display for KernelChoices {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.table())

@@ -57,7 +57,7 @@ use meddpm::{Accum, Backend, ConvShape, DType, Dims, Error, Layout, LossKind, Pr
 
 pub use buf::GpuBuf;
 use buf::Mode;
-pub use choices::KernelChoices;
+pub use choices::{KernelChoices, PathRuns};
 pub use conv::Algo;
 pub use device::{compile_kernels, kernel_arch, DeviceInfo};
 pub use doctor::{doctor, MIN_CUDNN_TF32};
@@ -289,6 +289,12 @@ impl CudaBackend {
         self.cache().choices
     }
 
+    /// How often each of our kernel paths has run so far ([`PathRuns`], first-use timing runs
+    /// aside): tests prove a path ran with it.
+    pub fn runs(&self) -> PathRuns {
+        self.cache().runs
+    }
+
     /// Change the kernel choices, e.g. `be.set_choices(|c| c.wgmma = Some(true))`: for tests (a
     /// fused path against the unfused calls) and benchmarks. Decisions already timed per shape
     /// are kept.
@@ -303,58 +309,6 @@ impl CudaBackend {
     /// The cuDNN algorithms chosen so far for a conv shape: [forward, backward-data, backward-filter].
     pub fn conv_algos(&self, cs: &ConvShape) -> [Option<Algo>; 3] {
         self.cache().chosen(cs)
-    }
-
-    /// How many convolutions (forwards and data gradients) `conv3d_wgmma_*` has computed, first-use
-    /// timing runs aside: tests prove the kernel ran with it.
-    pub fn wgmma_runs(&self) -> u64 {
-        self.cache().wgmma_runs
-    }
-
-    /// Of [`Self::wgmma_runs`], the data gradients `conv3d_wgmma_dgrad2` computed.
-    pub fn wgmma_dual_runs(&self) -> u64 {
-        self.cache().wgmma_dual_runs
-    }
-
-    /// How many weight gradients `conv3d_wgmma_wgrad` has computed, first-use timing runs aside.
-    pub fn wgmma_wgrad_runs(&self) -> u64 {
-        self.cache().wgmma_wgrad_runs
-    }
-
-    /// Of [`CudaBackend::wgmma_runs`], the convolutions with the GroupNorm+SiLU prologue.
-    pub fn wgmma_gn_runs(&self) -> u64 {
-        self.cache().wgmma_gn_runs
-    }
-
-    /// Backward passes that took a skip gradient in so far.
-    pub fn res_fold_runs(&self) -> u64 {
-        self.cache().res_fold_runs
-    }
-
-    /// Data gradients that took the GroupNorm backward's sums so far (`conv3d_wgmma_dgrad_gnb`).
-    pub fn dgrad_gn_runs(&self) -> u64 {
-        self.cache().dgrad_gn_runs
-    }
-
-    /// Calls of `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up` so far.
-    pub fn up_conv_runs(&self) -> u64 {
-        self.cache().up_conv_runs
-    }
-
-    /// Calls of `gn_bwd_apply_split_skip` so far.
-    pub fn skip_apply_runs(&self) -> u64 {
-        self.cache().skip_apply_runs
-    }
-
-    /// Fused convs that took their output's statistics from the epilogue so far.
-    pub fn conv_stats_runs(&self) -> u64 {
-        self.cache().wgmma_ystats_runs
-    }
-
-    /// Calls of `cat_skip_stats_ndhwc` (a decoder ResBlock's skip conv and statistics from the
-    /// concatenation's parts) so far.
-    pub fn cat_free_runs(&self) -> u64 {
-        self.cache().cat_free_runs
     }
 
     /// Whether the latest [forward, data gradient] of `cs` ran our few-channel kernels (None: no
@@ -786,7 +740,7 @@ impl Backend for CudaBackend {
         let (took, ys_took) = {
             let mut c = self.cache();
             let took = conv::backward_data_gn(dev, &mut c, da, dout, w, cs, sums);
-            c.res_fold_runs += (took.0 && gn.res.is_some()) as u64;
+            c.runs.res_fold += (took.0 && gn.res.is_some()) as u64;
             took
         };
         // dout's channel sums from the kernel's chunks (else a pass, below or in `calls`)
@@ -975,7 +929,7 @@ impl Backend for CudaBackend {
     ) {
         assert!(cs.k == 1 && cs.stride == 1, "concat_skip_conv_stats {cs:?}: a 1×1×1 conv");
         groupnorm::cat_skip_stats(&self.dev, out, parts, stats, wb, cs.x, ca, cs.cout, groups);
-        self.cache().cat_free_runs += 1;
+        self.cache().runs.cat_free += 1;
     }
     fn groupnorm_silu_conv3d_fused_cat(
         &self,
@@ -1155,7 +1109,7 @@ impl Backend for CudaBackend {
         let on = {
             let mut c = self.cache();
             let on = c.choices.res_fold && res.dtype() == dinp.0.dtype();
-            c.res_fold_runs += on as u64;
+            c.runs.res_fold += on as u64;
             on
         };
         if !on {
@@ -1252,7 +1206,7 @@ impl Backend for CudaBackend {
             let fused = {
                 let mut conv = self.cache();
                 let on = conv.choices.skip_apply && dt == DType::Bf16 && groupnorm::skip_apply_fits(xd.c, cs.cout, ca);
-                conv.skip_apply_runs += on as u64;
+                conv.runs.skip_apply += on as u64;
                 on
             };
             let skip = fused.then_some((dout, w, cs.cout));

@@ -406,17 +406,17 @@ fn wgmma_wgrad_tf32_parity() {
             let mut want = dw0.clone();
             cpu.conv3d_backward(None, &mut want, None, &dy, &x, &w, cs);
             let (xg, wg, dyg) = (act(g, &x, xd), param(g, &w, &wshape), act(g, &dy, od));
-            let runs = g.wgmma_wgrad_runs();
+            let runs = g.runs().wgmma_wgrad;
             let mut dwg = param(g, &dw0, &wshape);
             g.conv3d_backward(None, &mut dwg, None, &dyg, &xg, &wg, cs);
-            if g.wgmma_wgrad_runs() == runs {
+            if g.runs().wgmma_wgrad == runs {
                 println!("skipped: conv3d_wgmma_wgrad_tf32 needs an sm_90 GPU ({})", name(g));
                 for o in &gs {
                     o.set_choices(|c| c.wgmma = None);
                 }
                 return;
             }
-            assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: one run");
+            assert_eq!(g.runs().wgmma_wgrad - runs, 1, "{tag}: one run");
             let got = get_param(g, &dwg, &wshape);
             let grad = |v: &[f32]| v.iter().zip(&dw0).map(|(a, b)| a - b).collect::<Vec<_>>();
             // the gradient itself (dW0's values, 50x larger, would hide its errors)
@@ -426,7 +426,7 @@ fn wgmma_wgrad_tf32_parity() {
                 let mut dwc = param(g, &dw0, &wshape);
                 g.conv3d_backward(None, &mut dwc, None, &dyg, &xg, &wg, cs);
                 g.set_choices(|c| c.wgmma_wgrad = true);
-                assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: cuDNN's run did not take the kernel");
+                assert_eq!(g.runs().wgmma_wgrad - runs, 1, "{tag}: cuDNN's run did not take the kernel");
                 check(&format!("{tag} dw vs cuDNN's TF32"), &grad(&get_param(g, &dwc, &wshape)), &grad(&got), 1e-2);
             }
         }
@@ -439,7 +439,7 @@ fn wgmma_wgrad_tf32_parity() {
             );
             let mut dwo = param(o, &dw0, &wshape);
             o.conv3d_backward(None, &mut dwo, None, &dyo, &xo, &wo, cs);
-            assert_eq!(o.wgmma_wgrad_runs(), 0, "{}: conv3d_wgmma_wgrad* must not run", name(o));
+            assert_eq!(o.runs().wgmma_wgrad, 0, "{}: conv3d_wgmma_wgrad* must not run", name(o));
         }
     }
     for o in &gs {

@@ -399,18 +399,18 @@ fn wgmma_conv_bf16_parity() {
         let dx0 = rb(&rnd(xd.numel(), seed + 5, 1.0));
         let (xg, wg, bg, dyg) = (act(g, &x, xd), param(g, &w, &wshape), raw(g, &b), act(g, &dy, o));
         let tag = format!("wgmma conv {xd} -> {co} [{}]", name(g));
-        let runs0 = g.wgmma_runs();
+        let runs0 = g.runs().wgmma;
         if runs0 == 0 && i == 0 {
             // the kernel fits sm_90 only: elsewhere it must not run, and cuDNN's results are checked
             let mut yg = g.alloc_act(o.numel()).unwrap();
             g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
-            if g.wgmma_runs() == 0 {
+            if g.runs().wgmma == 0 {
                 println!("skipped: conv3d_wgmma needs an sm_90 GPU ({})", name(g));
                 g.set_choices(|c| c.wgmma = None);
                 return;
             }
         }
-        let runs0 = g.wgmma_runs();
+        let runs0 = g.runs().wgmma;
         let mut want = vec![0f32; o.numel()];
         cpu.conv3d_forward(&mut want, &x, &w, &b, cs);
         let mut yg = g.alloc_act(o.numel()).unwrap();
@@ -428,12 +428,12 @@ fn wgmma_conv_bf16_parity() {
             &tag,
         );
         // 1 + 6 (accumulated, with and without a bias; overwritten; twice each) + 6 (conv + b + z)
-        assert_eq!(g.wgmma_runs() - runs0, 13, "{tag}: the forwards ran conv3d_wgmma_fwd");
+        assert_eq!(g.runs().wgmma - runs0, 13, "{tag}: the forwards ran conv3d_wgmma_fwd");
         for acc in [Accum::Overwrite, Accum::Add] {
             let mut want = dx0.clone();
             let (mut dw_c, mut db_c) = (vec![0f32; cs.w_len()], vec![0f32; co]);
             cpu.conv3d_backward(Some((&mut want, acc)), &mut dw_c, Some(&mut db_c), &dy, &x, &w, cs);
-            let (runs, wruns, druns) = (g.wgmma_runs(), g.wgmma_wgrad_runs(), g.wgmma_dual_runs());
+            let (runs, wruns, druns) = (g.runs().wgmma, g.runs().wgmma_wgrad, g.runs().wgmma_dual);
             let mut dxg = act(g, &dx0, xd);
             g.conv3d_backward_data((&mut dxg, acc), &dyg, &wg, cs);
             check(&format!("{tag} dx {acc:?} (data only)"), &get_act(g, &dxg, xd), &want, BF);
@@ -441,17 +441,17 @@ fn wgmma_conv_bf16_parity() {
             g.conv3d_backward(Some((&mut dxg, acc)), &mut dwg, None, &dyg, &xg, &wg, cs);
             check(&format!("{tag} dx {acc:?}"), &get_act(g, &dxg, xd), &want, BF);
             check(&format!("{tag} dw {acc:?}"), &get_param(g, &dwg, &wshape), &dw_c, BF);
-            assert_eq!(g.wgmma_runs() - runs, 2, "{tag}: the data gradients ran conv3d_wgmma_dgrad");
+            assert_eq!(g.runs().wgmma - runs, 2, "{tag}: the data gradients ran conv3d_wgmma_dgrad");
             let dual = if xd.c % 128 == 0 { 2 } else { 0 };
-            assert_eq!(g.wgmma_dual_runs() - druns, dual, "{tag}: data gradients on conv3d_wgmma_dgrad2");
-            assert_eq!(g.wgmma_wgrad_runs() - wruns, 1, "{tag}: the weight gradient ran conv3d_wgmma_wgrad");
+            assert_eq!(g.runs().wgmma_dual - druns, dual, "{tag}: data gradients on conv3d_wgmma_dgrad2");
+            assert_eq!(g.runs().wgmma_wgrad - wruns, 1, "{tag}: the weight gradient ran conv3d_wgmma_wgrad");
             if dual > 0 {
                 // a block a slice: the same MMAs in the same order, the same epilogue
                 g.set_choices(|c| c.wgmma_dual = false);
                 let mut dx1 = act(g, &dx0, xd);
                 g.conv3d_backward_data((&mut dx1, acc), &dyg, &wg, cs);
                 g.set_choices(|c| c.wgmma_dual = true);
-                let d = g.wgmma_dual_runs() - druns;
+                let d = g.runs().wgmma_dual - druns;
                 assert_eq!(d, 2, "{tag}: wgmma_dual = false ran conv3d_wgmma_dgrad");
                 let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
                 let (two, one) = (get_act(g, &dxg, xd), get_act(g, &dx1, xd));
@@ -475,7 +475,7 @@ fn wgmma_conv_bf16_parity() {
     let mut yg = n.alloc_act(cs.out().numel()).unwrap();
     n.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
     check(&format!("wgmma forced, NCDHW [{}]", name(n)), &get_act(n, &yg, cs.out()), &want, BF);
-    assert_eq!(n.wgmma_runs(), 0, "NCDHW must not run conv3d_wgmma");
+    assert_eq!(n.runs().wgmma, 0, "NCDHW must not run conv3d_wgmma");
     n.set_choices(|c| c.wgmma = None);
 }
 
@@ -509,15 +509,15 @@ fn wgmma_wgrad_bf16_parity() {
         let tag = format!("wgmma wgrad {xd} -> {co} [{}]", name(g));
         let mut want = dw0.clone();
         cpu.conv3d_backward(None, &mut want, None, &dy, &x, &w, cs);
-        let runs = g.wgmma_wgrad_runs();
+        let runs = g.runs().wgmma_wgrad;
         let mut dwg = param(g, &dw0, &wshape);
         g.conv3d_backward(None, &mut dwg, None, &dyg, &xg, &wg, cs);
-        if g.wgmma_wgrad_runs() == runs {
+        if g.runs().wgmma_wgrad == runs {
             println!("skipped: conv3d_wgmma_wgrad needs an sm_90 GPU ({})", name(g));
             g.set_choices(|c| c.wgmma = None);
             return;
         }
-        assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: one run");
+        assert_eq!(g.runs().wgmma_wgrad - runs, 1, "{tag}: one run");
         let got = get_param(g, &dwg, &wshape);
         check(&format!("{tag} dw (+= onto dW)"), &got, &want, 2e-4);
         // cuDNN's on the same operands
@@ -525,7 +525,7 @@ fn wgmma_wgrad_bf16_parity() {
         let mut dwc = param(g, &dw0, &wshape);
         g.conv3d_backward(None, &mut dwc, None, &dyg, &xg, &wg, cs);
         g.set_choices(|c| c.wgmma_wgrad = true);
-        assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: cuDNN's run did not take conv3d_wgmma_wgrad");
+        assert_eq!(g.runs().wgmma_wgrad - runs, 1, "{tag}: cuDNN's run did not take conv3d_wgmma_wgrad");
         let grad = |v: &[f32]| v.iter().zip(&dw0).map(|(a, b)| a - b).collect::<Vec<_>>();
         check(&format!("{tag} dw vs cuDNN's"), &grad(&get_param(g, &dwc, &wshape)), &grad(&got), BF);
     }
@@ -622,7 +622,7 @@ fn wgmma_dgrad_gn_bf16_parity() {
         let mut outs = Vec::new();
         for fused in [true, false] {
             g.set_choices(|c| c.dgrad_gn = fused);
-            let (runs, wruns) = (g.dgrad_gn_runs(), g.wgmma_runs());
+            let (runs, wruns) = (g.runs().dgrad_gn, g.runs().wgmma);
             let (mut da, mut dx, mut a) =
                 (g.alloc_act(xd.numel()).unwrap(), act(g, &dx0, xd), g.alloc_act(xd.numel()).unwrap());
             let (mut dgg, mut dbg, mut dsg) = (raw(g, &dg0), raw(g, &db0), raw(g, &vec![0f32; xd.n * c]));
@@ -642,14 +642,14 @@ fn wgmma_dgrad_gn_bf16_parity() {
                 dout_sum: Some(&mut ysg),
             };
             g.conv3d_backward_data_gn(&mut da, &dyg, &wg, cs, gn);
-            if i == 0 && fused && g.wgmma_runs() == wruns {
+            if i == 0 && fused && g.runs().wgmma == wruns {
                 println!("skipped: conv3d_wgmma needs an sm_90 GPU ({})", name(g));
                 g.set_choices(|c| c.wgmma = None);
                 g.set_choices(|c| c.dgrad_gn = true);
                 return;
             }
-            assert_eq!(g.wgmma_runs() - wruns, 1, "{tag}: the data gradient ran on conv3d_wgmma");
-            assert_eq!(g.dgrad_gn_runs() - runs, fused as u64, "{tag}: the sums from the epilogue: {fused}");
+            assert_eq!(g.runs().wgmma - wruns, 1, "{tag}: the data gradient ran on conv3d_wgmma");
+            assert_eq!(g.runs().dgrad_gn - runs, fused as u64, "{tag}: the sums from the epilogue: {fused}");
             let t = format!("{tag} fused {fused} [{}]", name(g));
             let got = (get_act(g, &da, xd), get_act(g, &dx, xd), get_act(g, &a, xd));
             let gotr = (get_raw(g, &dgg), get_raw(g, &dbg), get_raw(g, &dsg), get_raw(g, &ysg));
@@ -760,7 +760,7 @@ fn wgmma_gn_conv_bf16_parity() {
                 g.conv3d_forward_acc((&mut two, mode), &ag, &wg, bgo, cs);
             }
             // one pass
-            let (runs, gn_runs) = (g.wgmma_runs(), g.wgmma_gn_runs());
+            let (runs, gn_runs) = (g.runs().wgmma, g.runs().wgmma_gn);
             let (mut mf, mut rf) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
             let (ms, rs) = if fresh { (&mut mf, &mut rf) } else { (&mut mg, &mut rg) };
             let mut one = act(g, &y0, o);
@@ -777,7 +777,7 @@ fn wgmma_gn_conv_bf16_parity() {
                 groups,
                 None,
             );
-            assert_eq!((g.wgmma_runs() - runs, g.wgmma_gn_runs() - gn_runs), (1, 1), "{what}: ran conv3d_wgmma_fwd_gn");
+            assert_eq!((g.runs().wgmma - runs, g.runs().wgmma_gn - gn_runs), (1, 1), "{what}: ran conv3d_wgmma_fwd_gn");
             let out = (&one, o, &y0[..], mode);
             ystats_case(g, &what, out, (&xg, offo), (&mg, &rg), (&gg, &bg), (&wg, bgo, zgo), cs, groups, seed + 8);
             if fresh {
@@ -855,10 +855,10 @@ fn ystats_case(
         g.copy(&mut r, rg);
         let (mut ym, mut yr) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
         let mut y = act(g, y0, o);
-        let runs = g.conv_stats_runs();
+        let runs = g.runs().conv_stats;
         let ys = Some((&mut ym, &mut yr, off));
         g.groupnorm_silu_conv3d_fused((&mut y, mode), inp, (&mut m, &mut r), false, gb, wbz, cs, groups, ys);
-        assert_eq!(g.conv_stats_runs() - runs, 1, "{what}: the epilogue took them");
+        assert_eq!(g.runs().conv_stats - runs, 1, "{what}: the epilogue took them");
         assert_eq!(get_act(g, &y, o), get_act(g, one, o), "{what}: the same output");
         out_stats_vs_pass(g, &what, (&y, o), off, (&ym, &yr), groups);
     }
@@ -948,7 +948,7 @@ fn cat_free_bf16_parity() {
             None,
         );
         // from the parts
-        let runs = (g.cat_free_runs(), g.wgmma_gn_runs());
+        let runs = (g.runs().cat_free, g.runs().wgmma_gn);
         let (mut mf, mut rf) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
         let mut skip_one = g.alloc_act(skip_cs.out().numel()).unwrap();
         g.concat_skip_conv_stats(&mut skip_one, (&ag, &bg), (&mut mf, &mut rf), (&wsg, &big), skip_cs, ca, groups);
@@ -964,17 +964,17 @@ fn cat_free_bf16_parity() {
             groups,
             None,
         );
-        assert_eq!((g.cat_free_runs() - runs.0, g.wgmma_gn_runs() - runs.1), (1, 1), "{tag}: the kernels ran");
+        assert_eq!((g.runs().cat_free - runs.0, g.runs().wgmma_gn - runs.1), (1, 1), "{tag}: the kernels ran");
         // again with the output's statistics from the epilogue: the same outputs, and the
         // statistics within 1e-5 of a GroupNorm pass over them
         let (o, ngo) = (in_cs.out(), ad.n * groups);
         let yoff = raw(g, &rnd(ad.n * co, seed + 7, 0.7));
         let (mut ym, mut yr) = (g.alloc(ngo).unwrap(), g.alloc(ngo).unwrap());
         let mut in_ys = g.alloc_act(o.numel()).unwrap();
-        let ys_runs = g.conv_stats_runs();
+        let ys_runs = g.runs().conv_stats;
         let ys = Some((&mut ym, &mut yr, Some(&yoff)));
         g.groupnorm_silu_conv3d_fused_cat(&mut in_ys, (&ag, &bg), (&mf, &rf), (&gg, &btg), &wg, in_cs, ca, groups, ys);
-        assert_eq!(g.conv_stats_runs() - ys_runs, 1, "{tag}: the epilogue took the statistics");
+        assert_eq!(g.runs().conv_stats - ys_runs, 1, "{tag}: the epilogue took the statistics");
         assert_eq!(get_act(g, &in_ys, o), get_act(g, &in_one, o), "{tag}: the output with its statistics taken");
         out_stats_vs_pass(g, &tag, (&in_ys, o), Some(&yoff), (&ym, &yr), groups);
         assert_eq!(get_raw(g, &mf), get_raw(g, &mg), "{tag}: mean = concat_channels_stats's, bit for bit");
@@ -1384,7 +1384,7 @@ fn skip_apply_bf16_parity() {
         let mut outs = Vec::new();
         for on in [false, true] {
             g.set_choices(|c| c.skip_apply = on);
-            let runs = g.skip_apply_runs();
+            let runs = g.runs().skip_apply;
             let (mut d, mut xx) = (act(g, &dy, xo), act(g, &dy, xo));
             let (mut dga, mut dba) = (raw(g, &dg0), raw(g, &db0));
             let (mut ph, mut ps, mut dw) = (act(g, &ph0, xa), act(g, &ps0, xb), raw(g, &dw0));
@@ -1403,7 +1403,7 @@ fn skip_apply_bf16_parity() {
                 (ca, cb),
                 groups,
             );
-            assert_eq!(g.skip_apply_runs() - runs, on as u64, "{t}: gn_bwd_apply_split_skip ran (on = {on})");
+            assert_eq!(g.runs().skip_apply - runs, on as u64, "{t}: gn_bwd_apply_split_skip ran (on = {on})");
             let got = [get_act(g, &ph, xa), get_act(g, &ps, xb), get_act(g, &xx, xo)];
             outs.push((got, [get_raw(g, &dga), get_raw(g, &dba), get_raw(g, &dw)]));
         }
@@ -1491,9 +1491,9 @@ fn wgmma_up_conv_bf16_parity() {
             let sentinel = vec![3.0f32; ud.numel()];
             let mut ug = act(g, &sentinel, ud);
             let mut yf = g.alloc_act(o.numel()).unwrap();
-            let runs = g.up_conv_runs();
+            let runs = g.runs().up_conv;
             g.upsample_conv3d_forward(&mut yf, &mut ug, &xg, xd, &wg, bias.then_some(&bg), cs);
-            let fused = g.up_conv_runs() - runs;
+            let fused = g.runs().up_conv - runs;
             let got = get_act(g, &yf, o);
             check(&format!("{tag} y"), &got, &want, BF);
             if g.layout() == Layout::Ncdhw || fused == 0 {
@@ -1511,7 +1511,7 @@ fn wgmma_up_conv_bf16_parity() {
             let mut yu = g.alloc_act(o.numel()).unwrap();
             g.upsample_conv3d_forward(&mut yu, &mut ug, &xg, xd, &wg, bias.then_some(&bg), cs);
             g.set_choices(|c| c.up_conv = true);
-            assert_eq!(g.up_conv_runs() - runs, 1, "{tag}: up_conv = false ran conv3d_wgmma_fwd_up");
+            assert_eq!(g.runs().up_conv - runs, 1, "{tag}: up_conv = false ran conv3d_wgmma_fwd_up");
             check(&format!("{tag} u (two calls)"), &get_act(g, &ug, ud), &uc, BF);
             let two = get_act(g, &yu, o);
             check(&format!("{tag} y vs two calls"), &got, &two, BF);
@@ -1559,9 +1559,9 @@ fn wgmma_up_conv_backward_bf16_parity() {
                 g.upsample_conv3d_backward(&mut du, &mut u, &mut dw, Some(&mut db), &dyg, &xg, xd, &wg, cs);
                 (get_act(g, &du, ud), get_act(g, &u, ud), get_param(g, &dw, &wshape), get_raw(g, &db))
             };
-            let runs = g.up_conv_runs();
+            let runs = g.runs().up_conv;
             let fused = run(g);
-            let n = g.up_conv_runs() - runs;
+            let n = g.runs().up_conv - runs;
             let grad = |v: &[f32], v0: &[f32]| v.iter().zip(v0).map(|(a, b)| a - b).collect::<Vec<_>>();
             check(&format!("{tag} du"), &fused.0, &du_c, BF);
             check(&format!("{tag} u"), &fused.1, &u_c, BF);
@@ -1579,7 +1579,7 @@ fn wgmma_up_conv_backward_bf16_parity() {
             g.set_choices(|c| c.up_conv = false);
             let two = run(g);
             g.set_choices(|c| c.up_conv = true);
-            assert_eq!(g.up_conv_runs() - runs, 1, "{tag}: up_conv = false ran conv3d_wgmma_dgrad_up");
+            assert_eq!(g.runs().up_conv - runs, 1, "{tag}: up_conv = false ran conv3d_wgmma_dgrad_up");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for (what, a, b) in
                 [("du", &fused.0, &two.0), ("u", &fused.1, &two.1), ("dw", &fused.2, &two.2), ("db", &fused.3, &two.3)]
@@ -1758,13 +1758,13 @@ fn unet_up_conv_matches_two_calls() {
     let g = &gs[1];
     let cfg = meddpm::model::UNetConfig { channel_mult: vec![1, 1], ..unet64(1, vec![2]) };
     g.set_choices(|c| c.wgmma = Some(true));
-    let r0 = g.up_conv_runs();
+    let r0 = g.runs().up_conv;
     let on = unet_run(g, &cfg, 2, (3100, 41, 42), &[5.0, 400.0]);
-    let n_on = g.up_conv_runs() - r0;
+    let n_on = g.runs().up_conv - r0;
     g.set_choices(|c| c.up_conv = false);
     let off = unet_run(g, &cfg, 2, (3100, 41, 42), &[5.0, 400.0]);
     g.set_choices(|c| c.up_conv = true);
-    let n_off = g.up_conv_runs() - r0 - n_on;
+    let n_off = g.runs().up_conv - r0 - n_on;
     g.set_choices(|c| c.wgmma = None);
     if n_on == 0 {
         println!("skipped: conv3d_wgmma_fwd_up needs an sm_90 GPU ({})", name(g));
@@ -1815,9 +1815,9 @@ fn unet_run(
     net.set_params(g, &host).unwrap();
     let (xd, od) = (net.input_dims(), net.output_dims());
     g.upload_act(&rnd(xd.numel(), seeds.1, 1.0), xd, net.input_mut());
-    let (gn0, cf0, ys0) = (g.wgmma_gn_runs(), g.cat_free_runs(), g.conv_stats_runs());
+    let (gn0, cf0, ys0) = (g.runs().wgmma_gn, g.runs().cat_free, g.runs().conv_stats);
     net.forward(g, t);
-    let counts = (g.wgmma_gn_runs() - gn0, g.cat_free_runs() - cf0, g.conv_stats_runs() - ys0);
+    let counts = (g.runs().wgmma_gn - gn0, g.runs().cat_free - cf0, g.runs().conv_stats - ys0);
     let out = get_act(g, net.output(), od);
     g.upload_act(&rnd(od.numel(), seeds.2, 1.0), od, net.output_and_grad().1);
     net.zero_grads(g);
@@ -1914,15 +1914,15 @@ fn unet_dgrad_gn_matches_the_passes() {
     let mut runs = Vec::new();
     for on in [false, true] {
         g.set_choices(|c| c.dgrad_gn = on);
-        let r0 = g.dgrad_gn_runs();
+        let r0 = g.runs().dgrad_gn;
         let (out, grads, _) = unet_run(g, &cfg, 2, (3700, 37, 38), &[9.0, 500.0]);
-        runs.push((out, grads, g.dgrad_gn_runs() - r0));
+        runs.push((out, grads, g.runs().dgrad_gn - r0));
     }
     g.set_choices(|c| c.dgrad_gn = true);
     g.set_choices(|c| c.wgmma = None);
     let ((o0, g0, n0), (o1, g1, n1)) = (&runs[0], &runs[1]);
     println!("data gradients with the GroupNorm sums: {n0} (passes), {n1} (default)");
-    if g.wgmma_runs() == 0 {
+    if g.runs().wgmma == 0 {
         println!("skipped: conv3d_wgmma needs an sm_90 GPU ({})", name(g));
         return;
     }

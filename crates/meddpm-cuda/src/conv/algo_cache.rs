@@ -19,7 +19,7 @@ use super::desc::{
     math_of, tensor_desc, ActDesc, Algo, Dir, Plan,
 };
 use crate::buf::GpuBuf;
-use crate::choices::KernelChoices;
+use crate::choices::{KernelChoices, PathRuns};
 use crate::device::{cache_dir, cudnn_ck, Device};
 
 /// Per-backend convolution state: plans per shape and the on-disk algorithm cache.
@@ -28,6 +28,8 @@ pub(crate) struct ConvCache {
     pub(super) precision: Precision,
     /// The kernel choices (`crate::choices`): which engine or fused path runs where several can.
     pub(crate) choices: KernelChoices,
+    /// How often each of our kernel paths ran (tests read it through `CudaBackend::runs`).
+    pub(crate) runs: PathRuns,
     pub(super) plans: HashMap<ConvShape, Plan>,
     /// Forward calls per shape since the last reset (for per-layer benchmarks).
     pub(crate) fwd_calls: HashMap<ConvShape, u64>,
@@ -35,26 +37,6 @@ pub(crate) struct ConvCache {
     pub(super) pads: HashMap<ConvShape, Pad>,
     /// Per (shape, direction, accumulated): whether `conv3d_wgmma_*` timed faster than cuDNN.
     pub(super) wgmma: HashMap<(ConvShape, Dir, bool, bool), bool>,
-    /// Convolutions (forward or data gradient) `conv3d_wgmma_*` computed, timing runs aside (tests).
-    pub(crate) wgmma_runs: u64,
-    /// Of `wgmma_runs`, those with the GroupNorm+SiLU prologue (tests).
-    pub(crate) wgmma_gn_runs: u64,
-    /// Of `wgmma_runs`, the data gradients `conv3d_wgmma_dgrad2` computed (tests).
-    pub(crate) wgmma_dual_runs: u64,
-    /// Weight gradients `conv3d_wgmma_wgrad` computed, timing runs aside (tests).
-    pub(crate) wgmma_wgrad_runs: u64,
-    /// Calls of `cat_skip_stats_ndhwc` (tests).
-    pub(crate) cat_free_runs: u64,
-    /// `conv3d_wgmma_fwd_gn` calls that took their output's statistics (tests).
-    pub(crate) wgmma_ystats_runs: u64,
-    /// Calls of `gn_bwd_apply_split_skip` (tests).
-    pub(crate) skip_apply_runs: u64,
-    /// Backward passes that took the skip gradient in (tests).
-    pub(crate) res_fold_runs: u64,
-    /// Data gradients that took the sums (tests).
-    pub(crate) dgrad_gn_runs: u64,
-    /// Calls of `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up` (tests).
-    pub(crate) up_conv_runs: u64,
     /// Per (shape, direction): whether our few-channel kernel timed faster.
     pub(super) small: HashMap<(ConvShape, Dir), bool>,
     /// Per (shape, direction): whether the latest call ran our few-channel kernel; absent where
@@ -134,20 +116,11 @@ impl ConvCache {
             layout,
             precision,
             choices,
+            runs: PathRuns::default(),
             plans: HashMap::new(),
             fwd_calls: HashMap::new(),
             pads: HashMap::new(),
             wgmma: HashMap::new(),
-            wgmma_runs: 0,
-            wgmma_gn_runs: 0,
-            wgmma_dual_runs: 0,
-            wgmma_wgrad_runs: 0,
-            cat_free_runs: 0,
-            wgmma_ystats_runs: 0,
-            skip_apply_runs: 0,
-            res_fold_runs: 0,
-            dgrad_gn_runs: 0,
-            up_conv_runs: 0,
             small: HashMap::new(),
             small_used: HashMap::new(),
             identity: identity_desc(),

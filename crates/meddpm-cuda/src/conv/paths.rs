@@ -230,7 +230,7 @@ fn wgmma_forward(
         cache.choices.wgmma_reuse,
         T_WPF,
     );
-    cache.wgmma_runs += 1;
+    cache.runs.wgmma += 1;
     true
 }
 
@@ -316,10 +316,10 @@ pub(crate) fn gn_wgmma_forward(
     if let (Some((ym, yr, yoff, yg)), Some(part)) = (ystats, part) {
         let od = cs.out();
         crate::groupnorm::finalize_stats_counted(dev, dev.ptr(&*part), yoff, (ym, yr), od, yg, items / x.n);
-        cache.wgmma_ystats_runs += 1;
+        cache.runs.conv_stats += 1;
     }
-    cache.wgmma_runs += 1;
-    cache.wgmma_gn_runs += 1;
+    cache.runs.wgmma += 1;
+    cache.runs.wgmma_gn += 1;
 }
 
 /// Where [`gn_wgmma_forward`] also takes the GroupNorm statistics of its output (+ an offset):
@@ -382,7 +382,7 @@ pub(super) fn weight_grad(
     } else if wgmma_wgrad_chosen(dev, cache, cs, xp, dyp) {
         let tf32 = cache.precision == Precision::Tf32;
         wgmma::wgrad(dev, (xp, dyp, dev.ptr_mut(dw)), cs.x, cs.cout, tf32);
-        cache.wgmma_wgrad_runs += 1;
+        cache.runs.wgmma_wgrad += 1;
     } else {
         cudnn_wgrad(dev, cache, dev.ptr_mut(dw), xp, dyp, cs);
     }
@@ -441,8 +441,8 @@ pub(crate) fn backward_data_gn(
                 s.dys = 0;
             }
             wgmma::run_dgrad_gnb(dev, (dyp, wp, dev.ptr_mut(dx)), wbf, yd, ci, reuse, T_WPD, s);
-            cache.wgmma_runs += 1;
-            cache.dgrad_gn_runs += 1;
+            cache.runs.wgmma += 1;
+            cache.runs.dgrad_gn += 1;
             return (true, s.dys != 0);
         }
     }
@@ -478,9 +478,9 @@ fn data_grad(
             let (ptrs, modes) =
                 ((dyp, wp, 0, dev.ptr_mut(dx), 0), (cache.choices.wgmma_reuse, cache.choices.wgmma_dual));
             if wgmma::run_dgrad(dev, ptrs, wbf, yd, cs.x.c, acc, modes, T_WPD) {
-                cache.wgmma_dual_runs += 1;
+                cache.runs.wgmma_dual += 1;
             }
-            cache.wgmma_runs += 1;
+            cache.runs.wgmma += 1;
             return;
         }
     }

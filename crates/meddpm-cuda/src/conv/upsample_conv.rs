@@ -56,8 +56,8 @@ pub(crate) fn upsample_forward(
             *cache.fwd_calls.entry(cs).or_insert(0) += 1;
             let ptrs = (xp, wp, b.map_or(0, |b| dev.ptr(b)), dev.ptr_mut(out));
             wgmma::run_up(dev, ptrs, wbf, cs.x, cs.cout, reuse, T_WPF);
-            cache.wgmma_runs += 1;
-            cache.up_conv_runs += 1;
+            cache.runs.wgmma += 1;
+            cache.runs.up_conv += 1;
             return;
         }
     }
@@ -114,8 +114,8 @@ pub(crate) fn upsample_backward(
         if ours {
             bias_grad(dev, db, dout, yd, cache.layout);
             wgmma::run_dgrad_up(dev, (dyp, wp, dev.ptr_mut(du)), wbf, yd, cs.x.c, (xp, up), T_WPD);
-            cache.wgmma_runs += 1;
-            cache.up_conv_runs += 1;
+            cache.runs.wgmma += 1;
+            cache.runs.up_conv += 1;
             weight_grad(dev, cache, dw, up, dyp, cs, (cache.layout, cache.mma_on()));
             return;
         }

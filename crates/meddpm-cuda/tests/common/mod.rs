@@ -294,11 +294,11 @@ pub fn check_res_fold(
         let mut outs = Vec::new();
         for fold in [true, false] {
             g.set_choices(|c| c.res_fold = fold);
-            let runs = g.res_fold_runs();
+            let runs = g.runs().res_fold;
             let (mut dx, mut a, mut dg, mut db) = (up(dx0), up(dy), upr(dg0), upr(db0));
             let d = (&mut dx, mode);
             g.groupnorm_silu_backward_act_res(d, &rg, &mut a, (&mut dg, &mut db), &dyg, &xg, None, ms, gb, x, groups);
-            assert_eq!(g.res_fold_runs() - runs, fold as u64, "{tag} {mode:?}: the folded path ran {fold}");
+            assert_eq!(g.runs().res_fold - runs, fold as u64, "{tag} {mode:?}: the folded path ran {fold}");
             outs.push((down(&dx), down(&a), downr(&dg), downr(&db)));
         }
         g.set_choices(|c| c.res_fold = true);
