@@ -177,6 +177,8 @@ pub struct Row {
     /// on the CPU or without NVML): `meddpm::analysis::power`.
     pub train_power: Option<PowerSummary>,
     pub fwd_power: Option<PowerSummary>,
+    /// The CUDA backend's kernel choices in force (none on the CPU).
+    pub kernel_choices: Option<meddpm_cuda::KernelChoices>,
 }
 
 #[derive(Serialize)]
@@ -492,10 +494,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     let mut r = {
                         let be = meddpm_cuda::CudaBackend::new(a.gpu, pr, la)?;
                         be.set_graphs(!a.no_graphs);
-                        eprintln!("bench: {}", be.describe());
+                        eprintln!("bench: {}\nbench: kernel choices\n{}", be.describe(), be.choices());
                         let mem = || Some(be.mem_info()).filter(|m| m.1 > 0);
                         let meter = || be.power_monitor(READ_EVERY);
-                        measure(&be, &cfg, a, &mem, &meter).with_context(|| format!("{} {}", p.name(), l.name()))?
+                        let r = measure(&be, &cfg, a, &mem, &meter)
+                            .with_context(|| format!("{} {}", p.name(), l.name()))?;
+                        Row { kernel_choices: Some(be.choices()), ..r }
                     };
                     r.device = format!("cuda:{}", a.gpu);
                     r.precision = p.name().into();

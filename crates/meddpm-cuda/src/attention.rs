@@ -15,7 +15,7 @@
 //! - f32: the GEMMs are f32 (TF32 when the precision says so); bf16 qkv, out, dout and dqkv (only
 //!   in tests) are converted to and from f32 temporaries around the core.
 
-use meddpm::{DType, Dims};
+use meddpm::{DType, Dims, Layout};
 
 use crate::buf::GpuBuf;
 use crate::device::{Arg::*, Device};
@@ -30,7 +30,8 @@ struct Views {
 }
 
 /// Matrix views of sample n's heads (batch over heads).
-fn views(qkv: u64, out: u64, att: u64, x: Dims, heads: usize, n: usize, cl: bool, dt: DType) -> Views {
+fn views(qkv: u64, out: u64, att: u64, x: Dims, heads: usize, n: usize, layout: Layout, dt: DType) -> Views {
+    let cl = layout == Layout::Ndhwc;
     let (cc, t) = (x.c, x.s());
     let c = cc / heads;
     let f = dt.bytes() as u64; // bytes per element
@@ -124,7 +125,15 @@ fn require_bf16(what: &str, bufs: &[&GpuBuf]) {
     );
 }
 
-pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, att: &mut GpuBuf, qkv: &GpuBuf, x: Dims, heads: usize, cl: bool) {
+pub(crate) fn forward(
+    dev: &Device,
+    out: &mut GpuBuf,
+    att: &mut GpuBuf,
+    qkv: &GpuBuf,
+    x: Dims,
+    heads: usize,
+    layout: Layout,
+) {
     check(x, heads, out.len(), att.len(), qkv.len());
     let (c, t) = (x.c / heads, x.s());
     let scale2 = 1.0 / (c as f32).sqrt();
@@ -136,12 +145,12 @@ pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, att: &mut GpuBuf, qkv: &Gp
         (f32_out(dev, out, 1), dev.ptr_mut(att), f32_in(dev, qkv, 0))
     };
     for n in 0..x.n {
-        let m = views(qp, op_, ap, x, heads, n, cl, dt);
+        let m = views(qp, op_, ap, x, heads, n, layout, dt);
         gemm_typed(dev, (t, t, c), scale2, m.q.tr(), m.k, 0.0, m.att, heads, dt);
     }
     softmax(dev, ap, None, x.n * heads * t, t, dt);
     for n in 0..x.n {
-        let m = views(qp, op_, ap, x, heads, n, cl, dt);
+        let m = views(qp, op_, ap, x, heads, n, layout, dt);
         gemm_typed(dev, (c, t, t), 1.0, m.v, m.att.tr(), 0.0, m.o, heads, dt);
     }
     if dt != DType::Bf16 {
@@ -159,7 +168,7 @@ pub(crate) fn backward(
     att: &GpuBuf,
     x: Dims,
     heads: usize,
-    cl: bool,
+    layout: Layout,
 ) {
     check(x, heads, dout.len(), att.len(), qkv.len());
     assert!(dqkv.len() == qkv.len() && datt.len() == att.len(), "attention backward {x}: dqkv/datt lengths");
@@ -174,15 +183,15 @@ pub(crate) fn backward(
         (f32_out(dev, dqkv, 2), dev.ptr_mut(datt), dev.ptr(att), f32_in(dev, dout, 1), f32_in(dev, qkv, 0))
     };
     for n in 0..x.n {
-        let f = views(qp, dop, ap, x, heads, n, cl, dt); // q, k, v, dout, att
-        let g = views(dq, dop, dap, x, heads, n, cl, dt); // dq, dk, dv, -, datt
+        let f = views(qp, dop, ap, x, heads, n, layout, dt); // q, k, v, dout, att
+        let g = views(dq, dop, dap, x, heads, n, layout, dt); // dq, dk, dv, -, datt
         gemm_typed(dev, (c, t, t), 1.0, f.o, f.att, 0.0, g.v, heads, dt); // dV = dOut·att
         gemm_typed(dev, (t, t, c), 1.0, f.o.tr(), f.v, 0.0, g.att, heads, dt); // datt = dOutᵀ·V
     }
     softmax(dev, dap, Some(ap), x.n * heads * t, t, dt);
     for n in 0..x.n {
-        let f = views(qp, dop, ap, x, heads, n, cl, dt);
-        let g = views(dq, dop, dap, x, heads, n, cl, dt);
+        let f = views(qp, dop, ap, x, heads, n, layout, dt);
+        let g = views(dq, dop, dap, x, heads, n, layout, dt);
         gemm_typed(dev, (c, t, t), scale2, f.k, g.att.tr(), 0.0, g.q, heads, dt); // dQ = s²·K·dSᵀ
         gemm_typed(dev, (c, t, t), scale2, f.q, g.att, 0.0, g.k, heads, dt); // dK = s²·Q·dS
     }

@@ -12,7 +12,41 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use meddpm::backend::round_bf16;
-use meddpm::DType;
+use meddpm::{DType, Layout};
+
+/// The layout and element type of an activation as our launchers see it: what travels between
+/// them in place of a `(cl: bool, bf: i32)` pair. Kernels still take both as `int` flags; a launch
+/// converts with [`Mode::cl`] and [`Mode::bf_flag`] (the same 0/1 values as before).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mode {
+    pub layout: Layout,
+    pub dtype: DType,
+}
+
+impl Mode {
+    pub(crate) fn new(layout: Layout, dtype: DType) -> Mode {
+        Mode { layout, dtype }
+    }
+
+    /// From a launcher's flags: NDHWC where `cl`, bf16 where `bf` is 1 (else f32).
+    pub(crate) fn from_flags(cl: bool, bf: i32) -> Mode {
+        debug_assert!(bf == 0 || bf == 1, "bf16 flag {bf}");
+        Mode {
+            layout: if cl { Layout::Ndhwc } else { Layout::Ncdhw },
+            dtype: if bf == 1 { DType::Bf16 } else { DType::F32 },
+        }
+    }
+
+    /// Channels last (NDHWC): the kernels' `cl` flag.
+    pub(crate) fn cl(self) -> bool {
+        self.layout == Layout::Ndhwc
+    }
+
+    /// The kernels' `bf` flag: 1 where the activation is bf16, else 0.
+    pub(crate) fn bf_flag(self) -> i32 {
+        (self.dtype == DType::Bf16) as i32
+    }
+}
 
 /// Device memory of `len` elements of type `dtype`.
 pub struct GpuBuf {

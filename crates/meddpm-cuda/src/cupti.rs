@@ -1,5 +1,4 @@
-//! In-process GPU kernel timeline through CUPTI's Activity API (issue 4; facts in
-//! `../shared/docs/peers.md` §D.3 and `gpu-machine.md`): a safe wrapper that enables
+//! In-process GPU kernel timeline through CUPTI's Activity API: a safe wrapper that enables
 //! `CONCURRENT_KERNEL` (plus `MEMCPY`, `MEMSET`), hands CUPTI 8 MiB buffers, flushes them, and
 //! returns one [`Activity`] per kernel / copy / fill with its mangled name (demangled by
 //! [`Activity::to_record`]), GPU start/end (ns), grid, block, registers, static + dynamic shared

@@ -14,12 +14,14 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::cublas::sys as bsys;
 use cudarc::cudnn::sys as nsys;
 use cudarc::driver::{result as dres, sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream};
 use cudarc::nvrtc::sys as rsys;
+use meddpm::analysis::kernels::OUR_KERNELS;
 use meddpm::{DType, Error, Result};
 
 use crate::buf::{DevMem, GpuBuf};
@@ -53,103 +55,6 @@ pub(crate) const KERNEL_UNITS: &[&[(&str, &str)]] = &[
 
 /// Bytes of the workspace given to cuBLAS.
 const BLAS_WS: usize = 32 << 20;
-
-/// Every `extern "C"` kernel in [`KERNEL_SOURCES`].
-pub(crate) const KERNEL_NAMES: &[&str] = &[
-    "chan_stats_ncdhw",
-    "chan_stats_ndhwc1",
-    "chan_stats_ndhwc4",
-    "chan_stats_ndhwc8",
-    "chan_gnbwd_ncdhw",
-    "chan_gnbwd_ndhwc1",
-    "chan_gnbwd_ndhwc4",
-    "chan_gnbwd_ndhwc8",
-    "chan_gnbwd3_ndhwc1",
-    "chan_gnbwd3_ndhwc4",
-    "chan_gnbwd3_ndhwc8",
-    "chan_gnbwd_cat_ndhwc4",
-    "chan_gnbwd_cat_ndhwc8",
-    "concat_stats_ndhwc",
-    "cat_skip_stats_ndhwc",
-    "chan_sum_ncdhw",
-    "chan_sum_ndhwc1",
-    "chan_sum_ndhwc4",
-    "chan_sum_ndhwc8",
-    "chan_sum_finalize",
-    "gn_stats_finalize",
-    "gn_apply",
-    "gn_bwd_finalize",
-    "gn_bwd_apply",
-    "gn_bwd_apply_split",
-    "gn_bwd_apply_split_skip",
-    "silu_fwd",
-    "silu_bwd",
-    "add_assign",
-    "scale_buf",
-    "add_channel_bias",
-    "concat_channels",
-    "rank1_add",
-    "split_channels",
-    "pad_nc",
-    "unpad_c_bias",
-    "rows_sum_accum",
-    "linear_rows_fwd",
-    "linear_rows_bwd",
-    "softmax_rows",
-    "softmax_bwd_rows",
-    "softmax_rows4",
-    "softmax_bwd_rows4",
-    "upsample_fwd",
-    "upsample_bwd",
-    "upsample_fwd_cl",
-    "upsample_bwd_cl",
-    "upsample_fwd_quad",
-    "upsample_bwd_rows",
-    "loss_partial",
-    "loss_final",
-    "loss_bwd",
-    "randn",
-    "q_sample",
-    "q_sample_input",
-    "ddpm_step",
-    "sampler_step",
-    "adam_step",
-    "ema_update",
-    "cast_buf",
-    "adam_multi",
-    "ema_multi",
-    "cast_multi",
-    "add_multi",
-    "conv3d_wgrad_small1",
-    "conv3d_wgrad_small2",
-    "conv3d_wgrad_small3",
-    "conv3d_wgrad_small4",
-    "conv3d_wgrad_small_finalize",
-    "conv3d_fwd_small_cin",
-    "conv3d_fwd_small_cout1",
-    "conv3d_small_cout_taps",
-    "conv3d_fwd_small_cout4",
-    "conv3d_dgrad_small_cout",
-    "conv3d_fwd_small_cin_mma",
-    "conv3d_dgrad_small_cout_mma",
-    "conv3d_wgrad_small1_mma",
-    "conv3d_wgrad_small4_mma",
-    "conv3d_wgrad_small_cin_mma",
-    "conv3d_small_cout_wfrag",
-    "conv3d_fwd_small_cout_mma",
-    "conv3d_fwd_gn_small_cout",
-    "conv3d_wgmma_fwd",
-    "conv3d_wgmma_fwd_gn",
-    "conv3d_wgmma_fwd_up",
-    "conv3d_wgmma_dgrad_up",
-    "conv3d_wgmma_dgrad",
-    "conv3d_wgmma_dgrad2",
-    "conv3d_wgmma_dgrad_gnb",
-    "conv3d_wgmma_pack",
-    "conv3d_wgmma_wgrad",
-    "conv3d_wgmma_wgrad_tf32",
-    "conv3d_wgmma_wgrad_sum",
-];
 
 /// One kernel argument. Pointers are raw device addresses; `Raw` passes a `#[repr(C)]` struct by
 /// value (the kernel reads `size_of` bytes from it).
@@ -244,7 +149,7 @@ pub(crate) struct FinWs {
 /// Check a cuDNN status. A failure's message carries cuDNN's own account of it where the library
 /// keeps one (`cudnnGetLastErrorString`, cuDNN 9): for `..._EXECUTION_FAILED_CUDART` it names the
 /// CUDA call that failed inside cuDNN and its error (an intermittent one in the parity tests, with
-/// four test threads, is not yet explained: `docs/perf/h200-2026-12-03o/README.md`).
+/// four test threads, is not yet explained).
 pub(crate) fn cudnn_ck(st: nsys::cudnnStatus_t, what: &str) -> std::result::Result<(), String> {
     if st == nsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
         return Ok(());
@@ -392,7 +297,7 @@ fn compile_unit(arch: &str, i: usize, unit: &[(&str, &str)]) -> std::result::Res
 }
 
 /// A hash of our kernels' sources and the NVRTC version: names the compiled cubins on disk, and
-/// keys the timed kernel-vs-cuDNN choices kept there (conv3d.rs), so a changed kernel is compiled
+/// keys the timed kernel-vs-cuDNN choices kept there (conv/algo_cache.rs), so a changed kernel is compiled
 /// and timed again.
 pub(crate) fn sources_key() -> u64 {
     use std::hash::{Hash, Hasher};
@@ -417,7 +322,7 @@ fn cubin_for(arch: &str) -> std::result::Result<Vec<Vec<u8>>, String> {
     if let Some(b) = c.get(arch) {
         return Ok(b.clone());
     }
-    let file = crate::conv3d::cache_dir().map(|d| {
+    let file = cache_dir().map(|d| {
         let key = sources_key();
         (0..KERNEL_UNITS.len()).map(|i| d.join(format!("kernels-{arch}-{key:016x}-{i}.cubin"))).collect::<Vec<_>>()
     });
@@ -513,7 +418,8 @@ impl Device {
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| format!("loading the meddpm kernels ({arch}): {e}"))?;
         let mut funcs = HashMap::new();
-        for &k in KERNEL_NAMES {
+        // the kernel list is the profiler's table (one source: a kernel's name and category)
+        for &(k, _) in OUR_KERNELS {
             let f = modules
                 .iter()
                 .find_map(|m| m.load_function(k).ok())
@@ -711,6 +617,35 @@ impl Device {
     }
 }
 
+/// Library files mapped into this process whose name contains one of `needles`, resolved.
+pub fn loaded_library_files(needles: &[&str]) -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut out: Vec<String> = Vec::new();
+    for line in maps.lines() {
+        if let Some(path) = line.split_whitespace().nth(5) {
+            let file = path.rsplit('/').next().unwrap_or("");
+            if needles.iter().any(|n| file.starts_with(n)) && !out.iter().any(|o| o == path) {
+                out.push(path.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Where meddpm-cuda keeps its caches (cuDNN algorithms, compiled kernels); None when disabled.
+pub(crate) fn cache_dir() -> Option<PathBuf> {
+    if std::env::var("MEDDPM_CUDNN_CACHE").map(|v| v == "0").unwrap_or(false) {
+        return None;
+    }
+    if let Ok(d) = std::env::var("MEDDPM_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Ok(d) = std::env::var("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("meddpm"));
+    }
+    std::env::var("HOME").ok().map(|h| PathBuf::from(h).join(".cache").join("meddpm"))
+}
+
 #[cfg(test)]
 mod tests {
     /// Pre-Ampere devices get a clear message (the kernels do not compile for sm_75: ptxas rejects
@@ -725,23 +660,36 @@ mod tests {
         }
     }
 
-    /// The profiler's exact-name table (`meddpm::analysis::kernels::OUR_KERNELS`) must list every
-    /// kernel this crate compiles, and nothing else, so no kernel of ours lands in "other".
+    /// Every kernel of the list the backend loads (`OUR_KERNELS`) is defined in the sources: its
+    /// name occurs there, or it is an instance of a macro's template (`chan_stats_ndhwc##V`), and
+    /// the profiler gives it its own category, never "other".
     #[test]
-    fn every_kernel_has_a_profiler_category() {
-        use meddpm::analysis::kernels::{classify, Category, OUR_KERNELS};
-        let mut ours: Vec<&str> = super::KERNEL_NAMES.to_vec();
-        let mut table: Vec<&str> = OUR_KERNELS.iter().map(|(n, _)| *n).collect();
-        ours.sort_unstable();
-        table.sort_unstable();
-        assert_eq!(ours, table, "KERNEL_NAMES and OUR_KERNELS differ");
-        for k in super::KERNEL_NAMES {
-            assert_ne!(classify(k), Category::Other, "{k}");
+    fn every_listed_kernel_is_in_the_sources_with_a_category() {
+        use meddpm::analysis::kernels::{classify, Category};
+        let text: String = super::KERNEL_UNITS.iter().flat_map(|u| u.iter().map(|(_, s)| *s)).collect();
+        let templates: Vec<&str> = text
+            .split("extern \"C\" __global__ void ")
+            .skip(1)
+            .filter_map(|part| {
+                // an optional __launch_bounds__(…) comes before the name, maybe a macro too
+                let rest = match part.strip_prefix("__launch_bounds__(") {
+                    Some(r) => r.split_once(')')?.1,
+                    None => part,
+                };
+                rest.split('(').next()?.split_whitespace().last()?.split_once("##").map(|(base, _)| base)
+            })
+            .collect();
+        assert!(templates.contains(&"chan_stats_ndhwc"), "{templates:?}");
+        for &(k, c) in super::OUR_KERNELS {
+            let found = text.contains(k) || templates.iter().any(|t| k.starts_with(t));
+            assert!(found, "{k} is listed but defined in no kernel source");
+            assert_ne!(c, Category::Other, "{k}");
+            assert_eq!(classify(k), c, "{k}");
         }
     }
 
     /// Every `extern "C"` kernel written out in the sources (not generated by a macro) is in
-    /// KERNEL_NAMES, what the backend loads by name: one left out fails only at its first launch,
+    /// `OUR_KERNELS`, what the backend loads by name: one left out fails only at its first launch,
     /// on a GPU.
     #[test]
     fn the_sources_entry_points_are_in_kernel_names() {
@@ -758,7 +706,10 @@ mod tests {
                     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                         continue; // a macro's template (its instances are listed by hand)
                     }
-                    assert!(super::KERNEL_NAMES.contains(&name), "{file}: kernel {name} is not in KERNEL_NAMES");
+                    assert!(
+                        super::OUR_KERNELS.iter().any(|(k, _)| *k == name),
+                        "{file}: kernel {name} is not in OUR_KERNELS"
+                    );
                     found += 1;
                 }
             }

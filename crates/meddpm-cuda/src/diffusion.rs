@@ -6,7 +6,7 @@
 
 use meddpm::backend::DdpmCoefs;
 use meddpm::rng::Philox;
-use meddpm::Dims;
+use meddpm::{Dims, Layout};
 
 use crate::buf::{require_f32, GpuBuf};
 use crate::device::{Arg::*, Device};
@@ -34,7 +34,8 @@ struct DdpmCoef {
     v: [f32; PER_LAUNCH * 5],
 }
 
-pub(crate) fn randn(dev: &Device, out: &mut GpuBuf, rng: Philox, offset: u64, x: Dims, cl: bool) {
+pub(crate) fn randn(dev: &Device, out: &mut GpuBuf, rng: Philox, offset: u64, x: Dims, layout: Layout) {
+    let cl = layout == Layout::Ndhwc;
     assert_eq!(out.len(), x.numel(), "randn {x}: buffer length");
     require_f32("randn", &[out]);
     dev.launch1(
@@ -98,8 +99,9 @@ pub(crate) fn q_sample_input(
     (a, b): (&[f32], &[f32]),
     x: Dims,
     cc: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     let (ci, s) = (x.c, x.s());
     assert!(
         input.len() == x.with_c(ci + cc).numel()

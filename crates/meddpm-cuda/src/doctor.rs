@@ -1,31 +1,17 @@
 //! `meddpm doctor`: which GPU, driver and libraries this process would use, and where each library
-//! file was found, with versions. The cuDNN trap (docs: ../shared/docs/gpu-machine.md): a system
+//! file was found, with versions. The cuDNN trap: a system
 //! folder may hold an old cuDNN under the unversioned name `libcudnn.so`, which cudarc's loader
 //! tries first; this report shows the file actually mapped into the process and warns when its
 //! version has known wrong-result bugs for TF32 / bf16 3-D convolutions.
 
 use std::fmt::Write;
 
+use crate::choices::KernelChoices;
 use crate::device::{library_presence, no_panic, Device};
 
 /// Oldest cuDNN the backend accepts for TF32 3-D convolutions (9.10.2–9.15 have known wrong-result
 /// bugs for some TF32 3-D convs, 9.8–9.14 for bf16 ones; PyTorch re-enabled them from 9.15).
 pub const MIN_CUDNN_TF32: usize = 91500;
-
-/// Library files mapped into this process whose name contains one of `needles`, resolved.
-pub fn loaded_library_files(needles: &[&str]) -> Vec<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut out: Vec<String> = Vec::new();
-    for line in maps.lines() {
-        if let Some(path) = line.split_whitespace().nth(5) {
-            let file = path.rsplit('/').next().unwrap_or("");
-            if needles.iter().any(|n| file.starts_with(n)) && !out.iter().any(|o| o == path) {
-                out.push(path.to_string());
-            }
-        }
-    }
-    out
-}
 
 /// Files named like `prefix*` in the LD_LIBRARY_PATH folders (for libraries we do not load, e.g. NCCL).
 fn find_on_library_path(prefix: &str) -> Vec<String> {
@@ -56,6 +42,7 @@ pub fn doctor() -> String {
     for (name, ok) in library_presence() {
         let _ = writeln!(r, "  {name:14} {}", if ok { "found" } else { "NOT FOUND" });
     }
+    let _ = write!(r, "kernel choices (environment; crates/meddpm-cuda/src/choices.rs):\n{}", KernelChoices::env());
     match Device::new(0) {
         Err(e) => {
             let _ = writeln!(r, "device: {e}");
@@ -95,7 +82,14 @@ pub fn doctor() -> String {
         }
     }
     let _ = writeln!(r, "library files mapped into this process:");
-    for f in loaded_library_files(&["libcuda.", "libcudnn", "libcublas", "libnvrtc", "libcupti", "libnvidia-ptxjit"]) {
+    for f in crate::device::loaded_library_files(&[
+        "libcuda.",
+        "libcudnn",
+        "libcublas",
+        "libnvrtc",
+        "libcupti",
+        "libnvidia-ptxjit",
+    ]) {
         let real = std::fs::canonicalize(&f).map(|p| p.display().to_string()).unwrap_or_default();
         if real.is_empty() || real == f {
             let _ = writeln!(r, "  {f}");
@@ -106,8 +100,8 @@ pub fn doctor() -> String {
     // cuBLAS and cuBLASLt must come from one release: libcublas.so (unversioned, e.g. from
     // /usr/local/cuda) pulls libcublasLt.so.13 from whichever folder comes first.
     let dir = |f: &str| std::path::Path::new(f).parent().map(|d| d.to_path_buf());
-    let blas = loaded_library_files(&["libcublas."]);
-    let lt = loaded_library_files(&["libcublasLt."]);
+    let blas = crate::device::loaded_library_files(&["libcublas."]);
+    let lt = crate::device::loaded_library_files(&["libcublasLt."]);
     if let (Some(b), Some(l)) = (blas.first(), lt.first()) {
         if dir(b) != dir(l) {
             let _ = writeln!(

@@ -3,9 +3,9 @@
 //! whole volume (kernels/reduce.cu) that channel_sum and the conv bias gradient share.
 //! Semantics: `Backend` docs in crates/meddpm/src/backend.rs; CPU twin cpu/elementwise.rs.
 
-use meddpm::{Accum, Dims};
+use meddpm::{Accum, Dims, Layout};
 
-use crate::buf::{require_f32, GpuBuf};
+use crate::buf::{require_f32, GpuBuf, Mode};
 use crate::device::{Arg::*, Device};
 
 /// NDHWC partial kernels give each of 256 threads 4 (f32) or 8 (bf16) channels, or 1 when C is not
@@ -42,14 +42,16 @@ pub(crate) fn vec_width(bf: i32, fits: impl Fn(usize) -> bool) -> usize {
 
 /// Vector width of a channel-constant traversal (kernels/common.cu `Row`) of an activation:
 /// NDHWC needs C % V == 0 (at most 1024 lanes), NCDHW S % V == 0.
-pub(crate) fn row_vec(x: Dims, cl: bool, bf: i32) -> usize {
-    vec_width(bf, |v| if cl { x.c.is_multiple_of(v) && x.c / v <= 1024 } else { x.s().is_multiple_of(v) })
+pub(crate) fn row_vec(x: Dims, mode: Mode) -> usize {
+    let cl = mode.cl();
+    vec_width(mode.bf_flag(), |v| if cl { x.c.is_multiple_of(v) && x.c / v <= 1024 } else { x.s().is_multiple_of(v) })
 }
 
 /// Grid and block of a channel-constant traversal (kernels/common.cu `Row`) of an activation with
 /// V elements per access: NDHWC grid (gx, N) with a block that is a multiple of lanes = C / V;
 /// NCDHW grid (gx, N·C) of 256-thread blocks. gx fills the GPU about 8 blocks per SM deep.
-pub(crate) fn row_launch(dev: &Device, x: Dims, v: usize, cl: bool) -> ((u32, u32, u32), (u32, u32, u32)) {
+pub(crate) fn row_launch(dev: &Device, x: Dims, v: usize, layout: Layout) -> ((u32, u32, u32), (u32, u32, u32)) {
+    let cl = layout == Layout::Ndhwc;
     let target = dev.info.sms as usize * 8;
     if cl {
         let lanes = x.c / v;
@@ -68,7 +70,8 @@ pub(crate) fn row_launch(dev: &Device, x: Dims, v: usize, cl: bool) -> ((u32, u3
 
 /// How the voxels of one (n, c) are cut into chunks for the stage-1 reductions:
 /// (voxels per chunk, number of chunks).
-pub(crate) fn chunking(x: Dims, cl: bool) -> (usize, usize) {
+pub(crate) fn chunking(x: Dims, layout: Layout) -> (usize, usize) {
+    let cl = layout == Layout::Ndhwc;
     // At most ~1024 chunks per sample (NDHWC; 256 per channel in NCDHW): one or two waves of
     // blocks on a large GPU with long enough loops, and few partials, so the one-block-per-group
     // finalisers stay short (with 16K-element chunks a 128³ × 128-channel finaliser combined 16K
@@ -99,17 +102,9 @@ pub(crate) enum Partial {
 /// `lead` are the kernel's leading pointer arguments (activations of the type `bf` says);
 /// partials go to `part`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_partial(
-    dev: &Device,
-    kind: Partial,
-    x: Dims,
-    groups: usize,
-    cl: bool,
-    lead: &[u64],
-    part: u64,
-    bf: i32,
-) {
-    let (len, nchunks) = chunking(x, cl);
+pub(crate) fn launch_partial(dev: &Device, kind: Partial, x: Dims, groups: usize, mode: Mode, lead: &[u64], part: u64) {
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
+    let (len, nchunks) = chunking(x, mode.layout);
     let mut a = [P(0); 20];
     let mut k = 0;
     for &p in lead {
@@ -170,12 +165,13 @@ pub(crate) enum SumTo {
 }
 
 /// Per-channel sums of `src` (shape x) over the voxels, parallel over the whole volume.
-pub(crate) fn channel_sums(dev: &Device, src: &GpuBuf, x: Dims, cl: bool, to: SumTo) {
+pub(crate) fn channel_sums(dev: &Device, src: &GpuBuf, x: Dims, layout: Layout, to: SumTo) {
+    let cl = layout == Layout::Ndhwc;
     assert_eq!(src.len(), x.numel(), "channel sums over {x}: buffer length");
-    let (_, nchunks) = chunking(x, cl);
+    let (_, nchunks) = chunking(x, layout);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
     let pp = dev.ptr(&*part);
-    launch_partial(dev, Partial::Sum, x, 1, cl, &[dev.ptr(src)], pp, src.bf());
+    launch_partial(dev, Partial::Sum, x, 1, Mode::from_flags(cl, src.bf()), &[dev.ptr(src)], pp);
     let (out, over_n, accum) = match to {
         SumTo::PerSample(p) => (p, 0, 0),
         SumTo::AccumOverN(p) => (p, 1, 1),
@@ -214,30 +210,29 @@ pub(crate) fn scale(dev: &Device, buf: &mut GpuBuf, s: f32) {
     dev.launch1("scale_buf", n, &[P(dev.ptr_mut(buf)), F(s), L(n as i64), I(bf)]);
 }
 
-/// x[n, c, ...] += bias[n, c] (per_n) or bias[c]; x of the type `bf` says, bias f32.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn add_channel_bias(dev: &Device, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool, bf: i32) {
-    add_channel_bias_to(dev, x, x, bias, xd, cl, per_n, bf);
+/// x[n, c, ...] += bias[n, c] (per_n) or bias[c]; x in `mode`, bias f32.
+pub(crate) fn add_channel_bias(dev: &Device, x: u64, bias: u64, xd: Dims, mode: Mode, per_n: bool) {
+    add_channel_bias_to(dev, x, x, bias, xd, mode, per_n);
 }
 
-/// y[n, c, ...] = x[n, c, ...] + bias[n, c] (per_n) or bias[c]; y may be x; x and y of the type
-/// `bf` says, bias f32.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn add_channel_bias_to(dev: &Device, y: u64, x: u64, bias: u64, xd: Dims, cl: bool, per_n: bool, bf: i32) {
+/// y[n, c, ...] = x[n, c, ...] + bias[n, c] (per_n) or bias[c]; y may be x; x and y in `mode`,
+/// bias f32.
+pub(crate) fn add_channel_bias_to(dev: &Device, y: u64, x: u64, bias: u64, xd: Dims, mode: Mode, per_n: bool) {
     if xd.numel() == 0 {
         return;
     }
-    let v = row_vec(xd, cl, bf);
-    let (grid, block) = row_launch(dev, xd, v, cl);
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
+    let v = row_vec(xd, mode);
+    let (grid, block) = row_launch(dev, xd, v, mode.layout);
     let args =
         [P(y), P(x), P(bias), I(xd.c as i32), L(xd.s() as i64), I(cl as i32), I(per_n as i32), I(bf), I(v as i32)];
     dev.launch("add_channel_bias", grid, block, &args);
 }
 
 /// Vector width for concat/split: NDHWC needs both parts' channel counts divisible.
-fn cat_vec(x: Dims, ca: usize, cb: usize, cl: bool, bf: i32) -> usize {
-    vec_width(bf, |v| {
-        if cl {
+fn cat_vec(x: Dims, ca: usize, cb: usize, mode: Mode) -> usize {
+    vec_width(mode.bf_flag(), |v| {
+        if mode.cl() {
             ca.is_multiple_of(v) && cb.is_multiple_of(v) && (ca + cb) / v <= 1024
         } else {
             x.s().is_multiple_of(v)
@@ -283,12 +278,13 @@ pub(crate) fn concat(
     x: Dims,
     ca: usize,
     cb: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     let od = x.with_c(ca + cb);
     let bf = check_concat("concat_channels", out, a, a_bias, b, x, ca, cb);
-    let v = cat_vec(x, ca, cb, cl, bf);
-    let (grid, block) = row_launch(dev, od, v, cl);
+    let v = cat_vec(x, ca, cb, Mode::from_flags(cl, bf));
+    let (grid, block) = row_launch(dev, od, v, layout);
     let args = [
         P(dev.ptr_mut(out)),
         P(dev.ptr(a)),
@@ -313,16 +309,17 @@ pub(crate) fn split(
     x: Dims,
     ca: usize,
     cb: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     let od = x.with_c(ca + cb);
     assert!(
         dout.len() == od.numel() && da.0.len() == x.with_c(ca).numel() && db.0.len() == x.with_c(cb).numel(),
         "split_channels {x} ca {ca} cb {cb}: lengths"
     );
     let bf = same_bf("split_channels", &[da.0, db.0, dout]);
-    let v = cat_vec(x, ca, cb, cl, bf);
-    let (grid, block) = row_launch(dev, od, v, cl);
+    let v = cat_vec(x, ca, cb, Mode::from_flags(cl, bf));
+    let (grid, block) = row_launch(dev, od, v, layout);
     let args = [
         P(dev.ptr_mut(da.0)),
         P(dev.ptr_mut(db.0)),

@@ -13,9 +13,9 @@
 //! a pass that adds it (kernels/groupnorm.cu). `backward` can also give the channel sums of dx
 //! from the backward's own stage-1 sums (the ResBlock's time-embedding bias gradient, no pass).
 
-use meddpm::{Accum, Dims};
+use meddpm::{Accum, DType, Dims, Layout};
 
-use crate::buf::{require_f32, GpuBuf};
+use crate::buf::{require_f32, GpuBuf, Mode};
 use crate::device::{Arg::*, Device};
 use crate::elementwise::{check_concat, chunking, launch_partial, ndhwc_vec, row_launch, row_vec, same_bf, Partial};
 
@@ -35,8 +35,9 @@ pub(crate) fn forward(
     beta: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), gamma.len(), mean.len());
     let outs: Vec<&GpuBuf> = out.iter().map(|b| &**b).chain(act.iter().map(|b| &**b)).collect();
     assert!(!outs.is_empty() && outs.iter().all(|b| b.len() == x.numel()), "groupnorm {x}: output lengths");
@@ -45,7 +46,7 @@ pub(crate) fn forward(
     let op_ = out.map(|o| dev.ptr_mut(o)).unwrap_or(0);
     let ap = act.map(|a| dev.ptr_mut(a)).unwrap_or(0);
     let offp = off_ptr(dev, off, x);
-    forward_ptrs(dev, xp, offp, op_, ap, mean, rstd, gamma, beta, x, groups, cl, bf);
+    forward_ptrs(dev, xp, offp, op_, ap, mean, rstd, gamma, beta, x, groups, Mode::from_flags(cl, bf));
 }
 
 /// [`forward`] with SiLU, in place: `x` := silu(GN(x)) (the statistics pass reads x before the
@@ -60,12 +61,13 @@ pub(crate) fn forward_inplace(
     beta: &GpuBuf,
     xd: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(xd, groups, x.len(), gamma.len(), mean.len());
     let bf = x.bf();
     let xp = dev.ptr_mut(x);
-    forward_ptrs(dev, xp, 0, 0, xp, mean, rstd, gamma, beta, xd, groups, cl, bf);
+    forward_ptrs(dev, xp, 0, 0, xp, mean, rstd, gamma, beta, xd, groups, Mode::from_flags(cl, bf));
 }
 
 /// The device pointer of an input offset (0: none), its length checked: f32, N·C.
@@ -92,16 +94,15 @@ fn forward_ptrs(
     beta: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
-    bf: i32,
+    mode: Mode,
 ) {
-    stats_ptrs(dev, xp, offp, mean, rstd, x, groups, cl, bf);
-    apply(dev, xp, offp, dev.ptr(mean), dev.ptr(rstd), gamma, beta, op_, ap, x, groups, cl, bf);
+    stats_ptrs(dev, xp, offp, mean, rstd, x, groups, mode);
+    apply(dev, xp, offp, dev.ptr(mean), dev.ptr(rstd), gamma, beta, op_, ap, x, groups, mode);
 }
 
 /// The statistics alone (mean/rstd [N·G]) of `inp` + `off`: for a consumer that applies
-/// GroupNorm+SiLU itself (the fused output head, `conv3d::gn_head_forward`; the ResBlocks' convs,
-/// `conv3d::gn_wgmma_forward`).
+/// GroupNorm+SiLU itself (the fused output head, `conv::small::gn_head_forward`; the ResBlocks' convs,
+/// `conv::paths::gn_wgmma_forward`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn stats(
     dev: &Device,
@@ -111,10 +112,11 @@ pub(crate) fn stats(
     rstd: &mut GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), x.c, mean.len());
-    stats_ptrs(dev, dev.ptr(inp), off_ptr(dev, off, x), mean, rstd, x, groups, cl, inp.bf());
+    stats_ptrs(dev, dev.ptr(inp), off_ptr(dev, off, x), mean, rstd, x, groups, Mode::from_flags(cl, inp.bf()));
 }
 
 /// Stages 1 and 2 of the statistics of x at `xp` (+ the offset at `offp`, 0: none) into mean/rstd.
@@ -127,14 +129,13 @@ fn stats_ptrs(
     rstd: &mut GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
-    bf: i32,
+    mode: Mode,
 ) {
-    let (_, nchunks) = chunking(x, cl);
+    let (_, nchunks) = chunking(x, mode.layout);
     let part = dev.scratch(x.n * nchunks * x.c * 2);
     let pp = dev.ptr(&*part);
-    launch_partial(dev, Partial::Stats, x, groups, cl, &[xp], pp, bf);
-    finalize_stats(dev, pp, offp, mean, rstd, x, groups, cl);
+    launch_partial(dev, Partial::Stats, x, groups, mode, &[xp], pp);
+    finalize_stats(dev, pp, offp, mean, rstd, x, groups, mode.layout);
 }
 
 /// Stage 2 of the statistics of `x` + off from partials that carry their counts, (mean, M2,
@@ -174,9 +175,9 @@ fn finalize_stats(
     rstd: &mut GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
-    finalize_launch(dev, pp, offp, (mean, rstd), x, groups, chunking(x, cl));
+    finalize_launch(dev, pp, offp, (mean, rstd), x, groups, chunking(x, layout));
 }
 
 /// gn_stats_finalize over the partials at `pp` (+ the offset at `offp`, 0: none): `nchunks`
@@ -245,8 +246,9 @@ pub(crate) fn concat_stats(
     x: Dims,
     (ca, cb): (usize, usize),
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     let od = x.with_c(ca + cb);
     assert!(
         groups > 0 && od.c.is_multiple_of(groups) && mean.len() == od.n * groups && rstd.len() == mean.len(),
@@ -257,10 +259,10 @@ pub(crate) fn concat_stats(
     let bf = check_concat("concat statistics", out, a, a_bias, b, x, ca, cb);
     let v = if cl { ndhwc_vec(od.c, bf) } else { 0 };
     if v < 4 || !ca.is_multiple_of(v) || !cb.is_multiple_of(v) {
-        crate::elementwise::concat(dev, out, a, a_bias, b, x, ca, cb, cl);
-        return stats_ptrs(dev, dev.ptr(out), 0, mean, rstd, od, groups, cl, bf);
+        crate::elementwise::concat(dev, out, a, a_bias, b, x, ca, cb, layout);
+        return stats_ptrs(dev, dev.ptr(out), 0, mean, rstd, od, groups, Mode::from_flags(cl, bf));
     }
-    let (len, nchunks) = chunking(od, cl);
+    let (len, nchunks) = chunking(od, layout);
     let part = dev.scratch(od.n * nchunks * od.c * 2);
     let pp = dev.ptr(&*part);
     let args = [
@@ -278,7 +280,7 @@ pub(crate) fn concat_stats(
         I(v as i32),
     ];
     dev.launch("concat_stats_ndhwc", (nchunks as u32, od.n as u32, 1), (256, 1, 1), &args);
-    finalize_stats(dev, pp, 0, mean, rstd, od, groups, cl);
+    finalize_stats(dev, pp, 0, mean, rstd, od, groups, layout);
 }
 
 /// `cat_skip_stats_ndhwc`'s tile for C concatenated channels and CO outputs: T voxels, a
@@ -360,7 +362,7 @@ pub(crate) fn cat_skip_stats(
         bias.len(),
         mean.len()
     );
-    let (len, nchunks) = chunking(x, true);
+    let (len, nchunks) = chunking(x, Layout::Ndhwc);
     let part = dev.scratch(x.n * nchunks * c * 2);
     let pp = dev.ptr(&*part);
     let t = cat_skip_tile(c, co).unwrap_or_else(|| panic!("cat_skip_stats_ndhwc {x} → {co}: shared memory"));
@@ -381,7 +383,7 @@ pub(crate) fn cat_skip_stats(
     ];
     let smem = (cat_skip_bytes(c, co, t) - 16384) as u32;
     dev.launch_shared("cat_skip_stats_ndhwc", (nchunks as u32, x.n as u32, 1), (256, 1, 1), smem, &args);
-    finalize_stats(dev, pp, 0, mean, rstd, x, groups, true);
+    finalize_stats(dev, pp, 0, mean, rstd, x, groups, Layout::Ndhwc);
 }
 
 /// `act` = silu(GN(inp + off)) from statistics saved by [`forward`] (the backward's recomputation of a
@@ -398,14 +400,15 @@ pub(crate) fn recompute(
     beta: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(act.len() == x.numel() && rstd.len() == mean.len(), "groupnorm recompute {x}: lengths");
     let bf = same_bf("groupnorm recompute", &[inp, act]);
     let (xp, mp, rp, ap) = (dev.ptr(inp), dev.ptr(mean), dev.ptr(rstd), dev.ptr_mut(act));
     let offp = off_ptr(dev, off, x);
-    apply(dev, xp, offp, mp, rp, gamma, beta, 0, ap, x, groups, cl, bf);
+    apply(dev, xp, offp, mp, rp, gamma, beta, 0, ap, x, groups, Mode::from_flags(cl, bf));
 }
 
 /// [`recompute`] in place: `x` := silu(GN(x)) (one gn_apply pass reading and writing `x`).
@@ -419,13 +422,14 @@ pub(crate) fn recompute_inplace(
     beta: &GpuBuf,
     xd: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(xd, groups, x.len(), gamma.len(), mean.len());
     assert!(rstd.len() == mean.len(), "groupnorm recompute in place {xd}: lengths");
     let bf = x.bf();
     let (mp, rp, xp) = (dev.ptr(mean), dev.ptr(rstd), dev.ptr_mut(x));
-    apply(dev, xp, 0, mp, rp, gamma, beta, 0, xp, xd, groups, cl, bf);
+    apply(dev, xp, 0, mp, rp, gamma, beta, 0, xp, xd, groups, Mode::from_flags(cl, bf));
 }
 
 /// The elementwise stage (kernel gn_apply): out = GN(x + off) and/or act = silu(GN(x + off)) (0:
@@ -443,11 +447,11 @@ fn apply(
     ap: u64,
     x: Dims,
     groups: usize,
-    cl: bool,
-    bf: i32,
+    mode: Mode,
 ) {
-    let v = row_vec(x, cl, bf);
-    let (grid, block) = row_launch(dev, x, v, cl);
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
+    let v = row_vec(x, mode);
+    let (grid, block) = row_launch(dev, x, v, mode.layout);
     let args = [
         P(xp),
         P(mp),
@@ -499,8 +503,9 @@ pub(crate) fn backward(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    (cl, res, pre): (bool, Option<&GpuBuf>, Option<Partials>),
+    (layout, res, pre): (Layout, Option<&GpuBuf>, Option<Partials>),
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(dout.len() == x.numel() && dinp.0.len() == x.numel(), "groupnorm backward {x}: dout/dinp lengths");
     let bf = same_bf("groupnorm backward", &[dinp.0, dout, inp]);
@@ -512,7 +517,7 @@ pub(crate) fn backward(
         None => 0,
         Some(s) => {
             assert!(
-                can_sum(x, groups, cl) && acc == Accum::Overwrite,
+                can_sum(x, groups, layout) && acc == Accum::Overwrite,
                 "groupnorm backward with channel sums {x} G{groups}: NDHWC, N·C/G ≤ 256, dinp overwritten only"
             );
             assert!(s.len() == x.n * x.c && s.bf() == 0, "groupnorm backward {x}: dsum is f32 [N·C], got {}", s.len());
@@ -549,8 +554,7 @@ pub(crate) fn backward(
         gamma,
         x,
         groups,
-        cl,
-        bf,
+        Mode::from_flags(cl, bf),
         (sp, ap, rp),
         None,
         pre,
@@ -558,7 +562,7 @@ pub(crate) fn backward(
 }
 
 /// The channel partials of a GroupNorm backward taken before [`backward`] (by the conv data
-/// gradient's epilogue, `conv3d::backward_data_gn`): `part` (device pointer) holds `nchunks`
+/// gradient's epilogue, `conv::paths::backward_data_gn`): `part` (device pointer) holds `nchunks`
 /// chunks a sample, three floats a (n, chunk, c) where the backward gives dsum, else two; `coef`
 /// has room for N·G pairs. The caller holds the storage (the scratch buffer) until the backward
 /// is queued.
@@ -570,12 +574,11 @@ pub(crate) struct Partials {
 }
 
 /// Whether [`backward`] can also give the channel sums of dinp (`dsum`): NDHWC, and the
-/// finaliser's shared arrays hold N·C/G sums (kernels/groupnorm.cu GNB_MAXNC); `MEDDPM_GN_SUMS=0`
-/// says no (the backward, then a `channel_sum` pass: A/B benchmarks).
-pub(crate) fn can_sum(x: Dims, groups: usize, cl: bool) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("MEDDPM_GN_SUMS").map_or(true, |v| v != "0"));
-    on && cl && x.n * (x.c / groups.max(1)) <= 256
+/// finaliser's shared arrays hold N·C/G sums (kernels/groupnorm.cu GNB_MAXNC); elsewhere the
+/// backward, then a `channel_sum` pass.
+pub(crate) fn can_sum(x: Dims, groups: usize, layout: Layout) -> bool {
+    let cl = layout == Layout::Ndhwc;
+    cl && x.n * (x.c / groups.max(1)) <= 256
 }
 
 /// [`backward`] with SiLU, in place: `d` holds ∂loss/∂silu(GN(inp)) and gets ∂loss/∂inp
@@ -593,9 +596,9 @@ pub(crate) fn backward_inplace(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
-    inplace(dev, d, (dgamma, dbeta), beta, (inp, 0), (mean, rstd), gamma, x, groups, cl);
+    inplace(dev, d, (dgamma, dbeta), beta, (inp, 0), (mean, rstd), gamma, x, groups, layout);
 }
 
 /// [`backward_inplace`] that also replaces `x` (the GroupNorm's input) by silu(GN(x)) in the
@@ -612,10 +615,10 @@ pub(crate) fn backward_inplace_act(
     gamma: &GpuBuf,
     xd: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
     let ap = dev.ptr_mut(x);
-    inplace(dev, d, dgb, beta, (&*x, ap), (mean, rstd), gamma, xd, groups, cl);
+    inplace(dev, d, dgb, beta, (&*x, ap), (mean, rstd), gamma, xd, groups, layout);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -629,15 +632,33 @@ fn inplace(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(x, groups, inp.len(), gamma.len(), mean.len());
     assert!(d.len() == x.numel(), "groupnorm backward in place {x}: gradient length");
     let bf = same_bf("groupnorm backward in place", &[d, inp]);
     let dp = dev.ptr_mut(d);
     let dx = (dp, Accum::Overwrite);
     let (b, ip) = (Some(beta), (inp, 0));
-    backward_ptrs(dev, dx, dgamma, dbeta, dp, b, ip, mean, rstd, gamma, x, groups, cl, bf, (0, ap, 0), None, None);
+    backward_ptrs(
+        dev,
+        dx,
+        dgamma,
+        dbeta,
+        dp,
+        b,
+        ip,
+        mean,
+        rstd,
+        gamma,
+        x,
+        groups,
+        Mode::from_flags(cl, bf),
+        (0, ap, 0),
+        None,
+        None,
+    );
 }
 
 /// [`backward_inplace_act`] that delivers the gradient to the two parts of the concatenation
@@ -656,8 +677,9 @@ pub(crate) fn backward_inplace_act_split(
     gamma: &GpuBuf,
     xd: Dims,
     groups: usize,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     check(xd, groups, x.len(), gamma.len(), mean.len());
     let cb = xd.c - ca;
     assert!(
@@ -668,7 +690,10 @@ pub(crate) fn backward_inplace_act_split(
         ps.len()
     );
     let bf = same_bf("groupnorm backward into parts", &[d, &*x, &*ph, &*ps]);
-    assert!(split_ok(xd, ca, cl, bf), "groupnorm backward into parts of {xd} at channel {ca}: a vector straddles them");
+    assert!(
+        split_ok(xd, ca, Mode::from_flags(cl, bf)),
+        "groupnorm backward into parts of {xd} at channel {ca}: a vector straddles them"
+    );
     let ap = dev.ptr_mut(x);
     let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
     let ip = (&*x, 0);
@@ -686,8 +711,7 @@ pub(crate) fn backward_inplace_act_split(
         gamma,
         xd,
         groups,
-        cl,
-        bf,
+        Mode::from_flags(cl, bf),
         (0, ap, 0),
         split,
         None,
@@ -746,7 +770,10 @@ pub(crate) fn backward_act_split_from_parts(
         assert!(b.len() == ca, "groupnorm backward from parts of {xd}: bias length {} (expected {ca})", b.len());
     }
     let bf = same_bf("groupnorm backward from parts", &[d, &*act, h, s, &*ph, &*ps]);
-    assert!(parts_ok(xd, ca, bf), "groupnorm backward from parts of {xd} at channel {ca}: a vector straddles them");
+    assert!(
+        parts_ok(xd, ca, Mode::from_flags(true, bf).dtype),
+        "groupnorm backward from parts of {xd} at channel {ca}: a vector straddles them"
+    );
     let ap = dev.ptr_mut(act);
     let (dp, hp, sp) = (dev.ptr(d), dev.ptr_mut(ph), dev.ptr_mut(ps));
     let xs = [dev.ptr(h), dev.ptr(s), h_bias.map_or(0, |b| dev.ptr(b))];
@@ -754,7 +781,24 @@ pub(crate) fn backward_act_split_from_parts(
     let split = Some((sp, ms_, ca, xs, skip));
     let (b, ip) = (Some(beta), (&*act, 0));
     let (d, g) = ((hp, mh), (dgamma, dbeta));
-    backward_ptrs(dev, d, g.0, g.1, dp, b, ip, mean, rstd, gamma, xd, groups, true, bf, (0, ap, 0), split, None);
+    backward_ptrs(
+        dev,
+        d,
+        g.0,
+        g.1,
+        dp,
+        b,
+        ip,
+        mean,
+        rstd,
+        gamma,
+        xd,
+        groups,
+        Mode::from_flags(true, bf),
+        (0, ap, 0),
+        split,
+        None,
+    );
 }
 
 /// `gn_bwd_apply_split_skip`'s warps for C concatenated channels: one a 32-channel group, times the
@@ -785,21 +829,22 @@ pub(crate) fn skip_apply_fits(c: usize, co: usize, ca: usize) -> bool {
 }
 
 /// Whether [`backward_act_split_from_parts`] takes a concatenation of `x` at channel `ca` with
-/// activations of type `bf`: NDHWC, the sums' 4 or 8 channels a thread and the elementwise pass's
-/// vectors each within one part.
-pub(crate) fn parts_ok(x: Dims, ca: usize, bf: i32) -> bool {
-    let v = ndhwc_vec(x.c, bf);
-    v >= 4 && ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v) && split_ok(x, ca, true, bf)
+/// activations of type `dtype`: NDHWC, the sums' 4 or 8 channels a thread and the elementwise
+/// pass's vectors each within one part.
+pub(crate) fn parts_ok(x: Dims, ca: usize, dtype: DType) -> bool {
+    let mode = Mode::new(Layout::Ndhwc, dtype);
+    let v = ndhwc_vec(x.c, mode.bf_flag());
+    v >= 4 && ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v) && split_ok(x, ca, mode)
 }
 
 /// Whether the elementwise pass can write the parts of a concatenation of `x` at channel `ca`:
 /// in NDHWC no vector of the pass may straddle them.
-pub(crate) fn split_ok(x: Dims, ca: usize, cl: bool, bf: i32) -> bool {
+pub(crate) fn split_ok(x: Dims, ca: usize, mode: Mode) -> bool {
     if ca == 0 || ca >= x.c {
         return false;
     }
-    let v = row_vec(x, cl, bf);
-    !cl || (ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v))
+    let v = row_vec(x, mode);
+    !mode.cl() || (ca.is_multiple_of(v) && (x.c - ca).is_multiple_of(v))
 }
 
 /// [`backward_ptrs`]'s concatenation split: (dx2, its Accum, ca, [xh, xs, xbias], and where the
@@ -825,12 +870,12 @@ fn backward_ptrs(
     gamma: &GpuBuf,
     x: Dims,
     groups: usize,
-    cl: bool,
-    bf: i32,
+    mode: Mode,
     (dsum, act, res): (u64, u64, u64),
     split: Option<Split>,
     pre: Option<Partials>,
 ) {
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
     assert!(res == 0 || split.is_none(), "groupnorm backward: res with a split gradient");
     assert!(pre.is_none() || split.is_none(), "groupnorm backward: partials given with a split gradient");
     let stride = if dsum != 0 { 3 } else { 2 };
@@ -838,7 +883,7 @@ fn backward_ptrs(
     let (nchunks, pp, coef, _scratch) = match pre {
         Some(p) => (p.nchunks, p.part, p.coef, None),
         None => {
-            let (_, nchunks) = chunking(x, cl);
+            let (_, nchunks) = chunking(x, mode.layout);
             let npart = x.n * nchunks * x.c * stride;
             let scratch = dev.scratch(npart + x.n * groups * 2);
             let pp = dev.ptr(&*scratch);
@@ -854,10 +899,10 @@ fn backward_ptrs(
         assert!(dsum == 0 && cl, "groupnorm backward from parts: NDHWC, no dx channel sums");
         let ca = split.map_or(0, |s| s.2);
         let [xh, xs, xb] = from_parts;
-        launch_partial(dev, Partial::GnBwdCat(ca), x, groups, cl, &[dp, xh, xs, xb, mp, rp, gp, bp, offp], pp, bf);
+        launch_partial(dev, Partial::GnBwdCat(ca), x, groups, mode, &[dp, xh, xs, xb, mp, rp, gp, bp, offp], pp);
     } else {
         let kind = if dsum != 0 { Partial::GnBwd3 } else { Partial::GnBwd };
-        launch_partial(dev, kind, x, groups, cl, &[dp, xp, mp, rp, gp, bp, offp], pp, bf);
+        launch_partial(dev, kind, x, groups, mode, &[dp, xp, mp, rp, gp, bp, offp], pp);
     }
     let q = fin_split(nchunks, x.c / groups, groups);
     let fin = dev.fin_ws(x.n * x.c * q * 3);
@@ -884,8 +929,8 @@ fn backward_ptrs(
         ],
     );
     drop(fin);
-    let v = row_vec(x, cl, bf);
-    let (grid, block) = row_launch(dev, x, v, cl);
+    let v = row_vec(x, mode);
+    let (grid, block) = row_launch(dev, x, v, mode.layout);
     let args = [
         P(dp),
         P(xp),

@@ -2,9 +2,13 @@
 //! kernels. [`CudaBackend`] implements [`meddpm::Backend`] (crates/meddpm/src/backend.rs holds the
 //! binding semantics; the CPU backend is the executable spec the parity tests compare against).
 //!
-//! - cuDNN (legacy N-d API) for 3-D convolutions, algorithms chosen by cudnnFind once per shape;
-//!   cuBLAS for linear layers and the attention GEMMs; NVRTC kernels of our own (kernels/*.cu) for
-//!   everything else, each supporting NCDHW and NDHWC.
+//! - 3-D convolutions through cuDNN (legacy N-d API, algorithms chosen by cudnnFind once per shape)
+//!   or our own kernels where they are faster (conv/: few-channel and Hopper wgmma kernels, timed
+//!   per shape); cuBLAS for linear layers and the attention GEMMs; NVRTC kernels of our own
+//!   (kernels/*.cu, the list in `meddpm::analysis::kernels::OUR_KERNELS`) for everything else,
+//!   each supporting NCDHW and NDHWC.
+//! - Which engine or fused path runs where several can: [`KernelChoices`] (choices.rs), one
+//!   table, read from the environment once.
 //! - Two switches: [`Precision`] (`Fp32`: FMA math everywhere; `Tf32`: tensor-op math in cuDNN
 //!   and cuBLAS; `Bf16`: activations stored in bf16 ([`GpuBuf`] carries the type), bf16 cuDNN
 //!   convolutions with fp32 accumulation, everything else fp32 with TF32 GEMMs) and [`Layout`]
@@ -12,8 +16,9 @@
 //! - Libraries are loaded at run time, so this crate builds everywhere; on a machine without a GPU
 //!   [`CudaBackend::new`] returns `Error::Backend("no CUDA device: ...")`.
 //!
-//! Modules mirror the CPU twin: conv3d, groupnorm, silu, linear, attention, upsample,
-//! elementwise, loss, diffusion, optim; device (context, stream, handles, kernels), doctor; nccl
+//! Modules mirror the CPU twin: conv (a folder: conv/mod.rs lists its files), groupnorm, silu,
+//! linear, attention, upsample, elementwise, loss, diffusion, optim; buf (the buffer, its element
+//! type, `Mode`) and device (context, stream, handles, kernels, caches) at the bottom; doctor; nccl
 //! (NCCL on raw device pointers) and collective (data-parallel gradient averaging over NCCL);
 //! power (board power, SM clock and energy through NVML while a benchmark runs).
 
@@ -22,9 +27,9 @@
 
 mod attention;
 pub mod buf;
+pub mod choices;
 pub mod collective;
-mod conv3d;
-mod conv_wgmma;
+mod conv;
 pub mod cupti;
 pub mod device;
 mod diffusion;
@@ -51,7 +56,9 @@ use meddpm::rng::Philox;
 use meddpm::{Accum, Backend, ConvShape, DType, Dims, Error, Layout, LossKind, Precision, Result};
 
 pub use buf::GpuBuf;
-pub use conv3d::Algo;
+use buf::Mode;
+pub use choices::{KernelChoices, PathRuns};
+pub use conv::Algo;
 pub use device::{compile_kernels, kernel_arch, DeviceInfo};
 pub use doctor::{doctor, MIN_CUDNN_TF32};
 
@@ -77,7 +84,7 @@ pub struct CudaBackend {
     dev: Device,
     precision: Precision,
     layout: Layout,
-    conv: Mutex<conv3d::ConvCache>,
+    conv: Mutex<conv::ConvCache>,
     /// Host staging buffer of `upload_act`/`download_act` layout changes (grows once, then reused:
     /// a fresh 8 MiB `Vec` per training step cost ~10 ms of page faults on the whole-head model).
     staging: Mutex<Vec<f32>>,
@@ -85,11 +92,9 @@ pub struct CudaBackend {
     pinned: Mutex<Pinned>,
     /// Device tables of the multi-tensor optimizer kernels (optim.rs).
     tables: Mutex<optim::Tables>,
-    /// CUDA graphs of [`Backend::replay`] bodies, by key.
+    /// CUDA graphs of [`Backend::replay`] bodies, by key (whether `replay` captures them:
+    /// `KernelChoices::graphs`).
     graphs: Mutex<HashMap<u64, Graph>>,
-    /// Whether `replay` captures graphs (default on; `MEDDPM_GRAPHS=0` or [`CudaBackend::set_graphs`]
-    /// turns it off, e.g. for per-kernel range attribution in `meddpm profile`).
-    use_graphs: std::sync::atomic::AtomicBool,
 }
 
 /// The state of one [`Backend::replay`] key: run once plainly (warm-up), then captured and
@@ -144,31 +149,24 @@ impl Pinned {
 impl CudaBackend {
     /// The convolution cache and switches, locked; a lock poisoned by a panic elsewhere is taken
     /// over (the cache holds choices and counters, which a test that panicked leaves usable).
-    fn cache(&self) -> std::sync::MutexGuard<'_, conv3d::ConvCache> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, conv::ConvCache> {
         self.conv.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether `groupnorm_silu_backward_cat_in` over a concatenation `x` split at channel `ca`,
     /// with a skip conv weight of type `w`, takes the fused path (the elementwise pass writing the
     /// parts, two GEMMs onto them) rather than the trait's three steps: the weight of the
-    /// activation type and no vector of the pass straddling the parts. `MEDDPM_CAT_SPLIT=0`: never
-    /// (A/B benchmarks).
+    /// activation type and no vector of the pass straddling the parts.
     pub fn cat_in_fused(&self, x: Dims, ca: usize, w: DType) -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("MEDDPM_CAT_SPLIT").map_or(true, |v| v != "0"));
         let act = self.precision.act_dtype();
-        on && w == act && groupnorm::split_ok(x, ca, self.cl(), (act == DType::Bf16) as i32)
+        w == act && groupnorm::split_ok(x, ca, Mode::new(self.layout, act))
     }
 
     /// Whether `groupnorm_silu_backward_cat_in` over a concatenation `x` split at channel `ca`
     /// reads it from its parts (never building it): [`CudaBackend::cat_in_fused`]'s conditions in
     /// NDHWC with both parts a multiple of the sums' channels per thread.
-    /// `MEDDPM_CAT_PARTS=0`: never (A/B benchmarks; the concatenation is then rebuilt).
     pub fn cat_in_parts(&self, x: Dims, ca: usize, w: DType) -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("MEDDPM_CAT_PARTS").map_or(true, |v| v != "0"));
-        let bf = (self.precision.act_dtype() == DType::Bf16) as i32;
-        on && self.cl() && self.cat_in_fused(x, ca, w) && groupnorm::parts_ok(x, ca, bf)
+        self.cl() && self.cat_in_fused(x, ca, w) && groupnorm::parts_ok(x, ca, self.precision.act_dtype())
     }
 
     /// Upload through a page-locked buffer ([`Pinned`]); `false` when the copy is small, the
@@ -244,10 +242,10 @@ impl CudaBackend {
         };
         device::cublas_ck(unsafe { cudarc::cublas::sys::cublasSetMathMode(dev.blas.0, math) }, "cublasSetMathMode")
             .map_err(Error::Backend)?;
-        let conv = Mutex::new(conv3d::ConvCache::new(&dev, layout, precision));
+        let conv = Mutex::new(conv::ConvCache::new(&dev, layout, precision, KernelChoices::env()));
         static ANNOUNCED: std::sync::Once = std::sync::Once::new();
         ANNOUNCED.call_once(|| {
-            let files = doctor::loaded_library_files(&["libcudnn.so"]);
+            let files = device::loaded_library_files(&["libcudnn.so"]);
             eprintln!(
                 "meddpm-cuda: {} (sm_{}{}), cuDNN {} from {}",
                 dev.info.name,
@@ -266,9 +264,6 @@ impl CudaBackend {
             pinned: Mutex::new(Pinned { slots: Vec::new(), turn: 0 }),
             tables: Mutex::new(optim::Tables::default()),
             graphs: Mutex::new(HashMap::new()),
-            use_graphs: std::sync::atomic::AtomicBool::new(
-                std::env::var("MEDDPM_GRAPHS").map(|v| v != "0").unwrap_or(true),
-            ),
         })
     }
 
@@ -280,12 +275,31 @@ impl CudaBackend {
     /// plainly (false: every kernel launched by the host, e.g. so that profilers attribute each to
     /// its NVTX/CUPTI range).
     pub fn set_graphs(&self, on: bool) {
-        self.use_graphs.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.cache().choices.graphs = on;
     }
 
     /// Whether replay bodies are captured into graphs.
     pub fn graphs(&self) -> bool {
-        self.use_graphs.load(std::sync::atomic::Ordering::Relaxed)
+        self.cache().choices.graphs
+    }
+
+    /// The kernel choices in force ([`KernelChoices`]: the environment's at start-up, then any
+    /// [`CudaBackend::set_choices`]).
+    pub fn choices(&self) -> KernelChoices {
+        self.cache().choices
+    }
+
+    /// How often each of our kernel paths has run so far ([`PathRuns`], first-use timing runs
+    /// aside): tests prove a path ran with it.
+    pub fn runs(&self) -> PathRuns {
+        self.cache().runs
+    }
+
+    /// Change the kernel choices, e.g. `be.set_choices(|c| c.wgmma = Some(true))`: for tests (a
+    /// fused path against the unfused calls) and benchmarks. Decisions already timed per shape
+    /// are kept.
+    pub fn set_choices(&self, f: impl FnOnce(&mut KernelChoices)) {
+        f(&mut self.cache().choices);
     }
 
     fn cl(&self) -> bool {
@@ -295,182 +309,6 @@ impl CudaBackend {
     /// The cuDNN algorithms chosen so far for a conv shape: [forward, backward-data, backward-filter].
     pub fn conv_algos(&self, cs: &ConvShape) -> [Option<Algo>; 3] {
         self.cache().chosen(cs)
-    }
-
-    /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) fusing the conv bias
-    /// into cuDNN. For tests and benchmarks.
-    pub fn set_conv_fused_bias(&self, mode: Option<bool>) {
-        self.cache().force_fused_bias = mode;
-    }
-
-    /// Force (Some(true)), forbid (Some(false)) or auto-select by timing (None) running convolutions
-    /// whose Cin or Cout is not a multiple of 4 through a zero-padded shape. For tests and benchmarks.
-    pub fn set_conv_pad(&self, mode: Option<bool>) {
-        self.cache().force_pad = mode;
-    }
-
-    /// Use (Some(true)), forbid (Some(false)) or auto-select by timing (None, the default) our
-    /// direct kernels for few-channel convs (conv3d.rs: forward of Cin ≤ 4, forward and data
-    /// gradient of Cout ≤ 4). For tests and benchmarks; `MEDDPM_SMALL_CONV=1/0/auto` sets the
-    /// same at start-up.
-    pub fn set_small_conv(&self, mode: Option<bool>) {
-        self.cache().force_small = mode;
-    }
-
-    /// bf16: run the few-channel forward of Cin ≤ 4 and data gradient of Cout ≤ 4 on the tensor
-    /// cores where the other side is a multiple of 8 up to 64, and the weight gradient of Cout = 1
-    /// where Cin is a multiple of 16 up to 64 (true, the default), or through the FMA kernels
-    /// (false). For tests and benchmarks; `MEDDPM_SMALL_MMA=0` sets false at start-up.
-    pub fn set_small_mma(&self, on: bool) {
-        self.cache().small_mma = on;
-    }
-
-    /// bf16 NDHWC on an sm_90 GPU: Some(true) runs every 3×3×3 stride-1 conv with Cin and Cout
-    /// multiples of 64 (forward and data gradient) through our warpgroup-MMA kernel
-    /// (`conv3d_wgmma_*`), Some(false) through cuDNN, None (the default) times both on first use
-    /// of a shape and keeps the faster. For tests and benchmarks; `MEDDPM_WGMMA=1/0` sets the
-    /// same at start-up.
-    pub fn set_wgmma(&self, mode: Option<bool>) {
-        self.cache().force_wgmma = mode;
-    }
-
-    /// How many convolutions (forwards and data gradients) `conv3d_wgmma_*` has computed, first-use
-    /// timing runs aside: tests prove the kernel ran with it.
-    pub fn wgmma_runs(&self) -> u64 {
-        self.cache().wgmma_runs
-    }
-
-    /// Data gradients with a result of 128k channels on `conv3d_wgmma_dgrad2` (both 64-channel
-    /// slices in one block; true, the default) or `conv3d_wgmma_dgrad` (a block a slice). For
-    /// tests and benchmarks; `MEDDPM_WGMMA_DUAL=0` sets false at start-up.
-    pub fn set_wgmma_dual(&self, on: bool) {
-        self.cache().wgmma_dual = on;
-    }
-
-    /// Of [`Self::wgmma_runs`], the data gradients `conv3d_wgmma_dgrad2` computed.
-    pub fn wgmma_dual_runs(&self) -> u64 {
-        self.cache().wgmma_dual_runs
-    }
-
-    /// The ResBlocks' GroupNorm+SiLU → conv as one pass (`conv3d_wgmma_fwd_gn`) where the conv
-    /// runs on `conv3d_wgmma` (true, the default) or as the two calls (false). For tests and
-    /// benchmarks; `MEDDPM_WGMMA_GN=0` sets false at start-up.
-    pub fn set_wgmma_gn(&self, on: bool) {
-        self.cache().wgmma_gn = on;
-    }
-
-    /// How many weight gradients `conv3d_wgmma_wgrad` has computed, first-use timing runs aside.
-    pub fn wgmma_wgrad_runs(&self) -> u64 {
-        self.cache().wgmma_wgrad_runs
-    }
-
-    /// Allow (true, the default: timed against cuDNN, or forced with [`CudaBackend::set_wgmma`])
-    /// or forbid `conv3d_wgmma_wgrad` for the wide convs' weight gradients
-    /// (`MEDDPM_WGMMA_WGRAD=0`).
-    pub fn set_wgmma_wgrad(&self, on: bool) {
-        self.cache().wgmma_wgrad = on;
-    }
-
-    /// Of [`CudaBackend::wgmma_runs`], the convolutions with the GroupNorm+SiLU prologue.
-    pub fn wgmma_gn_runs(&self) -> u64 {
-        self.cache().wgmma_gn_runs
-    }
-
-    /// The decoder ResBlocks without their concatenation stored (`Backend::cat_conv_fusable`):
-    /// on (true, the default) or the concatenation built (false). For tests and benchmarks;
-    /// `MEDDPM_CAT_FREE=0` sets false at start-up.
-    pub fn set_cat_free(&self, on: bool) {
-        self.cache().cat_free = on;
-    }
-
-    /// The fused GroupNorm+SiLU → conv calls take their output's GroupNorm statistics from the
-    /// conv's epilogue where the model asks (true, the default; `Backend::fused_conv_out_stats`)
-    /// or the model runs a statistics pass (false). For tests and benchmarks;
-    /// `MEDDPM_CONV_STATS=0` sets false at start-up.
-    pub fn set_conv_stats(&self, on: bool) {
-        self.cache().conv_stats = on;
-    }
-
-    /// A decoder ResBlock's backward from the parts adds its skip conv's data gradient in the
-    /// GroupNorm+SiLU backward's pass (true, the default: `gn_bwd_apply_split_skip`) or runs it
-    /// as GEMMs after (false). For tests and benchmarks; `MEDDPM_SKIP_APPLY=0` sets false at
-    /// start-up.
-    pub fn set_skip_apply(&self, on: bool) {
-        self.cache().skip_apply = on;
-    }
-
-    /// An identity-skip ResBlock's skip gradient is added in the GroupNorm+SiLU backward's pass
-    /// (true, the default) or by an add_assign / copy pass before it (false). For tests and
-    /// benchmarks; `MEDDPM_RES_FOLD=0` sets false at start-up.
-    pub fn set_res_fold(&self, on: bool) {
-        self.cache().res_fold = on;
-    }
-
-    /// Backward passes that took a skip gradient in so far.
-    pub fn res_fold_runs(&self) -> u64 {
-        self.cache().res_fold_runs
-    }
-
-    /// A ResBlock conv's data gradient on our wgmma kernel takes the following GroupNorm+SiLU
-    /// backward's channel sums in its epilogue (true, the default) or leaves them to the
-    /// backward's own pass (false). For tests and benchmarks; `MEDDPM_DGRAD_GN=0` sets false at
-    /// start-up.
-    pub fn set_dgrad_gn(&self, on: bool) {
-        self.cache().dgrad_gn = on;
-    }
-
-    /// Data gradients that took the GroupNorm backward's sums so far (`conv3d_wgmma_dgrad_gnb`).
-    pub fn dgrad_gn_runs(&self) -> u64 {
-        self.cache().dgrad_gn_runs
-    }
-
-    /// The Upsample's conv, where our wgmma kernels run it, computes the trilinear doubling in the
-    /// forward's producer and writes it in the data gradient's (true, the default:
-    /// `conv3d_wgmma_fwd_up`, `conv3d_wgmma_dgrad_up`) or reads it from an upsampling pass
-    /// (false). For tests and benchmarks; `MEDDPM_UP_CONV=0` sets false at start-up.
-    pub fn set_up_conv(&self, on: bool) {
-        self.cache().up_conv = on;
-    }
-
-    /// Calls of `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up` so far.
-    pub fn up_conv_runs(&self) -> u64 {
-        self.cache().up_conv_runs
-    }
-
-    /// Calls of `gn_bwd_apply_split_skip` so far.
-    pub fn skip_apply_runs(&self) -> u64 {
-        self.cache().skip_apply_runs
-    }
-
-    /// Fused convs that took their output's statistics from the epilogue so far.
-    pub fn conv_stats_runs(&self) -> u64 {
-        self.cache().wgmma_ystats_runs
-    }
-
-    /// Calls of `cat_skip_stats_ndhwc` (a decoder ResBlock's skip conv and statistics from the
-    /// concatenation's parts) so far.
-    pub fn cat_free_runs(&self) -> u64 {
-        self.cache().cat_free_runs
-    }
-
-    /// bf16 NDHWC: the output head's GroupNorm → SiLU → Conv3 (64 channels → Cout ≤ 4) as one
-    /// pass (true, the default; `conv3d_fwd_gn_small_cout`) or as GroupNorm+SiLU then the conv
-    /// (false). For tests and benchmarks; `MEDDPM_FUSED_HEAD=0` sets false at start-up.
-    pub fn set_fused_head(&self, on: bool) {
-        self.cache().fused_head = on;
-    }
-
-    /// The forward of Cout = 1 convs in NDHWC as a cuBLAS GEMM plus our tap sum (true, the
-    /// default) or through the direct FMA kernel (false). For tests and benchmarks;
-    /// `MEDDPM_SMALL_GEMM=0` sets false at start-up.
-    pub fn set_small_gemm(&self, on: bool) {
-        self.cache().small_gemm = on;
-    }
-
-    /// Bytes of tap products per slab of the GEMM route above (default 64 MiB; at least 8
-    /// planes a slab). For tests, to run several slabs on small volumes.
-    pub fn set_small_gemm_budget(&self, bytes: usize) {
-        self.cache().small_gemm_budget = bytes;
     }
 
     /// Whether the latest [forward, data gradient] of `cs` ran our few-channel kernels (None: no
@@ -574,9 +412,8 @@ impl CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        let cl = self.cl();
         let (dsum, sum_after) = match dsum {
-            Some(s) if !groupnorm::can_sum(x, groups, cl) => (None, Some(s)),
+            Some(s) if !groupnorm::can_sum(x, groups, self.layout) => (None, Some(s)),
             other => (other, None),
         };
         if dsum.is_some() || sum_after.is_some() {
@@ -599,7 +436,7 @@ impl CudaBackend {
             gamma,
             x,
             groups,
-            (cl, None, None),
+            (self.layout, None, None),
         );
         if let Some(s) = sum_after {
             self.channel_sum(s, dx, x);
@@ -817,7 +654,7 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::forward(&self.dev, &mut cache, out, inp, w, b, cs);
+        conv::forward(&self.dev, &mut cache, out, inp, w, b, cs);
     }
     fn conv3d_forward_res(
         &self,
@@ -829,7 +666,7 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::forward_res(&self.dev, &mut cache, out, inp, w, b, z, cs);
+        conv::forward_res(&self.dev, &mut cache, out, inp, w, b, z, cs);
     }
     fn conv3d_backward(
         &self,
@@ -842,11 +679,11 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::backward(&self.dev, &mut cache, dinp, dw, db, dout, inp, w, cs);
+        conv::backward(&self.dev, &mut cache, dinp, dw, db, dout, inp, w, cs);
     }
     fn conv3d_backward_data(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, w: &Self::Buf, cs: ConvShape) {
         let mut cache = self.cache();
-        conv3d::backward_data(&self.dev, &mut cache, dinp, dout, w, cs);
+        conv::backward_data(&self.dev, &mut cache, dinp, dout, w, cs);
     }
     /// The GroupNorm backward's channel sums come from the data gradient's epilogue
     /// (`conv3d_wgmma_dgrad_gnb`) where our wgmma kernel runs it (bf16 NDHWC; with `res` where it
@@ -867,9 +704,9 @@ impl Backend for CudaBackend {
         let eligible = {
             let c = self.cache();
             cl && bf
-                && c.dgrad_gn
-                && gn.res.is_none_or(|r| c.res_fold && r.dtype() == gn.dinp.0.dtype())
-                && (gn.dsum.is_none() || groupnorm::can_sum(x, groups, cl))
+                && c.choices.dgrad_gn
+                && gn.res.is_none_or(|r| c.choices.res_fold && r.dtype() == gn.dinp.0.dtype())
+                && (gn.dsum.is_none() || groupnorm::can_sum(x, groups, self.layout))
         };
         if !eligible {
             self.conv3d_backward_data((&mut *da, Accum::Overwrite), dout, w, cs);
@@ -878,14 +715,14 @@ impl Backend for CudaBackend {
         // the partials (one chunk a column item of the kernel) and the finaliser's coefficients
         // in the scratch buffer, held until the backward is queued
         // (and dout's channel sums' chunks after them)
-        let items = conv_wgmma::items(dev, x);
+        let items = conv::wgmma::items(dev, x);
         let stride = if gn.dsum.is_some() { 3 } else { 2 };
         let npart = items * x.c * stride;
         let nys = if gn.dout_sum.is_some() { items * cs.cout * 2 } else { 0 };
         let scratch = dev.scratch(npart + x.n * groups * 2 + nys);
         let pp = dev.ptr(&*scratch);
         let ysp = if nys > 0 { pp + ((npart + x.n * groups * 2) * 4) as u64 } else { 0 };
-        let sums = conv_wgmma::GnSums {
+        let sums = conv::wgmma::GnSums {
             x: dev.ptr(gn.inp),
             mean: dev.ptr(gn.ms.0),
             rstd: dev.ptr(gn.ms.1),
@@ -902,8 +739,8 @@ impl Backend for CudaBackend {
         };
         let (took, ys_took) = {
             let mut c = self.cache();
-            let took = conv3d::backward_data_gn(dev, &mut c, da, dout, w, cs, sums);
-            c.res_fold_runs += (took.0 && gn.res.is_some()) as u64;
+            let took = conv::backward_data_gn(dev, &mut c, da, dout, w, cs, sums);
+            c.runs.res_fold += (took.0 && gn.res.is_some()) as u64;
             took
         };
         // dout's channel sums from the kernel's chunks (else a pass, below or in `calls`)
@@ -942,7 +779,7 @@ impl Backend for CudaBackend {
             gamma,
             x,
             groups,
-            (cl, res, Some(pre)),
+            (self.layout, res, Some(pre)),
         );
         drop(scratch);
         if let Some(s) = dout_sum {
@@ -961,7 +798,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, Some(out), None, mean, rstd, inp, None, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, Some(out), None, mean, rstd, inp, None, gamma, beta, x, groups, self.layout);
     }
     fn groupnorm_backward(
         &self,
@@ -992,7 +829,7 @@ impl Backend for CudaBackend {
             gamma,
             x,
             groups,
-            (self.cl(), None, None),
+            (self.layout, None, None),
         );
     }
     fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) {
@@ -1013,7 +850,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, off, gamma, beta, x, groups, self.cl());
+        groupnorm::forward(&self.dev, None, Some(out), mean, rstd, inp, off, gamma, beta, x, groups, self.layout);
     }
     fn groupnorm_silu_conv3d_forward(
         &self,
@@ -1038,16 +875,16 @@ impl Backend for CudaBackend {
             return;
         }
         if fresh {
-            groupnorm::stats(&self.dev, inp, None, mean, rstd, cs.x, groups, self.cl());
+            groupnorm::stats(&self.dev, inp, None, mean, rstd, cs.x, groups, self.layout);
         }
-        conv3d::gn_head_forward(&self.dev, out, inp, (mean, rstd), (gamma, beta), (w, b), cs, groups);
+        conv::gn_head_forward(&self.dev, out, inp, (mean, rstd), (gamma, beta), (w, b), cs, groups);
     }
     fn gn_conv_fusable(&self, inp: &Self::Buf, w: &Self::Buf, cs: ConvShape, add: bool, groups: usize) -> bool {
         let mut conv = self.cache();
-        conv3d::gn_wgmma_chosen(&self.dev, &mut conv, cs, add, (inp, w), groups)
+        conv::gn_wgmma_chosen(&self.dev, &mut conv, cs, add, (inp, w), groups)
     }
     fn fused_conv_out_stats(&self) -> bool {
-        self.cache().conv_stats
+        self.cache().choices.conv_stats
     }
     fn groupnorm_silu_conv3d_fused(
         &self,
@@ -1062,11 +899,11 @@ impl Backend for CudaBackend {
         ystats: Option<meddpm::backend::YStats<'_, Self::Buf>>,
     ) {
         if fresh {
-            groupnorm::stats(&self.dev, inp, off, mean, rstd, cs.x, groups, self.cl());
+            groupnorm::stats(&self.dev, inp, off, mean, rstd, cs.x, groups, self.layout);
         }
         let mut conv = self.cache();
         let ys = ystats.map(|(m, r, o)| (m, r, o, groups));
-        conv3d::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), None, (mean, rstd), gb, wbz, cs, groups, ys);
+        conv::gn_wgmma_forward(&self.dev, &mut conv, out, (inp, off), None, (mean, rstd), gb, wbz, cs, groups, ys);
     }
     fn cat_conv_fusable(
         &self,
@@ -1078,7 +915,7 @@ impl Backend for CudaBackend {
         groups: usize,
     ) -> bool {
         let mut conv = self.cache();
-        conv3d::cat_free_chosen(&self.dev, &mut conv, cs, (x, w, w_skip), ca, groups)
+        conv::cat_free_chosen(&self.dev, &mut conv, cs, (x, w, w_skip), ca, groups)
     }
     fn concat_skip_conv_stats(
         &self,
@@ -1092,7 +929,7 @@ impl Backend for CudaBackend {
     ) {
         assert!(cs.k == 1 && cs.stride == 1, "concat_skip_conv_stats {cs:?}: a 1×1×1 conv");
         groupnorm::cat_skip_stats(&self.dev, out, parts, stats, wb, cs.x, ca, cs.cout, groups);
-        self.cache().cat_free_runs += 1;
+        self.cache().runs.cat_free += 1;
     }
     fn groupnorm_silu_conv3d_fused_cat(
         &self,
@@ -1109,7 +946,7 @@ impl Backend for CudaBackend {
         let mut conv = self.cache();
         let wbz = (w, None, None);
         let ys = ystats.map(|(m, r, o)| (m, r, o, groups));
-        conv3d::gn_wgmma_forward(
+        conv::gn_wgmma_forward(
             &self.dev,
             &mut conv,
             (out, Accum::Overwrite),
@@ -1133,7 +970,7 @@ impl Backend for CudaBackend {
         xd: Dims,
         groups: usize,
     ) {
-        groupnorm::forward_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.cl());
+        groupnorm::forward_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.layout);
     }
     fn concat_channels_stats(
         &self,
@@ -1147,7 +984,7 @@ impl Backend for CudaBackend {
         cb: usize,
         groups: usize,
     ) {
-        groupnorm::concat_stats(&self.dev, out, a, a_bias, b, stats, x, (ca, cb), groups, self.cl());
+        groupnorm::concat_stats(&self.dev, out, a, a_bias, b, stats, x, (ca, cb), groups, self.layout);
     }
     fn groupnorm_silu_recompute_inplace(
         &self,
@@ -1159,7 +996,7 @@ impl Backend for CudaBackend {
         xd: Dims,
         groups: usize,
     ) {
-        groupnorm::recompute_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.cl());
+        groupnorm::recompute_inplace(&self.dev, x, mean, rstd, gamma, beta, xd, groups, self.layout);
     }
     fn groupnorm_silu_backward_inplace(
         &self,
@@ -1174,8 +1011,19 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        let cl = self.cl();
-        groupnorm::backward_inplace(&self.dev, d, (dgamma, dbeta), beta, inp, mean, rstd, gamma, x, groups, cl);
+        groupnorm::backward_inplace(
+            &self.dev,
+            d,
+            (dgamma, dbeta),
+            beta,
+            inp,
+            mean,
+            rstd,
+            gamma,
+            x,
+            groups,
+            self.layout,
+        );
     }
     fn groupnorm_silu_recompute(
         &self,
@@ -1189,7 +1037,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::recompute(&self.dev, out, mean, rstd, inp, off, gamma, beta, x, groups, self.cl());
+        groupnorm::recompute(&self.dev, out, mean, rstd, inp, off, gamma, beta, x, groups, self.layout);
     }
     fn groupnorm_silu_backward(
         &self,
@@ -1260,8 +1108,8 @@ impl Backend for CudaBackend {
     ) {
         let on = {
             let mut c = self.cache();
-            let on = c.res_fold && res.dtype() == dinp.0.dtype();
-            c.res_fold_runs += on as u64;
+            let on = c.choices.res_fold && res.dtype() == dinp.0.dtype();
+            c.runs.res_fold += on as u64;
             on
         };
         if !on {
@@ -1283,7 +1131,7 @@ impl Backend for CudaBackend {
                 groups,
             );
         }
-        let (dev, b, cl) = (&self.dev, Some(gb.1), self.cl());
+        let (dev, b) = (&self.dev, Some(gb.1));
         let (dgamma, dbeta) = dgb;
         let (mean, rstd) = ms;
         groupnorm::backward(
@@ -1302,7 +1150,7 @@ impl Backend for CudaBackend {
             gb.0,
             x,
             groups,
-            (cl, Some(res), None),
+            (self.layout, Some(res), None),
         );
     }
     fn groupnorm_silu_backward_inplace_act(
@@ -1315,7 +1163,7 @@ impl Backend for CudaBackend {
         xd: Dims,
         groups: usize,
     ) {
-        groupnorm::backward_inplace_act(&self.dev, d, x, dgb, beta, ms, gamma, xd, groups, self.cl());
+        groupnorm::backward_inplace_act(&self.dev, d, x, dgb, beta, ms, gamma, xd, groups, self.layout);
     }
     /// Three routes, fastest first:
     /// - from the parts (NDHWC, [`CudaBackend::cat_in_parts`]): the skip conv's weight gradient
@@ -1343,7 +1191,7 @@ impl Backend for CudaBackend {
         groups: usize,
     ) {
         let (dout, dsum, w, dw, cs) = skip;
-        let (xd, dt, cl) = (cs.x, x.dtype(), self.cl());
+        let (xd, dt) = (cs.x, x.dtype());
         let (h, hb, s) = cat;
         let typed = [d.dtype(), dout.dtype(), w.dtype(), parts.0 .0.dtype(), parts.1 .0.dtype(), h.dtype(), s.dtype()]
             .iter()
@@ -1351,14 +1199,14 @@ impl Backend for CudaBackend {
         let shaped = typed && ca + cb == xd.c && cs.k == 1 && cs.stride == 1;
         let f32s = [dw.dtype(), dsum.dtype()].iter().all(|&t| t == DType::F32);
         if shaped && f32s && self.cat_in_parts(xd, ca, w.dtype()) {
-            conv3d::backward_filter_1x1_from_parts(&self.dev, dw, dout, cat, dsum, cs, ca);
+            conv::backward_filter_1x1_from_parts(&self.dev, dw, dout, cat, dsum, cs, ca);
             let ((ph, mh), (ps, msk)) = parts;
             let pm = ((&mut *ph, mh), (&mut *ps, msk));
             // the skip conv's data gradient in the GroupNorm+SiLU backward's pass where it fits
             let fused = {
                 let mut conv = self.cache();
-                let on = conv.skip_apply && dt == DType::Bf16 && groupnorm::skip_apply_fits(xd.c, cs.cout, ca);
-                conv.skip_apply_runs += on as u64;
+                let on = conv.choices.skip_apply && dt == DType::Bf16 && groupnorm::skip_apply_fits(xd.c, cs.cout, ca);
+                conv.runs.skip_apply += on as u64;
                 on
             };
             let skip = fused.then_some((dout, w, cs.cout));
@@ -1366,7 +1214,7 @@ impl Backend for CudaBackend {
                 &self.dev, d, x, cat, pm, ca, dgb, beta, ms, gamma, xd, groups, skip,
             );
             if !fused {
-                conv3d::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
+                conv::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, self.layout);
             }
             return;
         }
@@ -1379,8 +1227,8 @@ impl Backend for CudaBackend {
         self.conv3d_backward(None, dw, None, dout, x, w, cs);
         let ((ph, mh), (ps, msk)) = parts;
         let pm = ((&mut *ph, mh), (&mut *ps, msk));
-        groupnorm::backward_inplace_act_split(&self.dev, d, x, pm, ca, dgb, beta, ms, gamma, xd, groups, cl);
-        conv3d::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, cl);
+        groupnorm::backward_inplace_act_split(&self.dev, d, x, pm, ca, dgb, beta, ms, gamma, xd, groups, self.layout);
+        conv::backward_data_1x1_into_parts(&self.dev, (ph, ps), dout, w, cs, ca, self.layout);
     }
 
     fn linear_forward(
@@ -1411,7 +1259,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention_forward(&self, out: &mut Self::Buf, att: &mut Self::Buf, qkv: &Self::Buf, x: Dims, heads: usize) {
-        attention::forward(&self.dev, out, att, qkv, x, heads, self.cl());
+        attention::forward(&self.dev, out, att, qkv, x, heads, self.layout);
     }
     fn attention_backward(
         &self,
@@ -1423,14 +1271,14 @@ impl Backend for CudaBackend {
         x: Dims,
         heads: usize,
     ) {
-        attention::backward(&self.dev, dqkv, datt, dout, qkv, att, x, heads, self.cl());
+        attention::backward(&self.dev, dqkv, datt, dout, qkv, att, x, heads, self.layout);
     }
 
     fn upsample_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, x: Dims) {
-        upsample::forward(&self.dev, out, inp, x, self.cl());
+        upsample::forward(&self.dev, out, inp, x, self.layout);
     }
     fn upsample_backward(&self, dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, x: Dims) {
-        upsample::backward(&self.dev, dinp, dout, x, self.cl());
+        upsample::backward(&self.dev, dinp, dout, x, self.layout);
     }
     /// The doubling in the conv's producer where our wgmma forward runs the conv
     /// (`conv3d_wgmma_fwd_up`, `u` unwritten); elsewhere the trait's two calls.
@@ -1446,7 +1294,7 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::upsample_forward(&self.dev, &mut cache, out, u, x, xd, w, b, cs);
+        conv::upsample_forward(&self.dev, &mut cache, out, u, x, xd, w, b, cs);
     }
     /// The doubling written by the data gradient where our wgmma kernel runs it
     /// (`conv3d_wgmma_dgrad_up`); elsewhere the trait's two calls.
@@ -1464,7 +1312,7 @@ impl Backend for CudaBackend {
         cs: ConvShape,
     ) {
         let mut cache = self.cache();
-        conv3d::upsample_backward(&self.dev, &mut cache, du, u, dw, db, dout, x, xd, w, cs);
+        conv::upsample_backward(&self.dev, &mut cache, du, u, dw, db, dout, x, xd, w, cs);
     }
 
     fn add_assign(&self, dst: &mut Self::Buf, src: &Self::Buf) {
@@ -1476,9 +1324,9 @@ impl Backend for CudaBackend {
     fn add_channel_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, xd: Dims) {
         assert!(x.len() == xd.numel() && bias.len() == xd.n * xd.c, "add_channel_bias {xd}: lengths");
         buf::require_f32("add_channel_bias: bias", &[bias]);
-        let bf = x.bf();
+        let mode = Mode::new(self.layout, x.dtype());
         let (xp, bp) = (self.dev.ptr_mut(x), self.dev.ptr(bias));
-        elementwise::add_channel_bias(&self.dev, xp, bp, xd, self.cl(), true, bf);
+        elementwise::add_channel_bias(&self.dev, xp, bp, xd, mode, true);
     }
     fn add_channel_bias_to(&self, out: &mut Self::Buf, x: &Self::Buf, bias: &Self::Buf, xd: Dims) {
         assert!(
@@ -1490,9 +1338,9 @@ impl Backend for CudaBackend {
         );
         assert_eq!(out.dtype(), x.dtype(), "add_channel_bias_to {xd}: out and x types");
         buf::require_f32("add_channel_bias_to: bias", &[bias]);
-        let bf = x.bf();
+        let mode = Mode::new(self.layout, x.dtype());
         let (yp, xp, bp) = (self.dev.ptr_mut(out), self.dev.ptr(x), self.dev.ptr(bias));
-        elementwise::add_channel_bias_to(&self.dev, yp, xp, bp, xd, self.cl(), false, bf);
+        elementwise::add_channel_bias_to(&self.dev, yp, xp, bp, xd, mode, false);
     }
     fn add_bias_vectors(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf) {
         meddpm::backend::check_bias_vectors(out.len(), a.len(), b.len());
@@ -1500,7 +1348,7 @@ impl Backend for CudaBackend {
         // the channel-bias kernel over a (1, C, 1, 1, 1) f32 tensor
         let d = Dims { n: 1, c: a.len(), d: 1, h: 1, w: 1 };
         let (op, ap, bp) = (self.dev.ptr_mut(out), self.dev.ptr(a), self.dev.ptr(b));
-        elementwise::add_channel_bias_to(&self.dev, op, ap, bp, d, false, false, 0);
+        elementwise::add_channel_bias_to(&self.dev, op, ap, bp, d, Mode::new(Layout::Ncdhw, DType::F32), false);
     }
     fn add_bias_vectors_all(&self, triples: &mut [(&mut Self::Buf, &Self::Buf, &Self::Buf)]) {
         optim::add_all(&self.dev, &self.tables, triples);
@@ -1509,7 +1357,7 @@ impl Backend for CudaBackend {
         assert_eq!(dbias.len(), xd.n * xd.c, "channel_sum {xd}: dbias length");
         buf::require_f32("channel_sum: dbias", &[dbias]);
         let out = self.dev.ptr_mut(dbias);
-        elementwise::channel_sums(&self.dev, dx, xd, self.cl(), elementwise::SumTo::PerSample(out));
+        elementwise::channel_sums(&self.dev, dx, xd, self.layout, elementwise::SumTo::PerSample(out));
     }
     fn bias_grad_rows(&self, db: &mut Self::Buf, rows: &Self::Buf, n: usize, c: usize) {
         linear::bias_grad_rows(&self.dev, db, rows, n, c);
@@ -1524,7 +1372,7 @@ impl Backend for CudaBackend {
         ca: usize,
         cb: usize,
     ) {
-        elementwise::concat(&self.dev, out, a, a_bias, b, x, ca, cb, self.cl());
+        elementwise::concat(&self.dev, out, a, a_bias, b, x, ca, cb, self.layout);
     }
     fn split_channels(
         &self,
@@ -1535,7 +1383,7 @@ impl Backend for CudaBackend {
         ca: usize,
         cb: usize,
     ) {
-        elementwise::split(&self.dev, da, db, dout, x, ca, cb, self.cl());
+        elementwise::split(&self.dev, da, db, dout, x, ca, cb, self.layout);
     }
 
     fn loss_forward(&self, loss: &mut Self::Buf, pred: &Self::Buf, target: &Self::Buf, kind: LossKind) {
@@ -1546,7 +1394,7 @@ impl Backend for CudaBackend {
     }
 
     fn randn(&self, out: &mut Self::Buf, rng: Philox, offset: u64, x: Dims) {
-        diffusion::randn(&self.dev, out, rng, offset, x, self.cl());
+        diffusion::randn(&self.dev, out, rng, offset, x, self.layout);
     }
     fn q_sample(&self, xt: &mut Self::Buf, x0: &Self::Buf, eps: &Self::Buf, a: &[f32], b: &[f32], x: Dims) {
         diffusion::q_sample(&self.dev, xt, x0, eps, a, b, x);
@@ -1562,7 +1410,7 @@ impl Backend for CudaBackend {
         x: Dims,
         cc: usize,
     ) {
-        diffusion::q_sample_input(&self.dev, (input, eps), srcs, rng, offset, ab, x, cc, self.cl());
+        diffusion::q_sample_input(&self.dev, (input, eps), srcs, rng, offset, ab, x, cc, self.layout);
     }
     fn ddpm_step(&self, x: &mut Self::Buf, eps: &Self::Buf, z: &Self::Buf, coefs: &[DdpmCoefs], xd: Dims) {
         diffusion::ddpm_step(&self.dev, x, eps, z, coefs, xd);
@@ -1577,7 +1425,7 @@ impl Backend for CudaBackend {
         coefs: &[SamplerCoefs],
         xd: Dims,
     ) {
-        sampler::sampler_step(&self.dev, x, eps, hist, pred, clip, coefs, xd, self.cl());
+        sampler::sampler_step(&self.dev, x, eps, hist, pred, clip, coefs, xd, self.layout);
     }
 
     fn adam_step(&self, p: &mut Self::Buf, g: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, h: AdamStep) {

@@ -7,9 +7,9 @@
 //! leading dimension `ld` and a batch stride. [`gemm`] then computes C = α·A·B + β·C for any mix.
 
 use cudarc::cublas::sys as bsys;
-use meddpm::Accum;
+use meddpm::{Accum, DType, Layout};
 
-use crate::buf::{require_f32, GpuBuf};
+use crate::buf::{require_f32, GpuBuf, Mode};
 use crate::device::{cublas_ck, Arg::*, Device};
 
 #[derive(Clone, Copy, Debug)]
@@ -222,7 +222,7 @@ pub(crate) fn forward(
     let wm = Mat::row_major(dev.ptr(w), i, 0);
     gemm(dev, n, o, i, 1.0, x, wm.tr(), 0.0, Mat::row_major(op_, o, 0), 1);
     let d = meddpm::Dims::new(n, o, 1, 1, 1);
-    crate::elementwise::add_channel_bias(dev, op_, dev.ptr(b), d, false, false, 0);
+    crate::elementwise::add_channel_bias(dev, op_, dev.ptr(b), d, Mode::new(Layout::Ncdhw, DType::F32), false);
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -328,7 +328,7 @@ pub fn group<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
 pub fn doctor_line() -> String {
     match load() {
         Ok(v) => {
-            let files = crate::doctor::loaded_library_files(&["libnccl"]);
+            let files = crate::device::loaded_library_files(&["libnccl"]);
             format!(
                 "NCCL: {} ({}), {}",
                 version_string(v),

@@ -1,4 +1,4 @@
-//! NVTX ranges for [`crate::CudaBackend`]'s `push_range`/`pop_range` (issue 4): every U-Net block,
+//! NVTX ranges for [`crate::CudaBackend`]'s `push_range`/`pop_range`: every U-Net block,
 //! forward/backward and the profiler's `train`/`sample`/`optimizer` ranges become NVTX push/pop
 //! ranges, so Nsight Compute can select one step (`ncu --nvtx --nvtx-include "profile/"`) and shows
 //! the range stack of every profiled kernel.

@@ -4,7 +4,7 @@
 //! through nvml-wrapper, so this builds and runs everywhere: without the library, or for a GPU
 //! NVML cannot see, [`PowerMonitor::start`] returns None and no power line is printed.
 //! The summary arithmetic is the engine's (`meddpm::analysis::power`); why it matters is written
-//! there (the H200 BraTS step runs at the 700 W cap, docs/perf/h200-2026-12-04d).
+//! there (the H200 BraTS step runs at the 700 W cap).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};

@@ -5,7 +5,7 @@
 //! Per-sample coefficients travel by value in the kernel parameters, 16 samples per launch.
 
 use meddpm::backend::{Prediction, SamplerCoefs};
-use meddpm::Dims;
+use meddpm::{Dims, Layout};
 
 use crate::buf::{require_f32, GpuBuf};
 use crate::device::{Arg::*, Device};
@@ -30,8 +30,9 @@ pub(crate) fn sampler_step(
     clip: bool,
     coefs: &[SamplerCoefs],
     xd: Dims,
-    cl: bool,
+    layout: Layout,
 ) {
+    let cl = layout == Layout::Ndhwc;
     assert!(
         x.len() == xd.numel() && eps.len() == xd.numel() && coefs.len() == xd.n,
         "sampler_step {xd}: lengths x {} eps {} coefs {}",

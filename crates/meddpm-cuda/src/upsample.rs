@@ -4,9 +4,9 @@
 //! output rows a block, four rows of f32 in 227 KB, a thread per channel vector of a voxel; the
 //! backward: one input row a block, 48 KB), else per voxel.
 
-use meddpm::{Accum, Dims};
+use meddpm::{Accum, Dims, Layout};
 
-use crate::buf::GpuBuf;
+use crate::buf::{GpuBuf, Mode};
 use crate::device::{Arg::*, Device};
 use crate::elementwise::{row_launch, row_vec, same_bf};
 
@@ -27,7 +27,8 @@ fn quad_smem(x: Dims, v: usize) -> Option<u32> {
     (bytes <= 227 * 1024 && x.c / v <= ROWS_BLOCK as usize).then_some(bytes as u32)
 }
 
-pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl: bool) {
+pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, layout: Layout) {
+    let cl = layout == Layout::Ndhwc;
     assert!(
         inp.len() == x.numel() && out.len() == x.up2().numel(),
         "upsample {x}: lengths inp {} out {}",
@@ -35,16 +36,16 @@ pub(crate) fn forward(dev: &Device, out: &mut GpuBuf, inp: &GpuBuf, x: Dims, cl:
         out.len()
     );
     let bf = same_bf("upsample_forward", &[out, inp]);
-    forward_ptrs(dev, (dev.ptr_mut(out), dev.ptr(inp)), x, cl, bf == 1);
+    forward_ptrs(dev, (dev.ptr_mut(out), dev.ptr(inp)), x, Mode::from_flags(cl, bf));
 }
 
 /// [`forward`] on device addresses (out of `x.up2()`'s, inp of `x`'s elements, both bf16 or both
-/// f32 per `bf`): the Upsample conv's first-use timing runs it on its scratch.
-pub(crate) fn forward_ptrs(dev: &Device, (op_, ip): (u64, u64), x: Dims, cl: bool, bf: bool) {
+/// f32 per `mode`): the Upsample conv's first-use timing runs it on its scratch.
+pub(crate) fn forward_ptrs(dev: &Device, (op_, ip): (u64, u64), x: Dims, mode: Mode) {
     let total = x.up2().numel();
-    let bf = bf as i32;
+    let (cl, bf) = (mode.cl(), mode.bf_flag());
     if cl {
-        let v = row_vec(x, true, bf);
+        let v = row_vec(x, Mode::from_flags(true, bf));
         if let Some(smem) = quad_smem(x, v) {
             // one block per 2 × 2 output rows (a source row's), separable through shared memory
             let dims = [x.c, x.d, x.h, x.w].map(|d| I(d as i32));
@@ -53,7 +54,7 @@ pub(crate) fn forward_ptrs(dev: &Device, (op_, ip): (u64, u64), x: Dims, cl: boo
             return dev.launch_shared("upsample_fwd_quad", grid, (ROWS_BLOCK, 1, 1), smem, &args);
         }
         // channels-last: each thread interpolates V channels of one voxel (16-byte accesses)
-        let (grid, block) = row_launch(dev, x.up2(), v, true);
+        let (grid, block) = row_launch(dev, x.up2(), v, Layout::Ndhwc);
         let args = [P(op_), P(ip), I(x.c as i32), I(x.d as i32), I(x.h as i32), I(x.w as i32), I(bf), I(v as i32)];
         return dev.launch("upsample_fwd_cl", grid, block, &args);
     }
@@ -74,11 +75,12 @@ pub(crate) fn forward_ptrs(dev: &Device, (op_, ip): (u64, u64), x: Dims, cl: boo
     );
 }
 
-pub(crate) fn backward(dev: &Device, dinp: (&mut GpuBuf, Accum), dout: &GpuBuf, x: Dims, cl: bool) {
+pub(crate) fn backward(dev: &Device, dinp: (&mut GpuBuf, Accum), dout: &GpuBuf, x: Dims, layout: Layout) {
+    let cl = layout == Layout::Ndhwc;
     assert!(dinp.0.len() == x.numel() && dout.len() == x.up2().numel(), "upsample backward {x}: lengths");
     let bf = same_bf("upsample_backward", &[dinp.0, dout]);
     if cl {
-        let v = row_vec(x, true, bf);
+        let v = row_vec(x, Mode::from_flags(true, bf));
         let acc = (dinp.1 == Accum::Add) as i32;
         if let Some(smem) = rows_smem(2 * x.w * x.c) {
             // one block per input row, separable through shared memory
@@ -88,7 +90,7 @@ pub(crate) fn backward(dev: &Device, dinp: (&mut GpuBuf, Accum), dout: &GpuBuf, 
             let grid = ((x.n * x.d * x.h) as u32, 1, 1);
             return dev.launch_shared("upsample_bwd_rows", grid, (ROWS_BLOCK, 1, 1), smem, &args);
         }
-        let (grid, block) = row_launch(dev, x, v, true);
+        let (grid, block) = row_launch(dev, x, v, Layout::Ndhwc);
         let (dp, op_) = (dev.ptr_mut(dinp.0), dev.ptr(dout));
         let args =
             [P(dp), P(op_), I(x.c as i32), I(x.d as i32), I(x.h as i32), I(x.w as i32), I(acc), I(bf), I(v as i32)];

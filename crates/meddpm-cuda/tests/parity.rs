@@ -232,8 +232,8 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
         // our few-channel kernels forbidden (cuDNN), forced (where the shape is theirs; the
         // Cout = 1 forward in NDHWC as GEMM + tap sum, then the direct FMA kernel), timed
         for (small, gemm) in [(Some(false), true), (Some(true), true), (Some(true), false), (None, true)] {
-            g.set_small_conv(small);
-            g.set_small_gemm(gemm);
+            g.set_choices(|c| c.small_conv = small);
+            g.set_choices(|c| c.small_gemm = gemm);
             let tag = format!(
                 "conv {} -> {} k{} s{} {:?} small {small:?} gemm {gemm} [{}]",
                 cs.x,
@@ -245,7 +245,7 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
             );
             // both bias paths: cuDNN-fused (where the algorithm allows it) and our bias kernel
             for mode in [Some(true), Some(false), None] {
-                g.set_conv_fused_bias(mode);
+                g.set_choices(|c| c.fused_bias = mode);
                 let mut yg = g.alloc(o.numel()).unwrap();
                 g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
                 check(&format!("{tag} y (fused bias {mode:?})"), &get_act(g, &yg, o), &y_c, mm_frac(g));
@@ -253,20 +253,20 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
             // Cin or Cout not a multiple of 4: also through the zero-padded shape (forced on, off,
             // timed); twice each, so the reused padding scratch is exercised
             for pad in [Some(true), Some(false), None] {
-                g.set_conv_pad(pad);
+                g.set_choices(|c| c.conv_pad = pad);
                 for rep in 0..2 {
                     let mut yg = g.alloc(o.numel()).unwrap();
                     g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
                     check(&format!("{tag} y (padded {pad:?}, rep {rep})"), &get_act(g, &yg, o), &y_c, mm_frac(g));
                 }
             }
-            g.set_conv_pad(None);
+            g.set_choices(|c| c.conv_pad = None);
             // the GEMM route's slabs: at least 8 planes each, so D > 8 runs several
-            g.set_small_gemm_budget(1);
+            g.set_choices(|c| c.small_gemm_budget = 1);
             let mut yg = g.alloc(o.numel()).unwrap();
             g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
             check(&format!("{tag} y (slabs of 8 planes)"), &get_act(g, &yg, o), &y_c, mm_frac(g));
-            g.set_small_gemm_budget(64 << 20);
+            g.set_choices(|c| c.small_gemm_budget = 64 << 20);
             check_small_path(g, cs, small, 0, &tag, false);
             // twice: the second call uses the cached algorithm and must accumulate the same way;
             // a third time without the bias gradient (db None: db untouched, the rest the same)
@@ -310,8 +310,8 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, seed: 
                 check_small_path(g, cs, small, 1, &tag, false);
             }
         }
-        g.set_small_conv(None); // the defaults
-        g.set_small_gemm(true);
+        g.set_choices(|c| c.small_conv = None); // the defaults
+        g.set_choices(|c| c.small_gemm = true);
         let y0 = rnd(o.numel(), seed + 7, 1.0);
         let tag = format!("conv {} -> {} k{} s{} [{}]", cs.x, cs.cout, k, cs.stride, name(g));
         check_forward_acc(
@@ -388,7 +388,7 @@ fn wgmma_wgrad_tf32_parity() {
     let cases =
         [(Dims::new(2, 64, 6, 40, 20), 64), (Dims::new(1, 128, 9, 33, 17), 128), (Dims::new(1, 64, 1, 20, 24), 64)];
     for o in &gs {
-        o.set_wgmma(Some(true));
+        o.set_choices(|c| c.wgmma = Some(true));
     }
     for (i, (xd, co)) in cases.into_iter().enumerate() {
         let cs = ConvShape::new(xd, co, 3, 1);
@@ -405,27 +405,27 @@ fn wgmma_wgrad_tf32_parity() {
             let mut want = dw0.clone();
             cpu.conv3d_backward(None, &mut want, None, &dy, &x, &w, cs);
             let (xg, wg, dyg) = (act(g, &x, xd), param(g, &w, &wshape), act(g, &dy, od));
-            let runs = g.wgmma_wgrad_runs();
+            let runs = g.runs().wgmma_wgrad;
             let mut dwg = param(g, &dw0, &wshape);
             g.conv3d_backward(None, &mut dwg, None, &dyg, &xg, &wg, cs);
-            if g.wgmma_wgrad_runs() == runs {
+            if g.runs().wgmma_wgrad == runs {
                 println!("skipped: conv3d_wgmma_wgrad_tf32 needs an sm_90 GPU ({})", name(g));
                 for o in &gs {
-                    o.set_wgmma(None);
+                    o.set_choices(|c| c.wgmma = None);
                 }
                 return;
             }
-            assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: one run");
+            assert_eq!(g.runs().wgmma_wgrad - runs, 1, "{tag}: one run");
             let got = get_param(g, &dwg, &wshape);
             let grad = |v: &[f32]| v.iter().zip(&dw0).map(|(a, b)| a - b).collect::<Vec<_>>();
             // the gradient itself (dW0's values, 50x larger, would hide its errors)
             check(&format!("{tag} dw (+= onto dW)"), &grad(&got), &grad(&want), if rounded { 1e-4 } else { 1e-2 });
             if !rounded {
-                g.set_wgmma_wgrad(false);
+                g.set_choices(|c| c.wgmma_wgrad = false);
                 let mut dwc = param(g, &dw0, &wshape);
                 g.conv3d_backward(None, &mut dwc, None, &dyg, &xg, &wg, cs);
-                g.set_wgmma_wgrad(true);
-                assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: cuDNN's run did not take the kernel");
+                g.set_choices(|c| c.wgmma_wgrad = true);
+                assert_eq!(g.runs().wgmma_wgrad - runs, 1, "{tag}: cuDNN's run did not take the kernel");
                 check(&format!("{tag} dw vs cuDNN's TF32"), &grad(&get_param(g, &dwc, &wshape)), &grad(&got), 1e-2);
             }
         }
@@ -438,11 +438,11 @@ fn wgmma_wgrad_tf32_parity() {
             );
             let mut dwo = param(o, &dw0, &wshape);
             o.conv3d_backward(None, &mut dwo, None, &dyo, &xo, &wo, cs);
-            assert_eq!(o.wgmma_wgrad_runs(), 0, "{}: conv3d_wgmma_wgrad* must not run", name(o));
+            assert_eq!(o.runs().wgmma_wgrad, 0, "{}: conv3d_wgmma_wgrad* must not run", name(o));
         }
     }
     for o in &gs {
-        o.set_wgmma(None);
+        o.set_choices(|c| c.wgmma = None);
     }
 }
 
@@ -1215,9 +1215,9 @@ fn graph_replay_matches_plain_launches() {
         // the same conv paths on both backends: no per-shape timing that could choose differently
         // (bias unfused, padding on, our few-channel kernels wherever a shape is theirs)
         let pin = |b: &CudaBackend| {
-            b.set_conv_fused_bias(Some(false));
-            b.set_conv_pad(Some(true));
-            b.set_small_conv(Some(true));
+            b.set_choices(|c| c.fused_bias = Some(false));
+            b.set_choices(|c| c.conv_pad = Some(true));
+            b.set_choices(|c| c.small_conv = Some(true));
         };
         g.set_graphs(true);
         pin(g);
@@ -1261,9 +1261,9 @@ fn graph_replay_matches_plain_launches() {
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             check(&format!("graph replay vs plain, tensor {i} [{}]", name(g)), x, y, mm_frac(g));
         }
-        g.set_conv_fused_bias(None);
-        g.set_conv_pad(None);
-        g.set_small_conv(None);
+        g.set_choices(|c| c.fused_bias = None);
+        g.set_choices(|c| c.conv_pad = None);
+        g.set_choices(|c| c.small_conv = None);
     }
 }
 

@@ -194,9 +194,9 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
             (None, true, true),
         ];
         for (small, mma, gemm) in combos {
-            g.set_small_conv(small);
-            g.set_small_mma(mma);
-            g.set_small_gemm(gemm);
+            g.set_choices(|c| c.small_conv = small);
+            g.set_choices(|c| c.small_mma = mma);
+            g.set_choices(|c| c.small_gemm = gemm);
             // Cin 5 to 8: ours only on the tensor cores (NDHWC)
             let cin8 = mma && g.layout() == Layout::Ndhwc;
             let tag = format!(
@@ -208,18 +208,18 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
                 name(g)
             );
             for pad in [Some(true), Some(false), None] {
-                g.set_conv_pad(pad);
+                g.set_choices(|c| c.conv_pad = pad);
                 let mut yg = if f32_io { g.alloc(o.numel()).unwrap() } else { g.alloc_act(o.numel()).unwrap() };
                 g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
                 check(&format!("{tag} y (padded {pad:?})"), &get_act(g, &yg, o), &y_c, BF);
             }
-            g.set_conv_pad(None);
+            g.set_choices(|c| c.conv_pad = None);
             // the GEMM route's slabs: at least 8 planes each, so D > 8 runs several
-            g.set_small_gemm_budget(1);
+            g.set_choices(|c| c.small_gemm_budget = 1);
             let mut yg = if f32_io { g.alloc(o.numel()).unwrap() } else { g.alloc_act(o.numel()).unwrap() };
             g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
             check(&format!("{tag} y (slabs of 8 planes)"), &get_act(g, &yg, o), &y_c, BF);
-            g.set_small_gemm_budget(64 << 20);
+            g.set_choices(|c| c.small_gemm_budget = 64 << 20);
             check_small_path(g, cs, small, 0, &tag, cin8);
             // rep 2 without the bias gradient (db None: db untouched, the rest the same)
             for rep in 0..3 {
@@ -259,9 +259,9 @@ fn conv_case(gs: &[CudaBackend], cs: ConvShape, with_dinp: Option<Accum>, f32_io
                 check_small_path(g, cs, small, 1, &tag, cin8);
             }
         }
-        g.set_small_conv(None); // the defaults
-        g.set_small_mma(true);
-        g.set_small_gemm(true);
+        g.set_choices(|c| c.small_conv = None); // the defaults
+        g.set_choices(|c| c.small_mma = true);
+        g.set_choices(|c| c.small_gemm = true);
         let y0 = store(rnd(o.numel(), seed + 7, 1.0));
         let tag = format!("bf16 conv {} -> {} k{} s{} f32 io {f32_io} [{}]", cs.x, cs.cout, k, cs.stride, name(g));
         check_forward_acc(
@@ -355,7 +355,7 @@ fn conv3d_bf16_parity() {
 /// its data gradient reads 128 channels of dy); batch 2; D = 2…5 with the work items' chunks of
 /// d; more work items than SMs (W = 272). Data gradients with 128 or 256 result channels run on
 /// `conv3d_wgmma_dgrad2` (two slices a block; its own counter proves it), bit for bit the
-/// block-a-slice kernel's (`set_wgmma_dual(false)`).
+/// block-a-slice kernel's (`c.wgmma_dual = false`).
 /// Forward with a bias, accumulated with and without one, conv + b + z; the data gradient
 /// overwritten and accumulated (`conv3d_backward_data`, and within `conv3d_backward`). The
 /// kernel's run counter proves it computed every call, and that an NCDHW backend never runs it.
@@ -380,7 +380,7 @@ fn wgmma_conv_bf16_parity() {
         (Dims::new(1, 128, 4, 35, 9), 128),
         (Dims::new(2, 128, 2, 33, 272), 64),
     ];
-    g.set_wgmma(Some(true));
+    g.set_choices(|c| c.wgmma = Some(true));
     for (i, (xd, co)) in cases.into_iter().enumerate() {
         let cs = ConvShape::new(xd, co, 3, 1);
         let seed = 7000 + 10 * i as u64;
@@ -394,18 +394,18 @@ fn wgmma_conv_bf16_parity() {
         let dx0 = rb(&rnd(xd.numel(), seed + 5, 1.0));
         let (xg, wg, bg, dyg) = (act(g, &x, xd), param(g, &w, &wshape), raw(g, &b), act(g, &dy, o));
         let tag = format!("wgmma conv {xd} -> {co} [{}]", name(g));
-        let runs0 = g.wgmma_runs();
+        let runs0 = g.runs().wgmma;
         if runs0 == 0 && i == 0 {
             // the kernel fits sm_90 only: elsewhere it must not run, and cuDNN's results are checked
             let mut yg = g.alloc_act(o.numel()).unwrap();
             g.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
-            if g.wgmma_runs() == 0 {
+            if g.runs().wgmma == 0 {
                 println!("skipped: conv3d_wgmma needs an sm_90 GPU ({})", name(g));
-                g.set_wgmma(None);
+                g.set_choices(|c| c.wgmma = None);
                 return;
             }
         }
-        let runs0 = g.wgmma_runs();
+        let runs0 = g.runs().wgmma;
         let mut want = vec![0f32; o.numel()];
         cpu.conv3d_forward(&mut want, &x, &w, &b, cs);
         let mut yg = g.alloc_act(o.numel()).unwrap();
@@ -423,12 +423,12 @@ fn wgmma_conv_bf16_parity() {
             &tag,
         );
         // 1 + 6 (accumulated, with and without a bias; overwritten; twice each) + 6 (conv + b + z)
-        assert_eq!(g.wgmma_runs() - runs0, 13, "{tag}: the forwards ran conv3d_wgmma_fwd");
+        assert_eq!(g.runs().wgmma - runs0, 13, "{tag}: the forwards ran conv3d_wgmma_fwd");
         for acc in [Accum::Overwrite, Accum::Add] {
             let mut want = dx0.clone();
             let (mut dw_c, mut db_c) = (vec![0f32; cs.w_len()], vec![0f32; co]);
             cpu.conv3d_backward(Some((&mut want, acc)), &mut dw_c, Some(&mut db_c), &dy, &x, &w, cs);
-            let (runs, wruns, druns) = (g.wgmma_runs(), g.wgmma_wgrad_runs(), g.wgmma_dual_runs());
+            let (runs, wruns, druns) = (g.runs().wgmma, g.runs().wgmma_wgrad, g.runs().wgmma_dual);
             let mut dxg = act(g, &dx0, xd);
             g.conv3d_backward_data((&mut dxg, acc), &dyg, &wg, cs);
             check(&format!("{tag} dx {acc:?} (data only)"), &get_act(g, &dxg, xd), &want, BF);
@@ -436,18 +436,18 @@ fn wgmma_conv_bf16_parity() {
             g.conv3d_backward(Some((&mut dxg, acc)), &mut dwg, None, &dyg, &xg, &wg, cs);
             check(&format!("{tag} dx {acc:?}"), &get_act(g, &dxg, xd), &want, BF);
             check(&format!("{tag} dw {acc:?}"), &get_param(g, &dwg, &wshape), &dw_c, BF);
-            assert_eq!(g.wgmma_runs() - runs, 2, "{tag}: the data gradients ran conv3d_wgmma_dgrad");
+            assert_eq!(g.runs().wgmma - runs, 2, "{tag}: the data gradients ran conv3d_wgmma_dgrad");
             let dual = if xd.c % 128 == 0 { 2 } else { 0 };
-            assert_eq!(g.wgmma_dual_runs() - druns, dual, "{tag}: data gradients on conv3d_wgmma_dgrad2");
-            assert_eq!(g.wgmma_wgrad_runs() - wruns, 1, "{tag}: the weight gradient ran conv3d_wgmma_wgrad");
+            assert_eq!(g.runs().wgmma_dual - druns, dual, "{tag}: data gradients on conv3d_wgmma_dgrad2");
+            assert_eq!(g.runs().wgmma_wgrad - wruns, 1, "{tag}: the weight gradient ran conv3d_wgmma_wgrad");
             if dual > 0 {
                 // a block a slice: the same MMAs in the same order, the same epilogue
-                g.set_wgmma_dual(false);
+                g.set_choices(|c| c.wgmma_dual = false);
                 let mut dx1 = act(g, &dx0, xd);
                 g.conv3d_backward_data((&mut dx1, acc), &dyg, &wg, cs);
-                g.set_wgmma_dual(true);
-                let d = g.wgmma_dual_runs() - druns;
-                assert_eq!(d, 2, "{tag}: set_wgmma_dual(false) ran conv3d_wgmma_dgrad");
+                g.set_choices(|c| c.wgmma_dual = true);
+                let d = g.runs().wgmma_dual - druns;
+                assert_eq!(d, 2, "{tag}: wgmma_dual = false ran conv3d_wgmma_dgrad");
                 let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
                 let (two, one) = (get_act(g, &dxg, xd), get_act(g, &dx1, xd));
                 assert!(
@@ -457,10 +457,10 @@ fn wgmma_conv_bf16_parity() {
             }
         }
     }
-    g.set_wgmma(None);
+    g.set_choices(|c| c.wgmma = None);
     // NCDHW never takes it, even forced (the kernel reads and writes NDHWC)
     let (n, cs) = (&gs[0], ConvShape::new(Dims::new(1, 64, 4, 9, 10), 64, 3, 1));
-    n.set_wgmma(Some(true));
+    n.set_choices(|c| c.wgmma = Some(true));
     let x = rb(&rnd(cs.x.numel(), 7900, 1.0));
     let w = rnd(cs.w_len(), 7901, 0.05);
     let b = rnd(64, 7902, 0.5);
@@ -470,8 +470,8 @@ fn wgmma_conv_bf16_parity() {
     let mut yg = n.alloc_act(cs.out().numel()).unwrap();
     n.conv3d_forward(&mut yg, &xg, &wg, &bg, cs);
     check(&format!("wgmma forced, NCDHW [{}]", name(n)), &get_act(n, &yg, cs.out()), &want, BF);
-    assert_eq!(n.wgmma_runs(), 0, "NCDHW must not run conv3d_wgmma");
-    n.set_wgmma(None);
+    assert_eq!(n.runs().wgmma, 0, "NCDHW must not run conv3d_wgmma");
+    n.set_choices(|c| c.wgmma = None);
 }
 
 /// The wide convs' weight gradient on the warpgroup MMA (`conv3d_wgmma_wgrad`, forced on) against
@@ -491,7 +491,7 @@ fn wgmma_wgrad_bf16_parity() {
     let cpu = CpuBackend::new();
     let cases =
         [(Dims::new(2, 64, 6, 40, 20), 64), (Dims::new(1, 128, 9, 33, 17), 128), (Dims::new(1, 64, 1, 64, 24), 64)];
-    g.set_wgmma(Some(true));
+    g.set_choices(|c| c.wgmma = Some(true));
     for (i, (xd, co)) in cases.into_iter().enumerate() {
         let cs = ConvShape::new(xd, co, 3, 1);
         let seed = 7600 + 10 * i as u64;
@@ -505,27 +505,27 @@ fn wgmma_wgrad_bf16_parity() {
         let tag = format!("wgmma wgrad {xd} -> {co} [{}]", name(g));
         let mut want = dw0.clone();
         cpu.conv3d_backward(None, &mut want, None, &dy, &x, &w, cs);
-        let runs = g.wgmma_wgrad_runs();
+        let runs = g.runs().wgmma_wgrad;
         let mut dwg = param(g, &dw0, &wshape);
         g.conv3d_backward(None, &mut dwg, None, &dyg, &xg, &wg, cs);
-        if g.wgmma_wgrad_runs() == runs {
+        if g.runs().wgmma_wgrad == runs {
             println!("skipped: conv3d_wgmma_wgrad needs an sm_90 GPU ({})", name(g));
-            g.set_wgmma(None);
+            g.set_choices(|c| c.wgmma = None);
             return;
         }
-        assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: one run");
+        assert_eq!(g.runs().wgmma_wgrad - runs, 1, "{tag}: one run");
         let got = get_param(g, &dwg, &wshape);
         check(&format!("{tag} dw (+= onto dW)"), &got, &want, 2e-4);
         // cuDNN's on the same operands
-        g.set_wgmma_wgrad(false);
+        g.set_choices(|c| c.wgmma_wgrad = false);
         let mut dwc = param(g, &dw0, &wshape);
         g.conv3d_backward(None, &mut dwc, None, &dyg, &xg, &wg, cs);
-        g.set_wgmma_wgrad(true);
-        assert_eq!(g.wgmma_wgrad_runs() - runs, 1, "{tag}: cuDNN's run did not take conv3d_wgmma_wgrad");
+        g.set_choices(|c| c.wgmma_wgrad = true);
+        assert_eq!(g.runs().wgmma_wgrad - runs, 1, "{tag}: cuDNN's run did not take conv3d_wgmma_wgrad");
         let grad = |v: &[f32]| v.iter().zip(&dw0).map(|(a, b)| a - b).collect::<Vec<_>>();
         check(&format!("{tag} dw vs cuDNN's"), &grad(&get_param(g, &dwc, &wshape)), &grad(&got), BF);
     }
-    g.set_wgmma(None);
+    g.set_choices(|c| c.wgmma = None);
 }
 
 /// `conv3d_wgmma_fwd_gn` (`groupnorm_silu_conv3d_fused`): the conv over silu(GN(x + off)) with the
@@ -540,7 +540,7 @@ fn wgmma_wgrad_bf16_parity() {
 /// A ResBlock conv's data gradient followed by the GroupNorm+SiLU backward of that gradient
 /// (`conv3d_backward_data_gn`) with the backward's channel sums taken in the wgmma data gradient's
 /// epilogue (`conv3d_wgmma_dgrad_gnb`, forced on) against the same two steps with the sums from
-/// the backward's own pass (`set_dgrad_gn(false)`) and against the CPU's two calls: the data
+/// the backward's own pass (`c.dgrad_gn = false`) and against the CPU's two calls: the data
 /// gradient and act bit for bit the unfused GPU path's (the same kernel arithmetic), dx within two
 /// bf16 ulps of both, dγ, dβ and the time-embedding gradient dsum (f32 sums in another order)
 /// within 1e-4 of the unfused GPU path, dγ and dβ within 1e-3 of the CPU, dsum within the
@@ -568,7 +568,7 @@ fn wgmma_dgrad_gn_bf16_parity() {
         (Dims::new(1, 64, 3, 9, 10), 128, 32, false, false, Accum::Add),
         (Dims::new(2, 64, 5, 33, 272), 64, 32, true, false, Accum::Overwrite),
     ];
-    g.set_wgmma(Some(true));
+    g.set_choices(|c| c.wgmma = Some(true));
     for (i, (xd, co, groups, with_off, with_res, mode)) in cases.into_iter().enumerate() {
         let cs = ConvShape::new(xd, co, 3, 1);
         let (o, seed, ng, c) = (cs.out(), 9100 + 20 * i as u64, xd.n * groups, xd.c);
@@ -618,8 +618,8 @@ fn wgmma_dgrad_gn_bf16_parity() {
         let (offg, resg) = (off.as_ref().map(|v| raw(g, v)), res.as_ref().map(|v| act(g, v, xd)));
         let mut outs = Vec::new();
         for fused in [true, false] {
-            g.set_dgrad_gn(fused);
-            let (runs, wruns) = (g.dgrad_gn_runs(), g.wgmma_runs());
+            g.set_choices(|c| c.dgrad_gn = fused);
+            let (runs, wruns) = (g.runs().dgrad_gn, g.runs().wgmma);
             let (mut da, mut dx, mut a) =
                 (g.alloc_act(xd.numel()).unwrap(), act(g, &dx0, xd), g.alloc_act(xd.numel()).unwrap());
             let (mut dgg, mut dbg, mut dsg) = (raw(g, &dg0), raw(g, &db0), raw(g, &vec![0f32; xd.n * c]));
@@ -639,14 +639,14 @@ fn wgmma_dgrad_gn_bf16_parity() {
                 dout_sum: Some(&mut ysg),
             };
             g.conv3d_backward_data_gn(&mut da, &dyg, &wg, cs, gn);
-            if i == 0 && fused && g.wgmma_runs() == wruns {
+            if i == 0 && fused && g.runs().wgmma == wruns {
                 println!("skipped: conv3d_wgmma needs an sm_90 GPU ({})", name(g));
-                g.set_wgmma(None);
-                g.set_dgrad_gn(true);
+                g.set_choices(|c| c.wgmma = None);
+                g.set_choices(|c| c.dgrad_gn = true);
                 return;
             }
-            assert_eq!(g.wgmma_runs() - wruns, 1, "{tag}: the data gradient ran on conv3d_wgmma");
-            assert_eq!(g.dgrad_gn_runs() - runs, fused as u64, "{tag}: the sums from the epilogue: {fused}");
+            assert_eq!(g.runs().wgmma - wruns, 1, "{tag}: the data gradient ran on conv3d_wgmma");
+            assert_eq!(g.runs().dgrad_gn - runs, fused as u64, "{tag}: the sums from the epilogue: {fused}");
             let t = format!("{tag} fused {fused} [{}]", name(g));
             let got = (get_act(g, &da, xd), get_act(g, &dx, xd), get_act(g, &a, xd));
             let gotr = (get_raw(g, &dgg), get_raw(g, &dbg), get_raw(g, &dsg), get_raw(g, &ysg));
@@ -666,7 +666,7 @@ fn wgmma_dgrad_gn_bf16_parity() {
             }
             outs.push((got, gotr));
         }
-        g.set_dgrad_gn(true);
+        g.set_choices(|c| c.dgrad_gn = true);
         let ((f, fr), (u, ur)) = (&outs[0], &outs[1]);
         assert!(f.0 == u.0 && f.2 == u.2, "{tag}: the data gradient / act differ from the unfused path's");
         check(&format!("{tag} dx fused vs unfused"), &f.1, &u.1, BF);
@@ -677,7 +677,7 @@ fn wgmma_dgrad_gn_bf16_parity() {
             check(&format!("{tag} dsum fused vs unfused"), &fr.2, &ur.2, 1e-4);
         }
     }
-    g.set_wgmma(None);
+    g.set_choices(|c| c.wgmma = None);
 }
 
 #[test]
@@ -697,8 +697,8 @@ fn wgmma_gn_conv_bf16_parity() {
         // kernel's window of input planes restarts at each item)
         (Dims::new(2, 64, 5, 33, 272), 64, false, true),
     ];
-    g.set_wgmma(Some(true));
-    g.set_wgmma_gn(true);
+    g.set_choices(|c| c.wgmma = Some(true));
+    g.set_choices(|c| c.wgmma_gn = true);
     for (i, (xd, co, with_off, fresh)) in cases.into_iter().enumerate() {
         let cs = ConvShape::new(xd, co, 3, 1);
         let (o, ng) = (cs.out(), xd.n * groups);
@@ -726,7 +726,7 @@ fn wgmma_gn_conv_bf16_parity() {
         if !g.gn_conv_fusable(&xg, &wg, cs, false, groups) {
             assert!(i == 0, "{tag}: fusable for the first case, not this one");
             println!("skipped: conv3d_wgmma_fwd_gn needs an sm_90 GPU ({})", name(g));
-            g.set_wgmma(None);
+            g.set_choices(|c| c.wgmma = None);
             return;
         }
         // the GPU's two calls: its statistics and silu(GN(x)), then the plain (forced) kernel
@@ -758,7 +758,7 @@ fn wgmma_gn_conv_bf16_parity() {
                 g.conv3d_forward_acc((&mut two, mode), &ag, &wg, bgo, cs);
             }
             // one pass
-            let (runs, gn_runs) = (g.wgmma_runs(), g.wgmma_gn_runs());
+            let (runs, gn_runs) = (g.runs().wgmma, g.runs().wgmma_gn);
             let (mut mf, mut rf) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
             let (ms, rs) = if fresh { (&mut mf, &mut rf) } else { (&mut mg, &mut rg) };
             let mut one = act(g, &y0, o);
@@ -775,7 +775,7 @@ fn wgmma_gn_conv_bf16_parity() {
                 groups,
                 None,
             );
-            assert_eq!((g.wgmma_runs() - runs, g.wgmma_gn_runs() - gn_runs), (1, 1), "{what}: ran conv3d_wgmma_fwd_gn");
+            assert_eq!((g.runs().wgmma - runs, g.runs().wgmma_gn - gn_runs), (1, 1), "{what}: ran conv3d_wgmma_fwd_gn");
             let out = (&one, o, &y0[..], mode);
             ystats_case(g, &what, out, (&xg, offo), (&mg, &rg), (&gg, &bg), (&wg, bgo, zgo), cs, groups, seed + 8);
             if fresh {
@@ -788,25 +788,25 @@ fn wgmma_gn_conv_bf16_parity() {
             assert_eq!(diff, 0, "{what}: {diff} of {} outputs differ from the GPU's two calls", one.len());
         }
     }
-    g.set_wgmma(None);
+    g.set_choices(|c| c.wgmma = None);
     // not fusable where the plain conv would not run the kernel: forbidden, or NCDHW
     let (xd, co) = (Dims::new(1, 64, 3, 9, 8), 64);
     let cs = ConvShape::new(xd, co, 3, 1);
     let (x, w) = (rb(&rnd(xd.numel(), 7990, 1.0)), rnd(cs.w_len(), 7991, 0.05));
-    g.set_wgmma(Some(false));
+    g.set_choices(|c| c.wgmma = Some(false));
     let (xg, wg) = (act(g, &x, xd), param(g, &w, &[co, 64, 3, 3, 3]));
-    assert!(!g.gn_conv_fusable(&xg, &wg, cs, false, groups), "MEDDPM_WGMMA=0 forbids the fused path too");
-    g.set_wgmma(Some(true));
-    g.set_wgmma_gn(false);
-    assert!(!g.gn_conv_fusable(&xg, &wg, cs, false, groups), "set_wgmma_gn(false) forbids it");
-    g.set_wgmma_gn(true);
-    g.set_wgmma(None);
+    assert!(!g.gn_conv_fusable(&xg, &wg, cs, false, groups), "wgmma = Some(false) forbids the fused path too");
+    g.set_choices(|c| c.wgmma = Some(true));
+    g.set_choices(|c| c.wgmma_gn = false);
+    assert!(!g.gn_conv_fusable(&xg, &wg, cs, false, groups), "wgmma_gn = false forbids it");
+    g.set_choices(|c| c.wgmma_gn = true);
+    g.set_choices(|c| c.wgmma = None);
     let n = &gs[0];
-    n.set_wgmma(Some(true));
-    n.set_wgmma_gn(true);
+    n.set_choices(|c| c.wgmma = Some(true));
+    n.set_choices(|c| c.wgmma_gn = true);
     let (xg, wg) = (act(n, &x, xd), param(n, &w, &[co, 64, 3, 3, 3]));
     assert!(!n.gn_conv_fusable(&xg, &wg, cs, false, groups), "NCDHW never fuses");
-    n.set_wgmma(None);
+    n.set_choices(|c| c.wgmma = None);
 }
 
 /// The statistics a fused conv took of its output `y` (+ `off`) against a GroupNorm pass over
@@ -853,10 +853,10 @@ fn ystats_case(
         g.copy(&mut r, rg);
         let (mut ym, mut yr) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
         let mut y = act(g, y0, o);
-        let runs = g.conv_stats_runs();
+        let runs = g.runs().conv_stats;
         let ys = Some((&mut ym, &mut yr, off));
         g.groupnorm_silu_conv3d_fused((&mut y, mode), inp, (&mut m, &mut r), false, gb, wbz, cs, groups, ys);
-        assert_eq!(g.conv_stats_runs() - runs, 1, "{what}: the epilogue took them");
+        assert_eq!(g.runs().conv_stats - runs, 1, "{what}: the epilogue took them");
         assert_eq!(get_act(g, &y, o), get_act(g, one, o), "{what}: the same output");
         out_stats_vs_pass(g, &what, (&y, o), off, (&ym, &yr), groups);
     }
@@ -889,9 +889,9 @@ fn cat_free_bf16_parity() {
         (Dims::new(2, 128, 4, 33, 17), 64, 128),
         (Dims::new(1, 64, 3, 7, 10), 128, 64),
     ];
-    g.set_wgmma(Some(true));
-    g.set_wgmma_gn(true);
-    g.set_cat_free(true);
+    g.set_choices(|c| c.wgmma = Some(true));
+    g.set_choices(|c| c.wgmma_gn = true);
+    g.set_choices(|c| c.cat_free = true);
     for (i, (ad, cb, co)) in cases.into_iter().enumerate() {
         let (ca, seed) = (ad.c, 8100 + 10 * i as u64);
         let (bd, cd) = (ad.with_c(cb), ad.with_c(ad.c + cb));
@@ -947,7 +947,7 @@ fn cat_free_bf16_parity() {
             None,
         );
         // from the parts
-        let runs = (g.cat_free_runs(), g.wgmma_gn_runs());
+        let runs = (g.runs().cat_free, g.runs().wgmma_gn);
         let (mut mf, mut rf) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
         let mut skip_one = g.alloc_act(skip_cs.out().numel()).unwrap();
         g.concat_skip_conv_stats(&mut skip_one, (&ag, &bg), (&mut mf, &mut rf), (&wsg, &big), skip_cs, ca, groups);
@@ -963,17 +963,17 @@ fn cat_free_bf16_parity() {
             groups,
             None,
         );
-        assert_eq!((g.cat_free_runs() - runs.0, g.wgmma_gn_runs() - runs.1), (1, 1), "{tag}: the kernels ran");
+        assert_eq!((g.runs().cat_free - runs.0, g.runs().wgmma_gn - runs.1), (1, 1), "{tag}: the kernels ran");
         // again with the output's statistics from the epilogue: the same outputs, and the
         // statistics within 1e-5 of a GroupNorm pass over them
         let (o, ngo) = (in_cs.out(), ad.n * groups);
         let yoff = raw(g, &rnd(ad.n * co, seed + 7, 0.7));
         let (mut ym, mut yr) = (g.alloc(ngo).unwrap(), g.alloc(ngo).unwrap());
         let mut in_ys = g.alloc_act(o.numel()).unwrap();
-        let ys_runs = g.conv_stats_runs();
+        let ys_runs = g.runs().conv_stats;
         let ys = Some((&mut ym, &mut yr, Some(&yoff)));
         g.groupnorm_silu_conv3d_fused_cat(&mut in_ys, (&ag, &bg), (&mf, &rf), (&gg, &btg), &wg, in_cs, ca, groups, ys);
-        assert_eq!(g.conv_stats_runs() - ys_runs, 1, "{tag}: the epilogue took the statistics");
+        assert_eq!(g.runs().conv_stats - ys_runs, 1, "{tag}: the epilogue took the statistics");
         assert_eq!(get_act(g, &in_ys, o), get_act(g, &in_one, o), "{tag}: the output with its statistics taken");
         out_stats_vs_pass(g, &tag, (&in_ys, o), Some(&yoff), (&ym, &yr), groups);
         assert_eq!(get_raw(g, &mf), get_raw(g, &mg), "{tag}: mean = concat_channels_stats's, bit for bit");
@@ -1003,22 +1003,22 @@ fn cat_free_bf16_parity() {
     let xg = g.alloc_act(cd.numel()).unwrap();
     assert!(g.cat_conv_fusable(&xg, &wg, &wsg, in_cs, 64, groups), "the reference case fuses");
     assert!(!g.cat_conv_fusable(&xg, &wg, &wsg, in_cs, 32, groups), "parts of 32 + 96 channels do not");
-    g.set_cat_free(false);
-    assert!(!g.cat_conv_fusable(&xg, &wg, &wsg, in_cs, 64, groups), "set_cat_free(false) forbids it");
-    g.set_cat_free(true);
-    g.set_wgmma_gn(false);
-    assert!(!g.cat_conv_fusable(&xg, &wg, &wsg, in_cs, 64, groups), "set_wgmma_gn(false) forbids it");
-    g.set_wgmma_gn(true);
-    g.set_wgmma(None);
+    g.set_choices(|c| c.cat_free = false);
+    assert!(!g.cat_conv_fusable(&xg, &wg, &wsg, in_cs, 64, groups), "cat_free = false forbids it");
+    g.set_choices(|c| c.cat_free = true);
+    g.set_choices(|c| c.wgmma_gn = false);
+    assert!(!g.cat_conv_fusable(&xg, &wg, &wsg, in_cs, 64, groups), "wgmma_gn = false forbids it");
+    g.set_choices(|c| c.wgmma_gn = true);
+    g.set_choices(|c| c.wgmma = None);
     let n = &gs[0];
-    n.set_wgmma(Some(true));
+    n.set_choices(|c| c.wgmma = Some(true));
     let xn = n.alloc_act(cd.numel()).unwrap();
     let (wn, wsn) = (
         param(n, &rnd(in_cs.w_len(), 8190, 0.05), &[co, 128, 3, 3, 3]),
         param(n, &rnd(co * 128, 8191, 0.1), &[co, 128, 1, 1, 1]),
     );
     assert!(!n.cat_conv_fusable(&xn, &wn, &wsn, in_cs, 64, groups), "NCDHW never fuses");
-    n.set_wgmma(None);
+    n.set_choices(|c| c.wgmma = None);
 }
 
 // ---- GroupNorm -----------------------------------------------------------------------------------
@@ -1209,7 +1209,7 @@ fn gn_head_bf16_parity() {
             }
             let mut stats = Vec::new();
             for fused in [true, false] {
-                g.set_fused_head(fused);
+                g.set_choices(|c| c.fused_head = fused);
                 let tag = format!("bf16 head {x} -> {cout} G{groups} bf16 w {lowp} fused {fused} [{}]", name(g));
                 // the head's output: f32 (the network's ε̂) or bf16
                 let mut yg = if i % 2 == 0 { g.alloc(o.numel()).unwrap() } else { g.alloc_act(o.numel()).unwrap() };
@@ -1258,7 +1258,7 @@ fn gn_head_bf16_parity() {
                 stats.push((get_raw(g, &mg), get_raw(g, &rg)));
             }
             assert_eq!(stats[0], stats[1], "head {x} [{}]: the fused path's statistics differ", name(g));
-            g.set_fused_head(true);
+            g.set_choices(|c| c.fused_head = true);
         }
     }
 }
@@ -1387,8 +1387,8 @@ fn skip_apply_bf16_parity() {
         assert!(g.cat_in_parts(xo, ca, wg.dtype()), "{t}: the backward reads the parts");
         let mut outs = Vec::new();
         for on in [false, true] {
-            g.set_skip_apply(on);
-            let runs = g.skip_apply_runs();
+            g.set_choices(|c| c.skip_apply = on);
+            let runs = g.runs().skip_apply;
             let (mut d, mut xx) = (act(g, &dy, xo), act(g, &dy, xo));
             let (mut dga, mut dba) = (raw(g, &dg0), raw(g, &db0));
             let (mut ph, mut ps, mut dw) = (act(g, &ph0, xa), act(g, &ps0, xb), raw(g, &dw0));
@@ -1407,11 +1407,11 @@ fn skip_apply_bf16_parity() {
                 (ca, cb),
                 groups,
             );
-            assert_eq!(g.skip_apply_runs() - runs, on as u64, "{t}: gn_bwd_apply_split_skip ran (on = {on})");
+            assert_eq!(g.runs().skip_apply - runs, on as u64, "{t}: gn_bwd_apply_split_skip ran (on = {on})");
             let got = [get_act(g, &ph, xa), get_act(g, &ps, xb), get_act(g, &xx, xo)];
             outs.push((got, [get_raw(g, &dga), get_raw(g, &dba), get_raw(g, &dw)]));
         }
-        g.set_skip_apply(true);
+        g.set_choices(|c| c.skip_apply = true);
         let ((off, offr), (on, onr)) = (&outs[0], &outs[1]);
         check(&format!("{t} dh"), &on[0], &off[0], BF);
         check(&format!("{t} ds"), &on[1], &off[1], BF);
@@ -1459,7 +1459,7 @@ fn upsample_bf16_parity() {
 
 /// The Upsample's conv with the trilinear doubling computed in the wgmma forward's producer
 /// (`conv3d_wgmma_fwd_up`, `upsample_conv3d_forward`, conv3d_wgmma forced on) against the CPU's
-/// two calls (tolerance `BF`) and against the GPU's own two calls (`set_up_conv(false)`: the
+/// two calls (tolerance `BF`) and against the GPU's own two calls (`c.up_conv = false`: the
 /// upsampling pass, then the plain kernel on the doubled volume): the producer evaluates
 /// upsample_fwd_quad's arithmetic in its order, so the two agree bit for bit. Cases: tiles cut by H and W (34 × 10 planes: 32 + 2, 8 + 2), the
 /// window of input planes (64 channels), batch 2; 128 input and output channels (two channel
@@ -1478,7 +1478,7 @@ fn wgmma_up_conv_bf16_parity() {
         (Dims::new(1, 64, 1, 3, 4), 64, true),
     ];
     for g in &gs {
-        g.set_wgmma(Some(true));
+        g.set_choices(|c| c.wgmma = Some(true));
         for (i, &(xd, co, bias)) in cases.iter().enumerate() {
             let ud = xd.up2();
             let cs = ConvShape::new(ud, co, 3, 1);
@@ -1497,9 +1497,9 @@ fn wgmma_up_conv_bf16_parity() {
             let sentinel = vec![3.0f32; ud.numel()];
             let mut ug = act(g, &sentinel, ud);
             let mut yf = g.alloc_act(o.numel()).unwrap();
-            let runs = g.up_conv_runs();
+            let runs = g.runs().up_conv;
             g.upsample_conv3d_forward(&mut yf, &mut ug, &xg, xd, &wg, bias.then_some(&bg), cs);
-            let fused = g.up_conv_runs() - runs;
+            let fused = g.runs().up_conv - runs;
             let got = get_act(g, &yf, o);
             check(&format!("{tag} y"), &got, &want, BF);
             if g.layout() == Layout::Ncdhw || fused == 0 {
@@ -1513,25 +1513,25 @@ fn wgmma_up_conv_bf16_parity() {
             assert_eq!(fused, 1, "{tag}: one conv3d_wgmma_fwd_up run");
             assert!(get_act(g, &ug, ud).iter().all(|&v| v == 3.0), "{tag}: the fused conv wrote u");
             // the two calls on the same GPU
-            g.set_up_conv(false);
+            g.set_choices(|c| c.up_conv = false);
             let mut yu = g.alloc_act(o.numel()).unwrap();
             g.upsample_conv3d_forward(&mut yu, &mut ug, &xg, xd, &wg, bias.then_some(&bg), cs);
-            g.set_up_conv(true);
-            assert_eq!(g.up_conv_runs() - runs, 1, "{tag}: set_up_conv(false) ran conv3d_wgmma_fwd_up");
+            g.set_choices(|c| c.up_conv = true);
+            assert_eq!(g.runs().up_conv - runs, 1, "{tag}: up_conv = false ran conv3d_wgmma_fwd_up");
             check(&format!("{tag} u (two calls)"), &get_act(g, &ug, ud), &uc, BF);
             let two = get_act(g, &yu, o);
             check(&format!("{tag} y vs two calls"), &got, &two, BF);
             let differ = got.iter().zip(&two).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
             assert_eq!(differ, 0, "{tag}: outputs that differ from the two calls' bits");
         }
-        g.set_wgmma(None);
+        g.set_choices(|c| c.wgmma = None);
     }
 }
 
 /// The Upsample conv's backward with the doubled input written by the data gradient's producer
 /// (`conv3d_wgmma_dgrad_up`, `upsample_conv3d_backward`, conv3d_wgmma forced on; 64 channels of
 /// dout, the window of planes): du, the doubling in `u`, dW and db (added onto values) against
-/// the CPU's two calls (tolerance `BF`) and against the GPU's own (`set_up_conv(false)`: the
+/// the CPU's two calls (tolerance `BF`) and against the GPU's own (`c.up_conv = false`: the
 /// upsampling pass, then the plain data and weight gradients) bit for bit (the same data gradient
 /// arithmetic; u as upsample_fwd_quad stores it, so the same weight gradient).
 /// Cases as `wgmma_up_conv_bf16_parity`'s; 128 output channels (dout of 128: no window) take the
@@ -1543,7 +1543,7 @@ fn wgmma_up_conv_backward_bf16_parity() {
     let cpu = CpuBackend::bf16();
     let cases = [(Dims::new(2, 64, 3, 17, 5), 64), (Dims::new(1, 128, 2, 9, 13), 128), (Dims::new(1, 64, 1, 3, 4), 64)];
     for g in &gs {
-        g.set_wgmma(Some(true));
+        g.set_choices(|c| c.wgmma = Some(true));
         for (i, &(xd, co)) in cases.iter().enumerate() {
             let ud = xd.up2();
             let cs = ConvShape::new(ud, co, 3, 1);
@@ -1566,9 +1566,9 @@ fn wgmma_up_conv_backward_bf16_parity() {
                 g.upsample_conv3d_backward(&mut du, &mut u, &mut dw, Some(&mut db), &dyg, &xg, xd, &wg, cs);
                 (get_act(g, &du, ud), get_act(g, &u, ud), get_param(g, &dw, &wshape), get_raw(g, &db))
             };
-            let runs = g.up_conv_runs();
+            let runs = g.runs().up_conv;
             let fused = run(g);
-            let n = g.up_conv_runs() - runs;
+            let n = g.runs().up_conv - runs;
             let grad = |v: &[f32], v0: &[f32]| v.iter().zip(v0).map(|(a, b)| a - b).collect::<Vec<_>>();
             check(&format!("{tag} du"), &fused.0, &du_c, BF);
             check(&format!("{tag} u"), &fused.1, &u_c, BF);
@@ -1583,10 +1583,10 @@ fn wgmma_up_conv_backward_bf16_parity() {
                 continue;
             }
             assert_eq!(n, 1, "{tag}: one conv3d_wgmma_dgrad_up run");
-            g.set_up_conv(false);
+            g.set_choices(|c| c.up_conv = false);
             let two = run(g);
-            g.set_up_conv(true);
-            assert_eq!(g.up_conv_runs() - runs, 1, "{tag}: set_up_conv(false) ran conv3d_wgmma_dgrad_up");
+            g.set_choices(|c| c.up_conv = true);
+            assert_eq!(g.runs().up_conv - runs, 1, "{tag}: up_conv = false ran conv3d_wgmma_dgrad_up");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for (what, a, b) in
                 [("du", &fused.0, &two.0), ("u", &fused.1, &two.1), ("dw", &fused.2, &two.2), ("db", &fused.3, &two.3)]
@@ -1596,7 +1596,7 @@ fn wgmma_up_conv_backward_bf16_parity() {
                 assert_eq!(differ, 0, "{tag}: {what}: values that differ from the two calls' bits");
             }
         }
-        g.set_wgmma(None);
+        g.set_choices(|c| c.wgmma = None);
     }
 }
 
@@ -1757,7 +1757,7 @@ fn unet_bf16_forward_backward_parity() {
 }
 
 /// The U-Net with its Upsample's conv on `conv3d_wgmma_fwd_up` and `conv3d_wgmma_dgrad_up` (the
-/// default) against the upsampling pass then the plain kernels (`set_up_conv(false)`),
+/// default) against the upsampling pass then the plain kernels (`c.up_conv = false`),
 /// conv3d_wgmma forced on: a 64-channel model of two 64-channel levels, so its one Upsample (64
 /// channels from 3 × 5 × 5 to 6 × 10 × 10) takes both kernels, none with the switch off; the
 /// output and every gradient bit for bit (the kernels evaluate upsample_fwd_quad's arithmetic).
@@ -1767,15 +1767,15 @@ fn unet_up_conv_matches_two_calls() {
     let gs = gpus();
     let g = &gs[1];
     let cfg = meddpm::model::UNetConfig { channel_mult: vec![1, 1], ..unet64(1, vec![2]) };
-    g.set_wgmma(Some(true));
-    let r0 = g.up_conv_runs();
+    g.set_choices(|c| c.wgmma = Some(true));
+    let r0 = g.runs().up_conv;
     let on = unet_run(g, &cfg, 2, (3100, 41, 42), &[5.0, 400.0]);
-    let n_on = g.up_conv_runs() - r0;
-    g.set_up_conv(false);
+    let n_on = g.runs().up_conv - r0;
+    g.set_choices(|c| c.up_conv = false);
     let off = unet_run(g, &cfg, 2, (3100, 41, 42), &[5.0, 400.0]);
-    g.set_up_conv(true);
-    let n_off = g.up_conv_runs() - r0 - n_on;
-    g.set_wgmma(None);
+    g.set_choices(|c| c.up_conv = true);
+    let n_off = g.runs().up_conv - r0 - n_on;
+    g.set_choices(|c| c.wgmma = None);
     if n_on == 0 {
         println!("skipped: conv3d_wgmma_fwd_up needs an sm_90 GPU ({})", name(g));
         return;
@@ -1825,9 +1825,9 @@ fn unet_run(
     net.set_params(g, &host).unwrap();
     let (xd, od) = (net.input_dims(), net.output_dims());
     g.upload_act(&rnd(xd.numel(), seeds.1, 1.0), xd, net.input_mut());
-    let (gn0, cf0, ys0) = (g.wgmma_gn_runs(), g.cat_free_runs(), g.conv_stats_runs());
+    let (gn0, cf0, ys0) = (g.runs().wgmma_gn, g.runs().cat_free, g.runs().conv_stats);
     net.forward(g, t);
-    let counts = (g.wgmma_gn_runs() - gn0, g.cat_free_runs() - cf0, g.conv_stats_runs() - ys0);
+    let counts = (g.runs().wgmma_gn - gn0, g.runs().cat_free - cf0, g.runs().conv_stats - ys0);
     let out = get_act(g, net.output(), od);
     g.upload_act(&rnd(od.numel(), seeds.2, 1.0), od, net.output_and_grad().1);
     net.zero_grads(g);
@@ -1867,22 +1867,22 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
     let g = &gs[1];
     let cfg = unet64(1, vec![2]);
     let batch = 2;
-    g.set_wgmma(Some(true));
+    g.set_choices(|c| c.wgmma = Some(true));
     let mut runs = Vec::new();
     // (fused, the decoder's concatenations never stored, out_layers' statistics from in_layers'
     // epilogue): two calls, fused, fused from the parts, and with the statistics taken
     for (fused, cat_free, conv_stats) in
         [(false, false, false), (true, false, false), (true, true, false), (true, true, true)]
     {
-        g.set_wgmma_gn(fused);
-        g.set_cat_free(cat_free);
-        g.set_conv_stats(conv_stats);
+        g.set_choices(|c| c.wgmma_gn = fused);
+        g.set_choices(|c| c.cat_free = cat_free);
+        g.set_choices(|c| c.conv_stats = conv_stats);
         runs.push(unet_run(g, &cfg, batch, (3000, 31, 32), &[5.0, 400.0]));
     }
-    g.set_wgmma_gn(true);
-    g.set_cat_free(true);
-    g.set_conv_stats(true);
-    g.set_wgmma(None);
+    g.set_choices(|c| c.wgmma_gn = true);
+    g.set_choices(|c| c.cat_free = true);
+    g.set_choices(|c| c.conv_stats = true);
+    g.set_choices(|c| c.wgmma = None);
     let ((o2, g2, n2), (o1, g1, n1), (o3, g3, n3), (o4, g4, n4)) = (&runs[0], &runs[1], &runs[2], &runs[3]);
     if n1.0 == 0 {
         println!("skipped: conv3d_wgmma_fwd_gn needs an sm_90 GPU ({})", name(g));
@@ -1913,7 +1913,7 @@ fn unet_wgmma_gn_fused_matches_two_calls() {
 
 /// The U-Net's backward with the GroupNorm+SiLU backward's sums (and out_layers' bias sums) from
 /// the wgmma data gradient (`conv3d_backward_data_gn`, the default) against the passes
-/// (`set_dgrad_gn(false)`): the forward bit for bit (untouched), the gradients within
+/// (`c.dgrad_gn = false`): the forward bit for bit (untouched), the gradients within
 /// `check_rerun`'s bounds (the same sums in another order), and the data gradients that took them
 /// counted (64-channel model, wgmma forced), none without.
 #[test]
@@ -1922,23 +1922,23 @@ fn unet_dgrad_gn_matches_the_passes() {
     let gs = gpus();
     let g = &gs[1];
     let cfg = unet64(1, vec![2]);
-    g.set_wgmma(Some(true));
+    g.set_choices(|c| c.wgmma = Some(true));
     let mut runs = Vec::new();
     for on in [false, true] {
-        g.set_dgrad_gn(on);
-        let r0 = g.dgrad_gn_runs();
+        g.set_choices(|c| c.dgrad_gn = on);
+        let r0 = g.runs().dgrad_gn;
         let (out, grads, _) = unet_run(g, &cfg, 2, (3700, 37, 38), &[9.0, 500.0]);
-        runs.push((out, grads, g.dgrad_gn_runs() - r0));
+        runs.push((out, grads, g.runs().dgrad_gn - r0));
     }
-    g.set_dgrad_gn(true);
-    g.set_wgmma(None);
+    g.set_choices(|c| c.dgrad_gn = true);
+    g.set_choices(|c| c.wgmma = None);
     let ((o0, g0, n0), (o1, g1, n1)) = (&runs[0], &runs[1]);
     println!("data gradients with the GroupNorm sums: {n0} (passes), {n1} (default)");
-    if g.wgmma_runs() == 0 {
+    if g.runs().wgmma == 0 {
         println!("skipped: conv3d_wgmma needs an sm_90 GPU ({})", name(g));
         return;
     }
-    assert_eq!(*n0, 0, "set_dgrad_gn(false): no data gradient takes the sums");
+    assert_eq!(*n0, 0, "dgrad_gn = false: no data gradient takes the sums");
     // 2 down, 2 middle, 4 up ResBlocks: out_layers' convs and, but in the up blocks (their input
     // gradient goes to the concatenation's parts, groupnorm_silu_backward_cat_in), in_layers'
     assert_eq!(*n1, 12, "every ResBlock conv's data gradient before a GroupNorm took the sums");
@@ -1961,17 +1961,17 @@ fn unet_epilogue_stats_feed_the_next_layer() {
     let g = &gs[1];
     let cfg = unet64(2, vec![]);
     let batch = 2;
-    g.set_wgmma(Some(true));
-    g.set_wgmma_gn(true);
-    g.set_cat_free(true);
+    g.set_choices(|c| c.wgmma = Some(true));
+    g.set_choices(|c| c.wgmma_gn = true);
+    g.set_choices(|c| c.cat_free = true);
     let mut runs = Vec::new();
     for conv_stats in [false, true] {
-        g.set_conv_stats(conv_stats);
+        g.set_choices(|c| c.conv_stats = conv_stats);
         let (out, grads, (gn, _, ys)) = unet_run(g, &cfg, batch, (3500, 35, 36), &[7.0, 300.0]);
         runs.push((out, grads, (gn, ys)));
     }
-    g.set_conv_stats(true);
-    g.set_wgmma(None);
+    g.set_choices(|c| c.conv_stats = true);
+    g.set_choices(|c| c.wgmma = None);
     let ((o0, g0, n0), (o1, g1, n1)) = (&runs[0], &runs[1]);
     if n0.0 == 0 {
         println!("skipped: conv3d_wgmma_fwd_gn needs an sm_90 GPU ({})", name(g));

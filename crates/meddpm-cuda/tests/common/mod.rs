@@ -47,14 +47,14 @@ pub fn check_forward_acc(
     cpu.conv3d_forward_acc((&mut want, Accum::Add), &x, &w, Some(&b), cs);
     let zg = up(y0);
     for mode in [Some(true), Some(false), None] {
-        g.set_conv_fused_bias(mode);
+        g.set_choices(|c| c.fused_bias = mode);
         for rep in 0..2 {
             let mut yg = up(&vec![f32::NAN; y0.len()]);
             g.conv3d_forward_res(&mut yg, xg, wg, bg, &zg, cs);
             check(&format!("{tag} y = conv + b + z (fused {mode:?}, rep {rep})"), &down(&yg), &want);
         }
     }
-    g.set_conv_fused_bias(None);
+    g.set_choices(|c| c.fused_bias = None);
     assert_eq!(down(&zg), down(&up(y0)), "{tag}: conv3d_forward_res must leave z alone");
 }
 
@@ -274,7 +274,7 @@ pub fn check_gn_inplace_act(
 
 /// `groupnorm_silu_backward_act_res` (an identity-skip ResBlock's input gradient: dx per mode +=
 /// res + the GroupNorm+SiLU backward, act := silu(GN(x))) with res folded into the backward's
-/// pass (the default) against the two calls it replaces (`set_res_fold(false)`: add_assign or
+/// pass (the default) against the two calls it replaces (`c.res_fold = false`: add_assign or
 /// copy, then the backward), both Accum modes, bit for bit in dx, act, dγ and dβ (onto `dg0`,
 /// `db0`); the fold counter proves which path ran. `host` = (x, dy, dx0, res) as the GPU stores
 /// them; `up`/`down` move an activation, `upr`/`downr` an f32 vector.
@@ -293,15 +293,15 @@ pub fn check_res_fold(
     for mode in [Accum::Overwrite, Accum::Add] {
         let mut outs = Vec::new();
         for fold in [true, false] {
-            g.set_res_fold(fold);
-            let runs = g.res_fold_runs();
+            g.set_choices(|c| c.res_fold = fold);
+            let runs = g.runs().res_fold;
             let (mut dx, mut a, mut dg, mut db) = (up(dx0), up(dy), upr(dg0), upr(db0));
             let d = (&mut dx, mode);
             g.groupnorm_silu_backward_act_res(d, &rg, &mut a, (&mut dg, &mut db), &dyg, &xg, None, ms, gb, x, groups);
-            assert_eq!(g.res_fold_runs() - runs, fold as u64, "{tag} {mode:?}: the folded path ran {fold}");
+            assert_eq!(g.runs().res_fold - runs, fold as u64, "{tag} {mode:?}: the folded path ran {fold}");
             outs.push((down(&dx), down(&a), downr(&dg), downr(&db)));
         }
-        g.set_res_fold(true);
+        g.set_choices(|c| c.res_fold = true);
         let (f, u) = (&outs[0], &outs[1]);
         assert!(f.0 == u.0, "{tag} {mode:?}: dx with res folded in differs from add_assign/copy + backward");
         assert!(f.1 == u.1 && f.2 == u.2 && f.3 == u.3, "{tag} {mode:?}: act / dgamma / dbeta with res folded in");

@@ -7,8 +7,8 @@
 //! follow `../shared/docs/peers.md` §D.3/§D.4 (cuDNN xmma/implicit-GEMM names, cuDNN layout
 //! transforms, PyTorch's GroupNorm kernels) plus the names of our own NVRTC kernels
 //! (`groupnorm_*`, `silu_*`, `conv3d_*`, `adam_*`, …). The exact names of the NVRTC kernels that
-//! `meddpm-cuda` compiles (its `KERNEL_NAMES`) are looked up in [`OUR_KERNELS`] before any name
-//! heuristic, so each of them has a category decided by hand.
+//! `meddpm-cuda` compiles are looked up in [`OUR_KERNELS`] before any name heuristic, so each of
+//! them has a category decided by hand.
 //!
 //! Names may arrive mangled (`_Z…`, CUPTI), demangled (`void cudnn::…<…>(…)`, ncu) or truncated
 //! (profiler tables cut them at ~100 characters, which breaks demangling): classification works
@@ -156,8 +156,10 @@ pub fn short_name(name: &str, max: usize) -> String {
     }
 }
 
-/// Our own NVRTC kernels (`meddpm-cuda`'s `KERNEL_NAMES`), by exact name, with the category each
-/// belongs to. [`classify`] consults this table before any heuristic: several of these names
+/// Our own NVRTC kernels, by exact name, with the category each belongs to: the one list of them.
+/// `meddpm-cuda` loads exactly these names from its compiled modules (`Device::new`), and its tests
+/// check that every `extern "C" __global__` kernel in `kernels/*.cu` is here and every name here
+/// occurs in the sources, so a kernel can be neither forgotten nor stale. [`classify`] consults this table before any heuristic: several of these names
 /// (`chan_sum_finalize`, `gn_bwd_apply4`, `chan_gnbwd_*`, `chan_stats_*`) match no pattern.
 ///
 /// - `chan_stats_*` (GroupNorm per-channel statistics), `chan_gnbwd_*` (GroupNorm backward

@@ -1,8 +1,8 @@
 //! Host side of `kernels/conv3d_wgmma.cu`: the wide 3×3×3 stride-1 convolutions (Cin and Cout
 //! multiples of 64, bf16 NDHWC) on Hopper's warpgroup MMA, forward and data gradient (the same
 //! kernel on the flipped, transposed weights). cuDNN's implicit GEMM runs these at 520–560 TFLOP/s
-//! on the H200 (docs/perf/h200-2026-12-02a); this kernel puts the voxels on the MMA's N side and
-//! the weights in registers (the .cu file says why). `conv3d.rs` decides per shape, direction and
+//! on the H200; this kernel puts the voxels on the MMA's N side and
+//! the weights in registers (the .cu file says why). `choose.rs` decides per shape, direction and
 //! accumulation whether it runs (timed against cuDNN on first use where [`worth`] says the volume
 //! fills the GPU; `MEDDPM_WGMMA=0/1` forbids/forces it).
 //! `conv3d_wgmma_fwd_gn` is the forward with the input's GroupNorm+SiLU as its prologue (the
@@ -13,7 +13,7 @@
 //! Twin: the CPU reference convolution (`meddpm::cpu::conv3d`), through the parity tests (after
 //! the CPU GroupNorm+SiLU for the prologue).
 
-use meddpm::{Accum, ConvShape, Dims};
+use meddpm::{Accum, ConvShape, Dims, Layout};
 
 use crate::device::{Arg, Device};
 
@@ -30,7 +30,8 @@ const SMEM: u32 = 4 * STAGE + STAGING;
 /// outputs, 3×3×3, stride 1, here: an sm_90 device (the kernel is compiled for sm_90a), NDHWC
 /// (`cl`), bf16 operands (`bf16`: the input, the output and the compute type), channel counts
 /// multiples of 64.
-pub(crate) fn fits(dev: &Device, x: Dims, k: usize, stride: usize, co: usize, cl: bool, bf16: bool) -> bool {
+pub(crate) fn fits(dev: &Device, x: Dims, k: usize, stride: usize, co: usize, layout: Layout, bf16: bool) -> bool {
+    let cl = layout == Layout::Ndhwc;
     let ci = x.c;
     dev.info.cc == (9, 0)
         && cl
@@ -60,7 +61,7 @@ pub(crate) fn worth(dev: &Device, x: Dims, co: usize) -> bool {
 /// The weights are packed into `conv3d_wgmma`'s fragment order first (a kept temporary of
 /// co · x.c · 27 bf16). `reuse`: with 64 input channels each input plane is loaded (and
 /// transformed) once for the three output planes that read it, a window of planes in the
-/// kernel's ring, instead of once per output plane (`ConvCache::wgmma_reuse`).
+/// kernel's ring, instead of once per output plane (`KernelChoices::wgmma_reuse`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     dev: &Device,
@@ -124,7 +125,7 @@ pub(crate) fn run_dgrad_up(
 }
 
 /// [`run`] for the data gradient (`tw`); with `dual` and a result of 128k channels (`co`) on
-/// `conv3d_wgmma_dgrad2` (both 64-channel slices in one block; `ConvCache::wgmma_dual`). Returns
+/// `conv3d_wgmma_dgrad2` (both 64-channel slices in one block; `KernelChoices::wgmma_dual`). Returns
 /// whether it ran there.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_dgrad(
@@ -166,7 +167,7 @@ pub(crate) fn run_gn(
     );
     let ci = x.c;
     let packed = pack(dev, wp, wbf, ci, co, tw, slot);
-    let (dc, grid) = crate::conv3d::col_items(x, dev.info.sms as usize, TILE);
+    let (dc, grid) = super::small::col_items(x, dev.info.sms as usize, TILE);
     let mut args = vec![
         P(xp),
         P(packed),
@@ -222,7 +223,7 @@ pub(crate) fn run_gn(
 }
 
 /// Whether a data gradient with `co` result channels runs on `conv3d_wgmma_dgrad2` where the
-/// switch (`ConvCache::wgmma_dual`) is `on`: both 64-channel slices of a block, co a multiple of
+/// switch (`KernelChoices::wgmma_dual`) is `on`: both 64-channel slices of a block, co a multiple of
 /// 128.
 pub(crate) fn dual_fits(co: usize, on: bool) -> bool {
     on && co.is_multiple_of(128)
@@ -295,7 +296,7 @@ pub(crate) fn run_dgrad_gnb(
         "conv3d_wgmma_dgrad_gnb {yd}: dy's sums need the window over 64 channels"
     );
     let packed = pack(dev, wp, wbf, yd.c, co, true, slot);
-    let (dc, grid) = crate::conv3d::col_items(yd, dev.info.sms as usize, TILE);
+    let (dc, grid) = super::small::col_items(yd, dev.info.sms as usize, TILE);
     let args = [
         P(dyp),
         P(packed),
@@ -349,7 +350,7 @@ const YSUMS: u32 = 4 * 8 * 16 * 4;
 /// The column items of `conv3d_wgmma_*` over volume `x` (planes d0 .. d1 of a 32 × 8 tile; the
 /// chunks of the output statistics, items / N a sample).
 pub(crate) fn items(dev: &Device, x: Dims) -> usize {
-    let (dc, _) = crate::conv3d::col_items(x, dev.info.sms as usize, TILE);
+    let (dc, _) = super::small::col_items(x, dev.info.sms as usize, TILE);
     x.n * x.d.div_ceil(dc) * x.h.div_ceil(TILE.0) * x.w.div_ceil(TILE.1)
 }
 
@@ -378,8 +379,8 @@ const WGRAD_TF32_SMEM: u32 = 2 * 32_768 + 2 * (32_768 + 180 * 256);
 /// `stride`) can run on `conv3d_wgmma_wgrad` (`tf32` false: bf16 operands) or
 /// `conv3d_wgmma_wgrad_tf32` (`tf32`: f32 operands rounded to TF32): [`fits`]'s conditions, the
 /// operand type aside.
-pub(crate) fn wgrad_fits(dev: &Device, x: Dims, (k, stride): (usize, usize), co: usize, cl: bool) -> bool {
-    fits(dev, x, k, stride, co, cl, true)
+pub(crate) fn wgrad_fits(dev: &Device, x: Dims, (k, stride): (usize, usize), co: usize, layout: Layout) -> bool {
+    fits(dev, x, k, stride, co, layout, true)
 }
 
 /// dW (f32 at `dwp`, (co, 27, x.c) as NDHWC weights are) += the weight gradient of the conv over
@@ -415,6 +416,6 @@ pub(crate) fn wgrad(dev: &Device, (xp, dyp, dwp): (u64, u64, u64), x: Dims, co: 
 }
 
 /// [`fits`] for the forward of `cs` (its input volume and output channels).
-pub(crate) fn fwd_fits(dev: &Device, cs: ConvShape, cl: bool, bf16: bool) -> bool {
-    fits(dev, cs.x, cs.k, cs.stride, cs.cout, cl, bf16)
+pub(crate) fn fwd_fits(dev: &Device, cs: ConvShape, layout: Layout, bf16: bool) -> bool {
+    fits(dev, cs.x, cs.k, cs.stride, cs.cout, layout, bf16)
 }
