@@ -17,7 +17,7 @@
 #   abbin    A/B of two builds, .devbin/old (built by hand from the commit before) vs .devbin/all
 #            (and .devbin/alt, a third variant, when present): whole-head and BraTS bench, bf16
 #            NDHWC, alternated twice
-#   abenv    A/B of one build with $AB_ENV set (e.g. MEDDPM_CAT_PARTS=0, a fused path switched off)
+#   abenv    A/B of one build with $AB_ENV set (e.g. MEDDPM_WGMMA=0, a kept switch of docs/kernel-choices.md)
 #            against the default: whole-head and BraTS bench, bf16 NDHWC, alternated twice
 #   brats    meddpm bench of the BraTS preset, bf16 NDHWC
 #   nvtx     how ncu's --nvtx-include selects the kernels of meddpm's NVTX ranges (tiny preset)
@@ -32,7 +32,7 @@
 #   quick    a fused path's check in about two minutes: the parity_bf16 tests named in $TESTS
 #            (default: the fused-conv and U-Net ones, run with --include-ignored), then
 #            whole-head bf16 NDHWC bench alternated twice with $AB_ENV set (e.g.
-#            MEDDPM_CONV_STATS=0) and without, then eval-configs shortened to 30 s of training,
+#            MEDDPM_SMALL_MMA=0) and without, then eval-configs shortened to 30 s of training,
 #            fp32/ncdhw against bf16/ndhwc with MEDDPM_WGMMA=1 (the quality verdict)
 #   prof     the CUPTI breakdown of one training and sampling step for each preset in PROF_PRESETS
 #            (default whole-head) and precision in PROF_MATH (default bf16), layout PROF_LAYOUT
@@ -112,7 +112,7 @@ for part in "$@"; do
         >"$RES/parity_bf16.log" 2>&1
       echo "parity_bf16 ($tests): exit $?"; grep -E "^test |test result|panicked|rel L2|skipped" "$RES/parity_bf16.log"
       for i in 1 2; do for e in env all; do
-        env $([ $e = env ] && echo "${AB_ENV:?set AB_ENV, e.g. MEDDPM_CONV_STATS=0}") timeout 70 "$BIN/meddpm" bench \
+        env $([ $e = env ] && echo "${AB_ENV:?set AB_ENV, e.g. MEDDPM_WGMMA=0}") timeout 70 "$BIN/meddpm" bench \
           --device cuda --preset whole-head --precision bf16 --layout ndhwc --iters 9 2>&1 | grep -E '^cuda:0' \
           | sed "s/^/[whole-head $([ $e = env ] && echo "$AB_ENV" || echo default)] /"
       done; done
