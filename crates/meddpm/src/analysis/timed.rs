@@ -172,11 +172,14 @@ macro_rules! backend_ops {
         ) => |t| ("groupnorm_backward", C::Normalization, None,
             t.acc(dinp.0, dinp.1) + 2.0 * (t.l(dgamma) + t.l(dbeta))
                 + t.l(dout) + t.l(inp) + t.l(mean) + t.l(rstd) + t.l(gamma));
+        required fn groupnorm_stats(
+            mean: &mut Self::Buf, rstd: &mut Self::Buf, inp: &Self::Buf, off: Option<&Self::Buf>, x: Dims, groups: usize,
+        ) => |t| ("groupnorm_stats", C::Normalization, None, t.l(mean) + t.l(rstd) + t.l(inp) + t.lo(off));
         required fn silu_forward(out: &mut Self::Buf, inp: &Self::Buf)
             => |t| ("silu_forward", C::Elementwise, None, t.l(out) + t.l(inp));
         required fn silu_backward(dinp: (&mut Self::Buf, Accum), dout: &Self::Buf, inp: &Self::Buf)
             => |t| ("silu_backward", C::Elementwise, None, t.acc(dinp.0, dinp.1) + t.l(dout) + t.l(inp));
-        required fn groupnorm_silu_forward(
+        provided fn groupnorm_silu_forward(
             out: &mut Self::Buf, mean: &mut Self::Buf, rstd: &mut Self::Buf, inp: &Self::Buf,
             off: Option<&Self::Buf>, gamma: &Self::Buf, beta: &Self::Buf, x: Dims, groups: usize,
         ) => |t| ("groupnorm_silu_forward", C::Normalization, None,
@@ -216,7 +219,7 @@ macro_rules! backend_ops {
             gamma: &Self::Buf, beta: &Self::Buf, x: Dims, groups: usize,
         ) => |t| ("groupnorm_silu_recompute", C::Normalization, None,
             t.l(out) + t.l(mean) + t.l(rstd) + t.l(inp) + t.lo(off) + t.l(gamma) + t.l(beta));
-        required fn groupnorm_silu_forward_inplace(
+        provided fn groupnorm_silu_forward_inplace(
             x: &mut Self::Buf, mean: &mut Self::Buf, rstd: &mut Self::Buf, gamma: &Self::Buf, beta: &Self::Buf,
             xd: Dims, groups: usize,
         ) => |t| ("groupnorm_silu_forward", C::Normalization, None,
@@ -341,7 +344,7 @@ macro_rules! backend_ops {
             out: &mut Self::Buf, a: &Self::Buf, a_bias: Option<&Self::Buf>, b: &Self::Buf, x: Dims, ca: usize,
             cb: usize,
         ) => |t| ("concat_channels", C::Elementwise, None, t.l(out) + t.l(a) + t.l(b) + t.lo(a_bias));
-        required fn concat_channels_stats(
+        provided fn concat_channels_stats(
             out: &mut Self::Buf, a: &Self::Buf, a_bias: Option<&Self::Buf>, b: &Self::Buf,
             stats: (&mut Self::Buf, &mut Self::Buf), x: Dims, ca: usize, cb: usize, groups: usize,
         ) => |t| ("concat_channels_stats", C::Elementwise, None,
