@@ -22,6 +22,11 @@
 //!   skip connections are the places that use `Add`.
 //! - Shapes are checked by callers against the activation plan; backends may `assert!` lengths.
 //! - Nothing here allocates except `alloc`: all buffers are planned at start-up.
+//!
+//! Methods without a body are the core every backend implements. Methods with one (the fused
+//! operations and the batched forms) are made of core calls: the CPU reference and the null
+//! backend take those bodies, which give the CPU's results bit for bit, and CUDA overrides what it
+//! fuses. `docs/add-a-primitive.md` lists the places a new method touches.
 
 use crate::rng::Philox;
 use crate::shape::{ConvShape, Dims};
