@@ -832,6 +832,17 @@ impl Backend for CudaBackend {
             (self.layout, None, None),
         );
     }
+    fn groupnorm_stats(
+        &self,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        x: Dims,
+        groups: usize,
+    ) {
+        groupnorm::stats(&self.dev, inp, off, mean, rstd, x, groups, self.cl());
+    }
     fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) {
         silu::forward(&self.dev, out, inp);
     }

@@ -495,6 +495,16 @@ fn groupnorm_case(gs: &[CudaBackend], x: Dims, groups: usize, fused: bool, acc: 
             g.groupnorm_silu_recompute_inplace(&mut xr, &mg, &rg, &gg, &bg, x, groups);
             assert!(get_act(g, &xr, x) == get_act(g, &ag, x), "{tag}: in-place recompute differs");
             assert!(get_raw(g, &mi) == get_raw(g, &mg) && get_raw(g, &ri) == get_raw(g, &rg), "{tag}: in-place stats");
+            // the statistics alone (the core the trait's provided forwards are made of): the
+            // forward's statistics kernels, so bit for bit its saved ones, with and without an offset
+            let (mut ms, mut rs) = (g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
+            g.groupnorm_stats(&mut ms, &mut rs, &xg, None, x, groups);
+            assert!(get_raw(g, &ms) == get_raw(g, &mg) && get_raw(g, &rs) == get_raw(g, &rg), "{tag}: groupnorm_stats");
+            let offg = raw(g, &rnd(x.n * x.c, seed + 9, 2.0));
+            let (mut ao, mut mo, mut ro) = (g.alloc(x.numel()).unwrap(), g.alloc(ng).unwrap(), g.alloc(ng).unwrap());
+            g.groupnorm_silu_forward(&mut ao, &mut mo, &mut ro, &xg, Some(&offg), &gg, &bg, x, groups);
+            g.groupnorm_stats(&mut ms, &mut rs, &xg, Some(&offg), x, groups);
+            assert!(get_raw(g, &ms) == get_raw(g, &mo) && get_raw(g, &rs) == get_raw(g, &ro), "{tag}: stats, offset");
             let (mut dgo, mut dbo, mut dxo) = (raw(g, &dg0), raw(g, &db0), g.alloc(x.numel()).unwrap());
             #[rustfmt::skip]
             g.groupnorm_silu_backward((&mut dxo, Accum::Overwrite), &mut dgo, &mut dbo, &dyg, &xg, None, &mg, &rg, &gg, &bg, x, groups);

@@ -22,6 +22,11 @@
 //!   skip connections are the places that use `Add`.
 //! - Shapes are checked by callers against the activation plan; backends may `assert!` lengths.
 //! - Nothing here allocates except `alloc`: all buffers are planned at start-up.
+//!
+//! Methods without a body are the core every backend implements. Methods with one (the fused
+//! operations and the batched forms) are made of core calls: the CPU reference and the null
+//! backend take those bodies, which give the CPU's results bit for bit, and CUDA overrides what it
+//! fuses. `docs/add-a-primitive.md` lists the places a new method touches.
 
 use crate::rng::Philox;
 use crate::shape::{ConvShape, Dims};
@@ -421,6 +426,19 @@ pub trait Backend {
         x: Dims,
         groups: usize,
     );
+    /// The statistics alone: mean/rstd [N·G] (f32) of inp + off (`off` as in
+    /// [`Backend::groupnorm_silu_forward`]), as a GroupNorm forward of it saves them. With
+    /// [`Backend::groupnorm_silu_recompute`] the core of the GroupNorm+SiLU forwards the trait
+    /// provides.
+    fn groupnorm_stats(
+        &self,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        off: Option<&Self::Buf>,
+        x: Dims,
+        groups: usize,
+    );
     /// out = x·σ(x), elementwise over the whole buffer.
     fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf);
     /// dinp (per `Accum`) = dout·σ(x)(1 + x(1−σ(x))).
@@ -435,6 +453,9 @@ pub trait Backend {
     /// time-embedding add, `h + emb_out`, folded in: no pass over `h` that only adds it). The
     /// recompute and the backward take the same offset; the backward's dinp is then also
     /// ∂loss/∂off per voxel.
+    ///
+    /// This default is [`Backend::groupnorm_stats`], then [`Backend::groupnorm_silu_recompute`]
+    /// with them (two passes over `inp`; CUDA fuses them).
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_forward(
         &self,
@@ -447,7 +468,10 @@ pub trait Backend {
         beta: &Self::Buf,
         x: Dims,
         groups: usize,
-    );
+    ) {
+        self.groupnorm_stats(mean, rstd, inp, off, x, groups);
+        self.groupnorm_silu_recompute(out, mean, rstd, inp, off, gamma, beta, x, groups);
+    }
     /// The output head GroupNorm → SiLU → Conv3 forward: `out` = conv3d(silu(GN(inp)), w) + b with
     /// the statistics saved in mean/rstd for the backward (which recomputes silu(GN(inp))). `act`
     /// is scratch of `inp`'s size for silu(GN(inp)); a backend that fuses the convolution's
@@ -586,7 +610,8 @@ pub trait Backend {
     );
     /// [`Backend::groupnorm_silu_forward`] in place: `x` := silu(GN(x)), statistics saved. The
     /// ResBlock that reads a skip concatenation uses it so that no scratch of the concatenation's
-    /// size is needed (see `UNet`'s `cat_in`).
+    /// size is needed (see `UNet`'s `cat_in`). This default is [`Backend::groupnorm_stats`], then
+    /// [`Backend::groupnorm_silu_recompute_inplace`].
     #[allow(clippy::too_many_arguments)]
     fn groupnorm_silu_forward_inplace(
         &self,
@@ -597,7 +622,10 @@ pub trait Backend {
         beta: &Self::Buf,
         xd: Dims,
         groups: usize,
-    );
+    ) {
+        self.groupnorm_stats(mean, rstd, x, None, xd, groups);
+        self.groupnorm_silu_recompute_inplace(x, mean, rstd, gamma, beta, xd, groups);
+    }
     /// [`Backend::groupnorm_silu_recompute`] in place: `x` := silu(GN(x)) with the statistics the
     /// [`Backend::groupnorm_silu_forward_inplace`] of the same `x` saved, bit for bit that forward's
     /// output (the decoder ResBlock's backward; on the GPU one elementwise pass, no statistics).
@@ -919,7 +947,8 @@ pub trait Backend {
     /// the ca + cb channels) into mean/rstd, as [`Backend::groupnorm_silu_forward_inplace`] of
     /// `out` saves them: a decoder ResBlock builds its skip concatenation with this, then runs
     /// [`Backend::groupnorm_silu_recompute_inplace`] (on the GPU one pass less over the
-    /// concatenation).
+    /// concatenation). This default is the two calls: the concatenation, then
+    /// [`Backend::groupnorm_stats`] of it as stored.
     #[allow(clippy::too_many_arguments)]
     fn concat_channels_stats(
         &self,
@@ -927,12 +956,15 @@ pub trait Backend {
         a: &Self::Buf,
         a_bias: Option<&Self::Buf>,
         b: &Self::Buf,
-        stats: (&mut Self::Buf, &mut Self::Buf),
+        (mean, rstd): (&mut Self::Buf, &mut Self::Buf),
         x: Dims,
         ca: usize,
         cb: usize,
         groups: usize,
-    );
+    ) {
+        self.concat_channels_bias(out, a, a_bias, b, x, ca, cb);
+        self.groupnorm_stats(mean, rstd, out, None, x.with_c(ca + cb), groups);
+    }
     /// Backward of concat: da and db (each per its `Accum`) from dout.
     #[allow(clippy::too_many_arguments)]
     fn split_channels(

@@ -291,31 +291,28 @@ impl Backend for CpuBackend {
         );
         self.r(dinp.0);
     }
+    fn groupnorm_stats(
+        &self,
+        mean: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        off: Option<&Vec<f32>>,
+        x: Dims,
+        groups: usize,
+    ) {
+        with_offset(inp, off, x, |xi| groupnorm::groupnorm_stats(mean, rstd, xi, x, groups));
+    }
     fn silu_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>) {
         silu::silu_forward(out, inp);
     }
     fn silu_backward(&self, dinp: (&mut Vec<f32>, Accum), dout: &Vec<f32>, inp: &Vec<f32>) {
         silu::silu_backward((dinp.0.as_mut_slice(), dinp.1), dout, inp);
     }
-    /// GroupNorm and SiLU fused (`groupnorm::groupnorm_silu_forward`): SiLU of the unrounded
-    /// GroupNorm value into `out` (rounded in bf16 mode, as the GPU stores only the SiLU output).
-    fn groupnorm_silu_forward(
-        &self,
-        out: &mut Vec<f32>,
-        mean: &mut Vec<f32>,
-        rstd: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        off: Option<&Vec<f32>>,
-        gamma: &Vec<f32>,
-        beta: &Vec<f32>,
-        x: Dims,
-        groups: usize,
-    ) {
-        with_offset(inp, off, x, |xi| groupnorm::groupnorm_silu_forward(out, mean, rstd, xi, gamma, beta, x, groups));
-        self.r(out);
-    }
-    /// The forward's fused pass again, its statistics into a scratch (bit for bit the forward's
-    /// output; the saved f32 statistics would round them).
+    /// GroupNorm and SiLU in one pass (`groupnorm::groupnorm_silu_forward`), the statistics taken
+    /// again in f64 into a scratch instead of read from the saved f32 ones (which are rounded), so
+    /// the trait's forward (statistics, then this) and a backward's recomputation write the same
+    /// values; SiLU of the unrounded GroupNorm value, rounded in bf16 mode as the GPU stores only
+    /// the SiLU output.
     fn groupnorm_silu_recompute(
         &self,
         out: &mut Vec<f32>,
@@ -335,21 +332,8 @@ impl Backend for CpuBackend {
         });
         self.r(out);
     }
-    fn groupnorm_silu_forward_inplace(
-        &self,
-        x: &mut Vec<f32>,
-        mean: &mut Vec<f32>,
-        rstd: &mut Vec<f32>,
-        gamma: &Vec<f32>,
-        beta: &Vec<f32>,
-        xd: Dims,
-        groups: usize,
-    ) {
-        groupnorm::groupnorm_silu_forward_inplace(x, mean, rstd, gamma, beta, xd, groups);
-        self.r(x);
-    }
-    /// The forward's in-place pass again, its statistics into a scratch (see
-    /// `groupnorm_silu_recompute`).
+    /// [`Backend::groupnorm_silu_recompute`] in place (`groupnorm::groupnorm_silu_forward_inplace`,
+    /// its statistics into a scratch).
     fn groupnorm_silu_recompute_inplace(
         &self,
         x: &mut Vec<f32>,
@@ -505,21 +489,6 @@ impl Backend for CpuBackend {
     ) {
         elementwise::concat_channels_bias(out, a, a_bias.map(|v| &v[..]), b, x, ca, cb);
         self.r(out);
-    }
-    fn concat_channels_stats(
-        &self,
-        out: &mut Vec<f32>,
-        a: &Vec<f32>,
-        a_bias: Option<&Vec<f32>>,
-        b: &Vec<f32>,
-        (mean, rstd): (&mut Vec<f32>, &mut Vec<f32>),
-        x: Dims,
-        ca: usize,
-        cb: usize,
-        groups: usize,
-    ) {
-        self.concat_channels_bias(out, a, a_bias, b, x, ca, cb);
-        groupnorm::groupnorm_stats(mean, rstd, out, x.with_c(ca + cb), groups);
     }
     fn split_channels(
         &self,
