@@ -841,7 +841,7 @@ impl Backend for CudaBackend {
         x: Dims,
         groups: usize,
     ) {
-        groupnorm::stats(&self.dev, inp, off, mean, rstd, x, groups, self.cl());
+        groupnorm::stats(&self.dev, inp, off, mean, rstd, x, groups, self.layout);
     }
     fn silu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) {
         silu::forward(&self.dev, out, inp);

@@ -509,7 +509,7 @@ pub trait Backend {
     /// Whether [`Backend::groupnorm_silu_conv3d_fused`] and
     /// [`Backend::groupnorm_silu_conv3d_fused_cat`] take their output's GroupNorm statistics
     /// when asked (`ystats`), so that no pass reads the output for them. The default: no. CUDA:
-    /// from the epilogue of `conv3d_wgmma_fwd_gn` (`MEDDPM_CONV_STATS=0` switches it off).
+    /// from the epilogue of `conv3d_wgmma_fwd_gn` (`KernelChoices::conv_stats` switches it off).
     fn fused_conv_out_stats(&self) -> bool {
         false
     }
