@@ -14,9 +14,9 @@
 #            (MEDDPM_SMALL_CONV=1 vs auto), whole-head, alternated in one call
 #   abmma    A/B of the tensor-core few-channel convs (MEDDPM_SMALL_MMA=1 vs 0), whole-head bf16
 #            NDHWC, alternated twice
-#   abbin    A/B of two builds, .devbin/old (built by hand from the commit before) vs .devbin/all
-#            (and .devbin/alt, a third variant, when present): whole-head and BraTS bench, bf16
-#            NDHWC, alternated twice
+#   abbin    A/B of two builds, .devbin/old (scripts/gpu/prepare-old.sh REV) vs .devbin/all (and
+#            .devbin/alt, a third variant, when present): whole-head bench in each precision of
+#            $AB_PRECISIONS (default bf16) and BraTS bf16, NDHWC, alternated twice
 #   abenv    A/B of one build with $AB_ENV set (e.g. MEDDPM_WGMMA=0, a kept switch of docs/kernel-choices.md)
 #            against the default: whole-head and BraTS bench, bf16 NDHWC, alternated twice
 #   brats    meddpm bench of the BraTS preset, bf16 NDHWC
@@ -86,13 +86,14 @@ for part in "$@"; do
           --iters 7 2>&1 | grep -E '^cuda:0' | sed "s/^/[small mma $v] /"
       done; done ;;
     abbin)
-      # A/B of two builds: .devbin/old (the commit before a change, built by hand) against this
-      # one, whole-head then BraTS, bf16 NDHWC, alternated twice
+      # A/B of two builds: .devbin/old (scripts/gpu/prepare-old.sh REV builds it) against this
+      # one, whole-head in each precision of $AB_PRECISIONS (default bf16), then BraTS bf16, NDHWC,
+      # alternated twice
       BUILDS="old all$([ -x "$(dirname "$BIN")/alt/meddpm" ] && echo " alt")"
-      for i in 1 2; do for b in $BUILDS; do
-        "$(dirname "$BIN")/$b/meddpm" bench --device cuda --preset whole-head --precision bf16 --layout ndhwc \
-          --iters 9 2>&1 | grep -E '^cuda:0' | sed "s/^/[whole-head $b] /"
-      done; done
+      for prec in ${AB_PRECISIONS:-bf16}; do for i in 1 2; do for b in $BUILDS; do
+        "$(dirname "$BIN")/$b/meddpm" bench --device cuda --preset whole-head --precision $prec --layout ndhwc \
+          --iters 9 2>&1 | grep -E '^cuda:0' | sed "s/^/[whole-head $prec $b] /"
+      done; done; done
       for i in 1 2; do for b in $BUILDS; do
         "$(dirname "$BIN")/$b/meddpm" bench --device cuda --preset brats --precision bf16 --layout ndhwc \
           --iters 5 --warmup 2 2>&1 | grep -E '^cuda:0' | sed "s/^/[brats $b] /"
