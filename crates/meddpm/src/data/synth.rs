@@ -574,14 +574,9 @@ pub fn synthesize<B: Backend>(
         match done.get(&p.case) {
             Some(have) if !have.same_settings(&want) => {
                 return Err(Error::Config(format!(
-                    "{}: case {} was made with other settings (checkpoint {}, {} from seed {}, mask {}); \
+                    "case {} there was made with other settings (checkpoint {}, {} from seed {}, mask {}); \
                      synthesize into another folder",
-                    root.display(),
-                    p.case,
-                    have.checkpoint,
-                    have.sampler,
-                    have.seed,
-                    have.mask
+                    p.case, have.checkpoint, have.sampler, have.seed, have.mask
                 )))
             }
             Some(have) if have.images.iter().chain([&have.label]).all(|f| root.join(f).is_file()) => {}
