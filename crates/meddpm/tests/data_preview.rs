@@ -4,7 +4,7 @@
 
 use meddpm::data::nifti::{read_volume, Volume};
 use meddpm::data::output::{image_volumes, write_sample_with_views, Beside};
-use meddpm::data::preview::{guess_kind, label_position, render, render_at, write_png, Kind, PALETTE};
+use meddpm::data::preview::{guess_kind, label_position, render, render_at, render_titled, write_png, Kind, PALETTE};
 use meddpm::data::{demo, Convention};
 
 fn vol(f: impl Fn(usize, usize, usize) -> f32) -> Volume {
@@ -96,7 +96,19 @@ fn a_sample_is_written_with_its_preview_and_viewer_page() {
     let mut panel: Vec<(&Volume, Kind)> =
         vec![(&mask, Kind::Labels), (&generated[0], Kind::Intensity), (&other[0], Kind::Intensity)];
     panel.extend(real.iter().map(|v| (v, Kind::Intensity)));
-    assert_eq!(image::open(&written[1]).unwrap().to_rgb8(), render(&panel));
+    let titled = render_titled(&panel, &["mask", "this run", "bundled model", "real"], [0.5; 3]);
+    assert_eq!(image::open(&written[1]).unwrap().to_rgb8(), titled);
+    // the titles sit in a strip above the planes of render()
+    let body = render(&panel);
+    assert_eq!(titled.width(), body.width());
+    assert!(titled.height() > body.height());
+    let strip = titled.height() - body.height();
+    assert_eq!(image::imageops::crop_imm(&titled, 0, strip, body.width(), body.height()).to_image(), body);
+    let lit = (0..titled.width())
+        .flat_map(|x| (0..strip).map(move |y| (x, y)))
+        .filter(|&(x, y)| titled.get_pixel(x, y).0 == [230, 230, 230])
+        .count();
+    assert!(lit > 100, "title text drawn ({lit} pixels)");
     let html = std::fs::read_to_string(&written[2]).unwrap();
     assert!(html.contains("s.nii.gz") && html.contains("real"), "viewer layers named");
     assert!(image_volumes(&conv, &tensor, 2, size, &mask).is_err(), "channel count checked");

@@ -14,6 +14,7 @@
 //!   PNG preview and viewer page, and the file stems of a mask × seed job list
 //! - `view`        the self-contained HTML volume viewer (slices, window/level, mask overlay)
 //! - `demo`        the embedded MNI152-derived demo pairs
+//! - `synth`       synthetic datasets from masks: nnU-Net, MONAI or plain layouts, manifest, resume
 //!
 //! Tensor layout everywhere: (C, D, H, W) with (D, H, W) = NIfTI (Z, Y, X), C-order, which is
 //! exactly a NIfTI volume's own x-fastest voxel order, channel after channel.
@@ -28,6 +29,7 @@ pub mod nifti;
 pub mod output;
 pub mod preview;
 pub mod resize;
+pub mod synth;
 pub mod view;
 
 pub use convention::{Convention, ImageScaling, MaskResize, Preset};

@@ -115,8 +115,9 @@ pub fn image_volumes(
     Ok(outs.into_iter().filter(|o| !o.labels).map(|o| o.volume).collect())
 }
 
-/// Further volumes a preview shows beside a sample: `others` (e.g. the bundled model's sample of
-/// the same mask and seed), then `real` (the pair's real images), both as intensity columns.
+/// Further volumes a preview shows beside a sample: `others` (the bundled model's sample of the
+/// same mask and seed: the preview titles them "bundled model"), then `real` (the pair's real
+/// images, titled "real"), both as intensity columns.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Beside<'a> {
     pub others: &'a [Volume],
@@ -124,7 +125,8 @@ pub struct Beside<'a> {
 }
 
 /// [`write_sample`], plus a PNG preview `<stem>.png` (mask | generated | `beside.others` |
-/// `beside.real`) and `<stem>.html`, the generated and real volumes in the viewer with the mask
+/// `beside.real`, each column titled: mask | sample, or this run beside others | bundled model
+/// | real) and `<stem>.html`, the generated and real volumes in the viewer with the mask
 /// as overlay (when a volume is on its grid). Returns the files written: the NIfTI files in
 /// [`write_sample`]'s order, then the PNG, then the HTML page.
 pub fn write_sample_with_views(
@@ -140,10 +142,21 @@ pub fn write_sample_with_views(
     let mut written: Vec<PathBuf> = outs.iter().map(|(p, _)| p.clone()).collect();
     let png = stem.with_extension("png");
     let mut panel: Vec<(&Volume, preview::Kind)> = vec![(mask, preview::Kind::Labels)];
-    panel.extend(outs.iter().filter(|(_, o)| !o.labels).map(|(_, o)| (&o.volume, preview::Kind::Intensity)));
+    let mut titles = vec!["mask".to_string()];
+    for (_, o) in outs.iter().filter(|(_, o)| !o.labels) {
+        panel.push((&o.volume, preview::Kind::Intensity));
+        let run = if beside.others.is_empty() { "sample" } else { "this run" };
+        titles.push(match o.suffix.strip_prefix('_') {
+            Some(m) => format!("{run} {m}"),
+            None => run.to_string(),
+        });
+    }
     panel.extend(beside.others.iter().map(|v| (v, preview::Kind::Intensity)));
+    titles.extend(beside.others.iter().map(|_| "bundled model".to_string()));
     panel.extend(beside.real.iter().map(|v| (v, preview::Kind::Intensity)));
-    preview::write_png(&png, &panel)?;
+    titles.extend(beside.real.iter().map(|_| "real".to_string()));
+    let titles: Vec<&str> = titles.iter().map(String::as_str).collect();
+    preview::write_png_titled(&png, &panel, &titles)?;
     written.push(png);
     // The same volumes in the HTML viewer (data::view), the mask as overlay.
     let html = stem.with_extension("html");

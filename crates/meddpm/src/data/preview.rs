@@ -7,6 +7,8 @@
 //! files such as MNI and the Med-DDPM examples this puts anterior/superior up). Label volumes
 //! use a fixed palette; intensity volumes are windowed to their own min..max. Small volumes are
 //! enlarged by an integer factor (nearest) so the largest side is at least 128 pixels.
+//! [`render_titled`] adds a title over each column (a built-in 5×7 bitmap font: the `image`
+//! crate draws no text, and plotters is built without fonts); a sample's preview uses it.
 
 use super::nifti::Volume;
 use crate::error::{Error, Result};
@@ -82,6 +84,14 @@ pub fn label_position(mask: &Volume, label: f32) -> Option<[f64; 3]> {
     Some([0, 1, 2].map(|a| (c[a].round() + 0.5) / mask.dims[a] as f64))
 }
 
+/// The enlargement factor, the gap between panels, and each column's width in pixels.
+fn columns(volumes: &[(&Volume, Kind)]) -> (usize, usize, Vec<usize>) {
+    let max_side = volumes.iter().flat_map(|(v, _)| v.dims).max().unwrap_or(1).max(1);
+    let scale = 128usize.div_ceil(max_side).max(1);
+    let col_w = volumes.iter().map(|(v, _)| (0..3).map(|p| plane_size(v.dims, p).0).max().unwrap() * scale).collect();
+    (scale, 4, col_w)
+}
+
 /// Render the three mid-planes of each volume, one column per volume.
 pub fn render(volumes: &[(&Volume, Kind)]) -> RgbImage {
     render_at(volumes, [0.5; 3])
@@ -91,11 +101,7 @@ pub fn render(volumes: &[(&Volume, Kind)]) -> RgbImage {
 /// different sizes are cut at the same relative position).
 pub fn render_at(volumes: &[(&Volume, Kind)], pos: [f64; 3]) -> RgbImage {
     assert!(!volumes.is_empty(), "preview::render: no volumes");
-    let max_side = volumes.iter().flat_map(|(v, _)| v.dims).max().unwrap_or(1).max(1);
-    let scale = 128usize.div_ceil(max_side).max(1);
-    let gap = 4usize;
-    let col_w: Vec<usize> =
-        volumes.iter().map(|(v, _)| (0..3).map(|p| plane_size(v.dims, p).0).max().unwrap() * scale).collect();
+    let (scale, gap, col_w) = columns(volumes);
     let row_h: Vec<usize> =
         (0..3).map(|p| volumes.iter().map(|(v, _)| plane_size(v.dims, p).1).max().unwrap() * scale).collect();
     let width = col_w.iter().sum::<usize>() + gap * (volumes.len() + 1);
@@ -132,6 +138,103 @@ pub fn render_at(volumes: &[(&Volume, Kind)], pos: [f64; 3]) -> RgbImage {
     img
 }
 
+/// [`render_at`] with a title over each column: a strip of upper-case text (a built-in 5×7
+/// bitmap font: letters, digits, `-`, `_`, `.`; other characters are blanks), drawn twice as
+/// large where the column is wide enough. Titles beyond the columns are ignored.
+pub fn render_titled(volumes: &[(&Volume, Kind)], titles: &[&str], pos: [f64; 3]) -> RgbImage {
+    let body = render_at(volumes, pos);
+    let (_, gap, col_w) = columns(volumes);
+    let fits = |t: &str, w: usize, px: usize| t.chars().count() * 6 * px <= w;
+    let px = if titles.iter().zip(&col_w).all(|(t, &w)| fits(t, w, 2)) { 2 } else { 1 };
+    let strip = 7 * px + gap + 2;
+    let mut img = RgbImage::from_pixel(body.width(), body.height() + strip as u32, Rgb([40, 40, 48]));
+    image::imageops::replace(&mut img, &body, 0, strip as i64);
+    let mut x0 = gap;
+    for (t, &w) in titles.iter().zip(&col_w) {
+        let text_w = (t.chars().count() * 6 * px).saturating_sub(px);
+        let left = x0 + w.saturating_sub(text_w) / 2;
+        for (i, c) in t.chars().enumerate() {
+            let rows = glyph(c);
+            for (r, bits) in rows.iter().enumerate() {
+                for b in 0..5 {
+                    if bits >> (4 - b) & 1 == 1 {
+                        for dy in 0..px {
+                            for dx in 0..px {
+                                let (x, y) = (left + (i * 6 + b) * px + dx, gap + r * px + dy);
+                                if x < x0 + w {
+                                    img.put_pixel(x as u32, y as u32, Rgb([230, 230, 230]));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        x0 += w + gap;
+    }
+    img
+}
+
+/// Rows (top first, bit 4 = leftmost pixel) of a 5×7 upper-case glyph; a blank for others.
+fn glyph(c: char) -> [u8; 7] {
+    const LETTERS: [[u8; 7]; 26] = [
+        [0x0E, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11], // A
+        [0x1E, 0x11, 0x11, 0x1E, 0x11, 0x11, 0x1E], // B
+        [0x0E, 0x11, 0x10, 0x10, 0x10, 0x11, 0x0E], // C
+        [0x1E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x1E], // D
+        [0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x1F], // E
+        [0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x10], // F
+        [0x0E, 0x11, 0x10, 0x17, 0x11, 0x11, 0x0F], // G
+        [0x11, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11], // H
+        [0x0E, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E], // I
+        [0x07, 0x02, 0x02, 0x02, 0x02, 0x12, 0x0C], // J
+        [0x11, 0x12, 0x14, 0x18, 0x14, 0x12, 0x11], // K
+        [0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x1F], // L
+        [0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11], // M
+        [0x11, 0x11, 0x19, 0x15, 0x13, 0x11, 0x11], // N
+        [0x0E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E], // O
+        [0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10], // P
+        [0x0E, 0x11, 0x11, 0x11, 0x15, 0x12, 0x0D], // Q
+        [0x1E, 0x11, 0x11, 0x1E, 0x14, 0x12, 0x11], // R
+        [0x0F, 0x10, 0x10, 0x0E, 0x01, 0x01, 0x1E], // S
+        [0x1F, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04], // T
+        [0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E], // U
+        [0x11, 0x11, 0x11, 0x11, 0x11, 0x0A, 0x04], // V
+        [0x11, 0x11, 0x11, 0x15, 0x15, 0x15, 0x0A], // W
+        [0x11, 0x11, 0x0A, 0x04, 0x0A, 0x11, 0x11], // X
+        [0x11, 0x11, 0x0A, 0x04, 0x04, 0x04, 0x04], // Y
+        [0x1F, 0x01, 0x02, 0x04, 0x08, 0x10, 0x1F], // Z
+    ];
+    const DIGITS: [[u8; 7]; 10] = [
+        [0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E], // 0
+        [0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E], // 1
+        [0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F], // 2
+        [0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E], // 3
+        [0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02], // 4
+        [0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E], // 5
+        [0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E], // 6
+        [0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08], // 7
+        [0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E], // 8
+        [0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C], // 9
+    ];
+    match c.to_ascii_uppercase() {
+        l @ 'A'..='Z' => LETTERS[l as usize - 'A' as usize],
+        d @ '0'..='9' => DIGITS[d as usize - '0' as usize],
+        '-' => [0, 0, 0, 0x1F, 0, 0, 0],
+        '_' => [0, 0, 0, 0, 0, 0, 0x1F],
+        '.' => [0, 0, 0, 0, 0, 0x0C, 0x0C],
+        _ => [0; 7],
+    }
+}
+
+/// [`render_titled`] through the middle, saved as PNG atomically.
+pub fn write_png_titled(path: impl AsRef<Path>, volumes: &[(&Volume, Kind)], titles: &[&str]) -> Result<()> {
+    if volumes.is_empty() {
+        return Err(Error::Config("preview: no volumes to draw".into()));
+    }
+    save_png(path.as_ref(), &render_titled(volumes, titles, [0.5; 3]))
+}
+
 /// Render the mid-planes and save as PNG, atomically (temporary file + rename).
 pub fn write_png(path: impl AsRef<Path>, volumes: &[(&Volume, Kind)]) -> Result<()> {
     write_png_at(path, volumes, [0.5; 3])
@@ -143,7 +246,11 @@ pub fn write_png_at(path: impl AsRef<Path>, volumes: &[(&Volume, Kind)], pos: [f
     if volumes.is_empty() {
         return Err(Error::Config("preview: no volumes to draw".into()));
     }
-    let img = render_at(volumes, pos);
+    save_png(path, &render_at(volumes, pos))
+}
+
+/// Save `img` as PNG at `path`, atomically (temporary file + rename).
+fn save_png(path: &Path, img: &RgbImage) -> Result<()> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp.png", std::process::id()));
     let result = img

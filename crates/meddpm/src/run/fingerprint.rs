@@ -39,7 +39,8 @@ pub struct PairPrint {
     pub images: Vec<FilePrint>,
 }
 
-fn hash_reader(mut r: impl Read, name: &Path) -> Result<String> {
+/// XXH3-128 of everything `r` yields, as 32 hex digits (`name` for the error message).
+pub fn hash_reader(mut r: impl Read, name: &Path) -> Result<String> {
     let mut h = Xxh3::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -1,0 +1,222 @@
+//! `meddpm synthesize`: a synthetic (image, label) dataset from masks, for nnU-Net v2, MONAI or
+//! plain folders. The engine does the work (`meddpm::data::synth`: the plan, augmentation,
+//! layouts, manifest, resume, batched sampling); this file parses flags, loads the weights, picks
+//! the backend, draws the progress bar (volumes per hour, ETA) and, under `--gpus`, starts one
+//! rank per GPU and writes the dataset file once they are all done.
+
+use crate::args::{with_backend, BackendArgs, ConventionName, Weights};
+use crate::sample::SamplerArg;
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use meddpm::checkpoint::{bundled, load_weights, LoadHints, LoadedWeights};
+use meddpm::data::masks::Labels;
+use meddpm::data::synth::{self, Format, ModelId, Progress, SynthSpec};
+use meddpm::diffusion::SamplerSpec;
+use meddpm::dist::spawn::GpuSelection;
+use meddpm::dist::DistEnv;
+use meddpm::Backend;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// `--format`: the folder layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FormatArg {
+    /// nnU-Net v2: <out>/DatasetNNN_Name/{imagesTr/<case>_0000.nii.gz, labelsTr/<case>.nii.gz, dataset.json}
+    Nnunet,
+    /// MONAI: <out>/{images, labels, datalist.json} (load_decathlon_datalist's "training" list)
+    Monai,
+    /// <out>/{images, masks}: what `meddpm train --masks --images` reads
+    Plain,
+}
+
+impl FormatArg {
+    fn format(self) -> Format {
+        match self {
+            FormatArg::Nnunet => Format::Nnunet,
+            FormatArg::Monai => Format::Monai,
+            FormatArg::Plain => Format::Plain,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SynthesizeArgs {
+    /// Mask files or folders of .nii/.nii.gz masks. Default: the built-in demo masks.
+    #[arg(long, num_args = 1..)]
+    pub masks: Vec<PathBuf>,
+    /// Output folder; nnunet puts DatasetNNN_Name in it (an nnUNet_raw folder).
+    #[arg(long, default_value = "synthetic")]
+    pub out: PathBuf,
+    /// Folder layout.
+    #[arg(long, value_enum, default_value = "nnunet")]
+    pub format: FormatArg,
+    /// New masks per input mask, made by tumour scaling and shifting (as `meddpm masks`), used
+    /// beside the inputs.
+    #[arg(long, default_value_t = 0)]
+    pub augment: usize,
+    /// Pairs to make; the masks (inputs and new ones) are used in turn [default: one per mask].
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// Pair i draws its noise from seed + i.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Weights (as for `sample`). Default: the bundled demo model, when this build has one.
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Which weights of a training checkpoint.
+    #[arg(long, value_enum, default_value = "ema")]
+    pub weights: Weights,
+    /// T of the model's cosine schedule.
+    #[arg(long, default_value_t = 250)]
+    pub timesteps: usize,
+    /// The sampler.
+    #[arg(long, value_enum, default_value = "ddpm")]
+    pub sampler: SamplerArg,
+    /// Network evaluations per volume, 1..=T [default: T].
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// DDIM's η (ddim only) [default: 0].
+    #[arg(long)]
+    pub eta: Option<f64>,
+    /// Volumes per network batch (each volume is the same in any batch).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    #[arg(long, value_enum, default_value = "whole-head")]
+    pub convention: ConventionName,
+    /// nnU-Net dataset id (NNN of DatasetNNN_Name).
+    #[arg(long, default_value_t = 500)]
+    pub dataset_id: u32,
+    /// nnU-Net dataset name (Name of DatasetNNN_Name).
+    #[arg(long, default_value = "MedDDPM")]
+    pub dataset_name: String,
+    /// Label of the head/brain region (augmentation).
+    #[arg(long, default_value_t = 1)]
+    pub head_label: u8,
+    /// Label of the tumour (augmentation).
+    #[arg(long, default_value_t = 2)]
+    pub tumour_label: u8,
+    /// Spread the pairs over GPUs of this machine, one process per GPU (a count, 'all', or
+    /// indices); rank r makes pairs r, r+N, …, and the dataset file is written when all are done.
+    #[arg(long)]
+    pub gpus: Option<GpuSelection>,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// The weights and their identity (file hash) for the manifest.
+fn weights(a: &SynthesizeArgs) -> Result<(LoadedWeights, ModelId)> {
+    let group = a.weights.group();
+    Ok(match &a.checkpoint {
+        Some(p) => (load_weights(p, group, None)?, ModelId::of_file(p, group)?),
+        None => match (bundled::load(group, &LoadHints::default())?, ModelId::bundled(group)?) {
+            (Some(w), Some(id)) => (w, id),
+            _ => bail!("no --checkpoint given, and {}", bundled::absent_message()),
+        },
+    })
+}
+
+fn spec(a: &SynthesizeArgs, w: &LoadedWeights) -> Result<SynthSpec> {
+    if a.head_label == a.tumour_label {
+        bail!("--head-label and --tumour-label are both {}", a.head_label);
+    }
+    Ok(SynthSpec {
+        out: a.out.clone(),
+        format: a.format.format(),
+        dataset_id: a.dataset_id,
+        dataset_name: a.dataset_name.clone(),
+        masks: a.masks.clone(),
+        augment: a.augment,
+        count: a.count,
+        seed: a.seed,
+        sampler: SamplerSpec {
+            kind: a.sampler.kind(),
+            steps: a.steps.unwrap_or(a.timesteps),
+            eta: a.eta.unwrap_or(0.0),
+        },
+        timesteps: a.timesteps,
+        batch: a.batch,
+        convention: a.convention.for_model(&w.cfg)?,
+        labels: Labels { head: a.head_label as f32, tumour: a.tumour_label as f32 },
+        rank: 0,
+        world: 1,
+    })
+}
+
+pub fn run(a: &SynthesizeArgs) -> Result<()> {
+    let (w, id) = weights(a)?;
+    let mut sp = spec(a, &w)?;
+    if let Some(sel) = &a.gpus {
+        let world = crate::dist::launch_local(sel)?;
+        let path = synth::finalize(&sp)?;
+        println!("{world} rank(s) done; {}", path.display());
+        return Ok(());
+    }
+    for m in &w.warnings {
+        eprintln!("warning: {}: {m}", id.name);
+    }
+    println!("weights: {} (hash {})", w.source, id.hash);
+    match DistEnv::from_env()?.filter(|e| e.world > 1) {
+        Some(env) => {
+            (sp.rank, sp.world) = (env.rank, env.world);
+            let be = crate::dist::rank_backend(&a.backend, &env)?;
+            synthesize_on(&be, &w, &id, &sp)
+        }
+        None => with_backend!(a.backend, be => synthesize_on(&be, &w, &id, &sp)),
+    }
+}
+
+fn synthesize_on<B: Backend>(be: &B, w: &LoadedWeights, id: &ModelId, sp: &SynthSpec) -> Result<()> {
+    let part = if sp.world > 1 { format!(", rank {} of {}", sp.rank, sp.world) } else { String::new() };
+    println!(
+        "meddpm synthesize on {}: {} (T = {}), {} layout in {}{part}",
+        be.describe(),
+        sp.sampler,
+        sp.timesteps,
+        sp.format.name(),
+        sp.root().display()
+    );
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("synthesize {bar:30} {pos}/{len} [{elapsed_precise}, ETA {msg}]")
+            .expect("valid template"),
+    );
+    let t0 = Instant::now();
+    let mut first = true;
+    let s = synth::synthesize(be, w, id, sp, |p: &Progress| {
+        if first {
+            pb.set_length(p.total as u64);
+            if p.skipped > 0 {
+                pb.println(format!("{} of {} pair(s) already there: skipped", p.skipped, p.total));
+            }
+            first = false;
+        }
+        pb.set_position(p.done as u64);
+        pb.set_message(rate(p, t0.elapsed().as_secs_f64()));
+    })
+    .with_context(|| format!("synthesizing into {}", sp.root().display()))?;
+    pb.finish_and_clear();
+    for n in &s.notes {
+        println!("note: {n}");
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "{} pair(s) in {}: {} made in {secs:.1} s, {} already there; manifest {}",
+        s.share,
+        s.root.display(),
+        s.sampled,
+        s.skipped,
+        sp.manifest_path().display()
+    );
+    Ok(())
+}
+
+/// "ETA 0:03:10, 412 volumes/h" from the volumes this run made so far.
+fn rate(p: &Progress, secs: f64) -> String {
+    if p.sampled == 0 || secs <= 0.0 {
+        return "?".into();
+    }
+    let per_hour = p.sampled as f64 / secs * 3600.0;
+    let left = (p.total - p.done) as f64 / (p.sampled as f64 / secs);
+    let (h, m, s) = ((left / 3600.0) as u64, (left / 60.0) as u64 % 60, left as u64 % 60);
+    format!("{h}:{m:02}:{s:02}, {per_hour:.0} volumes/h")
+}
