@@ -54,6 +54,22 @@ fn timed_forwards_every_call_unchanged() {
     assert!(timed.take_records().is_empty(), "take_records clears");
 }
 
+/// In bf16 the wrapper must reach the inner backend's activation buffers and its rounding cast of
+/// the conv weights (`alloc_act`, `cast`): a per-call bf16 profile measures the bf16 program.
+#[test]
+fn timed_forwards_every_call_unchanged_in_bf16() {
+    let cfg = UNetConfig::tiny();
+    let plain = gradients(&CpuBackend::bf16(), &cfg);
+    let timed = Timed::new(CpuBackend::bf16());
+    let wrapped = gradients(&timed, &cfg);
+    assert_eq!(
+        plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        wrapped.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    let rs = timed.take_records();
+    assert!(rs.iter().any(|r| r.name == "cast"), "the weight casts are recorded as casts");
+}
+
 fn flops_in(p: &Pass, phase: &str) -> f64 {
     p.records.iter().filter(|r| r.phase().as_deref() == Some(phase)).filter_map(|r| r.flops).sum()
 }

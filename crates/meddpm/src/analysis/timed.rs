@@ -137,6 +137,7 @@ macro_rules! backend_ops {
             => |t| ("download_param", C::Memory, None, host.len() as f64);
         required fn zero(b: &mut Self::Buf) => |t| ("zero", C::Memory, None, t.l(b));
         required fn copy(dst: &mut Self::Buf, src: &Self::Buf) => |t| ("copy", C::Memory, None, 2.0 * t.l(src));
+        provided fn cast(dst: &mut Self::Buf, src: &Self::Buf) => |t| ("cast", C::Memory, None, 2.0 * t.l(src));
 
         // ---- convolution
         required fn conv3d_forward_acc(
@@ -382,11 +383,8 @@ macro_rules! backend_ops {
 }
 
 /// Provided [`Backend`] methods that [`Timed`] does not forward: it runs the trait's body, so the
-/// calls that body makes are recorded one by one (the per-call profile's view), and `alloc_act`,
-/// `cast` reach the inner backend as `alloc` and `copy`.
+/// calls that body makes are recorded one by one (the per-call profile's view).
 pub const UNRECORDED: &[&str] = &[
-    "alloc_act",
-    "cast",
     "replay",
     "conv3d_forward",
     "conv3d_backward_data_gn",
@@ -468,6 +466,10 @@ backend_ops!(impl_timed! {
     }
     fn alloc(&self, len: usize) -> Result<Self::Buf> {
         self.inner.alloc(len)
+    }
+    // The inner backend's activation type (bf16 under Precision::Bf16), not the trait's f32 body.
+    fn alloc_act(&self, len: usize) -> Result<Self::Buf> {
+        self.inner.alloc_act(len)
     }
     fn len(&self, b: &Self::Buf) -> usize {
         self.inner.len(b)
@@ -569,6 +571,7 @@ mod tests {
             "layout",
             "precision",
             "alloc",
+            "alloc_act",
             "len",
             "sync",
             "push_range",
