@@ -9,20 +9,12 @@
 //! 144×192×192 for BraTS, 1 head, 32 groups) or comes from the flags. The output is written
 //! atomically: on any error an existing output file is left as it was.
 
+use crate::args::Weights;
 use anyhow::{bail, Context, Result};
 use meddpm::checkpoint::torch;
 use meddpm::model::UNetConfig;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-
-/// Which weights of a training checkpoint to convert.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Weights {
-    /// The EMA weights (what the reference samples with).
-    Ema,
-    /// The online (training) weights.
-    Model,
-}
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConvertArgs {
@@ -55,14 +47,7 @@ pub fn run(a: &ConvertArgs) -> Result<()> {
         return export_meddpm(a);
     }
     let ck = torch::read_state_dicts(&a.input)?;
-    let which = if ck.dicts.contains_key("") {
-        ""
-    } else {
-        match a.weights {
-            Weights::Ema => "ema",
-            Weights::Model => "model",
-        }
-    };
+    let which = if ck.dicts.contains_key("") { "" } else { a.weights.name() };
     let (name, dict) = ck.dict(Some(which))?;
 
     // Infer the topology with a placeholder volume, then put the real size in.
@@ -120,18 +105,18 @@ pub fn run(a: &ConvertArgs) -> Result<()> {
 /// A meddpm checkpoint (or safetensors state dict) → a plain PyTorch-keyed state dict: the
 /// export direction, so meddpm-trained weights load into the reference code.
 fn export_meddpm(a: &ConvertArgs) -> Result<()> {
-    use meddpm::checkpoint::load::{load_weights_with, LoadHints, WeightGroup};
-    let group = match a.weights {
-        Weights::Ema => WeightGroup::Ema,
-        Weights::Model => WeightGroup::Model,
-    };
-    let w = load_weights_with(&a.input, group, &LoadHints { size: a.depth.zip(a.size), ..LoadHints::default() })?;
+    use meddpm::checkpoint::load::{load_weights_with, LoadHints};
+    let w = load_weights_with(
+        &a.input,
+        a.weights.group(),
+        &LoadHints { size: a.depth.zip(a.size), ..LoadHints::default() },
+    )?;
     for m in &w.warnings {
         eprintln!("warning: {}: {m}", a.input.display());
     }
     let mut meta = BTreeMap::new();
     meta.insert("source".to_string(), a.input.display().to_string());
-    meta.insert("source_dict".to_string(), format!("{:?}", a.weights).to_lowercase());
+    meta.insert("source_dict".to_string(), a.weights.name().to_string());
     torch::export_safetensors(&a.output, &w.cfg, &w.params, a.diffusion_keys, meta)?;
     println!(
         "wrote {}: {} tensors from {} ({:?} weights)",

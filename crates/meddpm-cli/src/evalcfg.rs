@@ -36,6 +36,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::args::{parse_device, Weights};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::Checkpoint;
@@ -53,18 +54,14 @@ pub fn parse_config(s: &str) -> Result<Config, String> {
     s.parse()
 }
 
-fn parse_device(s: &str) -> Result<DeviceSel, String> {
-    s.parse()
-}
-
 #[derive(clap::Args, Debug, Clone)]
 pub struct EvalConfigsArgs {
     /// A meddpm checkpoint (.safetensors) whose metadata holds the model config.
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// Which weights: ema (as the reference samples) or model (online).
-    #[arg(long, default_value = "ema")]
-    pub weights: String,
+    #[arg(long, value_enum, default_value = "ema")]
+    pub weights: Weights,
     /// Configurations, comma-separated: PRECISION/LAYOUT on CUDA (fp32|tf32 / ncdhw|ndhwc) or
     /// cpu. The first one that runs is the baseline.
     #[arg(long, value_delimiter = ',', default_value = "fp32/ncdhw,tf32/ncdhw,fp32/ndhwc,tf32/ndhwc,bf16/ncdhw,bf16/ndhwc", value_parser = parse_config)]
@@ -163,11 +160,13 @@ pub fn run(a: &EvalConfigsArgs) -> Result<()> {
             cfg.out_channels
         );
     }
-    let group = match a.weights.as_str() {
-        "ema" | "model" if ck.has_group(&a.weights) => a.weights.as_str(),
-        "ema" | "model" if !ck.has_group("model") => "",
-        "ema" | "model" => bail!("{}: has no '{}' weights", a.checkpoint.display(), a.weights),
-        w => bail!("--weights {w}: expected ema or model"),
+    let want = a.weights.name();
+    let group = if ck.has_group(want) {
+        want
+    } else if !ck.has_group("model") {
+        ""
+    } else {
+        bail!("{}: has no '{want}' weights", a.checkpoint.display())
     };
     let weights = ck.group(group, &param_specs(&cfg))?;
     let timesteps = a.timesteps.or(ck.train.as_ref().map(|t| t.timesteps)).unwrap_or(250);

@@ -3,17 +3,21 @@
 //! Subcommands parse their arguments once into typed structs, pick a backend once (`--device`),
 //! and call a function generic over `meddpm::Backend`. Errors print as one chain with exit code 2.
 
+mod args;
 mod bench;
 mod convert;
 mod dist;
+mod doctor;
 mod eval;
 mod evalcfg;
+mod info;
 mod lesion;
 mod masks;
 mod preview;
 mod profile;
-mod run;
+mod sample;
 mod study;
+mod train;
 mod view;
 
 use clap::{Parser, Subcommand};
@@ -34,7 +38,7 @@ enum Cmd {
     /// Train a model. With no data options it trains the built-in demo (small model, built-in
     /// volumes), then samples one volume: the whole pipeline in a few minutes on 2 CPU cores.
     /// Several GPUs: `--gpus N`, or one process per GPU under torchrun or `srun`.
-    Train(run::TrainArgs),
+    Train(train::TrainArgs),
     /// Sample volumes for conditioning masks: DDPM-250 (reference) or DDIM, DPM-Solver++, iPNDM
     ///
     /// Samplers (`--sampler`, `--steps S` network evaluations per volume, all on the model's
@@ -57,9 +61,9 @@ enum Cmd {
     /// `--gpus N` spreads the volumes over N GPUs of this machine (one process each; rank r draws
     /// volumes r, r+N, …): the same files as one GPU, one merged <out>_timing.json.
     #[command(verbatim_doc_comment)]
-    Sample(run::SampleArgs),
+    Sample(sample::SampleArgs),
     /// Print a model configuration: parameters, FLOPs, planned memory.
-    Info(run::InfoArgs),
+    Info(info::InfoArgs),
     /// Make new conditioning masks: tumour scaling and shifting (the reference's augmentation).
     Masks(masks::MasksArgs),
     /// Make (mask, image) training pairs from masks and a lesion-free T1 darkened on each
@@ -101,9 +105,9 @@ fn main() {
     }
     let cli = Cli::parse();
     let r = match &cli.cmd {
-        Cmd::Train(a) => run::train(a),
-        Cmd::Sample(a) => run::sample(a),
-        Cmd::Info(a) => run::info(a),
+        Cmd::Train(a) => train::run(a),
+        Cmd::Sample(a) => sample::run(a),
+        Cmd::Info(a) => info::run(a),
         Cmd::Masks(a) => masks::run(a),
         Cmd::LesionPairs(a) => lesion::run(a),
         Cmd::Preview(a) => preview::run(a),
@@ -114,7 +118,7 @@ fn main() {
         Cmd::EvalConfigs(a) => evalcfg::run(a),
         Cmd::EvalSamplers(a) => study::run(a),
         Cmd::Profile(a) => profile::run(a),
-        Cmd::Doctor => run::doctor(),
+        Cmd::Doctor => doctor::run(),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

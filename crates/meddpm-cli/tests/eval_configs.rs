@@ -8,6 +8,9 @@
 //! comparison of several configurations. The verdict rule and the metrics on synthetic values
 //! are tested with the library (`crates/meddpm/tests/eval_configs.rs`).
 
+#[allow(dead_code, unused_imports, unused_macros)]
+#[path = "../src/args.rs"]
+mod args;
 #[allow(dead_code)]
 #[path = "../src/evalcfg.rs"]
 mod evalcfg;

@@ -1,267 +1,26 @@
-//! `train`, `sample`, `info`, `doctor`: argument structs, run-file (TOML) handling, backend
-//! choice, and the loops with progress bars. The engine does the work (`meddpm::run` for the
-//! run folder: record, resume, loss log, safe stop); this file only wires. Data-parallel runs
-//! (`--gpus`, torchrun, Slurm) are set up in `dist.rs` and train through the same `train_on`.
-//!
-//! Kept in the library instead (moved from here): data source ↔ masks/images/manifest settings
-//! (`meddpm::run::DataSource::{from_paths, paths}`), the host batch (`data::Loader::next_batch`),
-//! the closing line's loss means (`run::Summary::loss_means`), a sample's files with PNG
-//! preview and viewer page plus the mask × seed file stems (`data::output::{write_sample_with_views,
-//! image_volumes, sample_stems}`), what a run continues from (a resume's loss log, the checkpoint
-//! step on disk, data changes, the note for a replaced checkpoint: `run::Continuation`) and the
-//! progress bar's step count (`run::StepPlan`). The run-file types stay here: `Preset` and
-//! `ConventionName` derive clap's `ValueEnum` (`RunFile` and `RunConfig` hold them).
+//! `meddpm train`: the run's configuration (run file < preset < flags, or the run a checkpoint
+//! records for `--resume`), the trainer, and the loop with its progress bar and closing sample.
+//! The engine does the work (`meddpm::run`: record, resume, loss log, safe stop); this file
+//! wires. A data-parallel rank (`--gpus`, torchrun, Slurm) joins its group through `dist.rs` and
+//! trains through the same `train_on`.
 
+use crate::args::{bar, with_backend, BackendArgs, ConventionName, Device, Preset, RunConfig, RunFile};
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use meddpm::checkpoint::{bundled, init_trainer_with, load_weights, Checkpoint, LoadHints, LoadedWeights, WeightGroup};
-use meddpm::cpu::CpuBackend;
 use meddpm::data::output::{self, Beside};
-use meddpm::data::{Convention, Dataset, Loader, Shard, Volume};
-use meddpm::diffusion::{Sampler, SamplerKind, SamplerSpec, Schedule, TrainConfig, Trainer};
+use meddpm::data::{Dataset, Loader, Shard};
+use meddpm::diffusion::{Sampler, SamplerSpec, Schedule, TrainConfig, Trainer};
 use meddpm::dist::spawn::GpuSelection;
-use meddpm::dist::{DistEnv, GradSync};
-use meddpm::eval::samplers::{BatchTiming, SampleTiming, TimedVolume};
+use meddpm::dist::{config_hash, BucketPlan, DistEnv, GradSync, DEFAULT_BUCKET_BYTES};
 use meddpm::model::{cost, UNet, UNetConfig};
 use meddpm::run::{
     Continuation, DataSource, Faults, Outcome, Overrides, Ranks, RunRecord, Session, StepPlan, StopFlag,
 };
 use meddpm::{Backend, Layout, Precision};
-use serde::{Deserialize, Serialize};
+use meddpm_cuda::collective::NcclSync;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
-
-/// Named model presets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Preset {
-    /// 32³, 8 base channels, 4 levels: the built-in CPU demo.
-    Demo,
-    /// 8³ test model.
-    Tiny,
-    /// The reference whole-head model (128³, 40.2 M parameters).
-    WholeHead,
-    /// The reference BraTS 4-modality model (192×192×144, 57.6 M parameters).
-    Brats,
-}
-
-impl Preset {
-    pub fn unet(self) -> UNetConfig {
-        match self {
-            Preset::Demo => UNetConfig {
-                depth: 32,
-                size: 32,
-                model_channels: 8,
-                channel_mult: vec![1, 2, 2, 4],
-                attention_ds: vec![4],
-                groups: 4,
-                ..UNetConfig::whole_head()
-            },
-            Preset::Tiny => UNetConfig::tiny(),
-            Preset::WholeHead => UNetConfig::whole_head(),
-            Preset::Brats => UNetConfig::brats(),
-        }
-    }
-}
-
-/// Where the compute happens (`auto`: CUDA if a device is present, else CPU).
-pub use meddpm::DeviceSel as Device;
-
-fn parse_device(s: &str) -> Result<Device, String> {
-    s.parse()
-}
-
-#[derive(clap::Args, Clone, Debug)]
-pub struct BackendArgs {
-    /// auto | cpu | cuda | cuda:N
-    #[arg(long, default_value = "auto", value_parser = parse_device)]
-    pub device: Device,
-    /// Precision on the GPU: fp32 (true FMA), tf32 (tensor-core convs and GEMMs) or bf16 (activations
-    /// stored in bf16, bf16 tensor-core convs, fp32 statistics/loss/weights/optimizer); on the CPU
-    /// bf16 emulates the GPU's bf16 rounding, fp32 and tf32 are the fp32 reference [default: tf32;
-    /// a resumed run: its own].
-    #[arg(long, value_enum)]
-    pub precision: Option<PrecisionArg>,
-    /// Activation layout on the GPU: ndhwc (channels-last) or ncdhw [default: ndhwc; a resumed
-    /// run: its own].
-    #[arg(long, value_enum)]
-    pub layout: Option<LayoutArg>,
-}
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum PrecisionArg {
-    Fp32,
-    Tf32,
-    Bf16,
-}
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum LayoutArg {
-    Ncdhw,
-    Ndhwc,
-}
-
-impl BackendArgs {
-    pub(crate) fn precision(&self) -> Precision {
-        match self.precision.unwrap_or(PrecisionArg::Tf32) {
-            PrecisionArg::Fp32 => Precision::Fp32,
-            PrecisionArg::Tf32 => Precision::Tf32,
-            PrecisionArg::Bf16 => Precision::Bf16,
-        }
-    }
-    pub(crate) fn layout(&self) -> Layout {
-        match self.layout.unwrap_or(LayoutArg::Ndhwc) {
-            LayoutArg::Ncdhw => Layout::Ncdhw,
-            LayoutArg::Ndhwc => Layout::Ndhwc,
-        }
-    }
-    /// These arguments with `p` and `l` where no flag gave them.
-    fn with_defaults(&self, p: Precision, l: Layout) -> BackendArgs {
-        let precision = Some(match p {
-            Precision::Fp32 => PrecisionArg::Fp32,
-            Precision::Tf32 => PrecisionArg::Tf32,
-            Precision::Bf16 => PrecisionArg::Bf16,
-        });
-        let layout = Some(match l {
-            Layout::Ncdhw => LayoutArg::Ncdhw,
-            Layout::Ndhwc => LayoutArg::Ndhwc,
-        });
-        BackendArgs {
-            device: self.device.clone(),
-            precision: self.precision.or(precision),
-            layout: self.layout.or(layout),
-        }
-    }
-    /// The device to use: `Auto` becomes CUDA 0 when a device answers, else the CPU.
-    fn resolve(&self) -> Device {
-        match &self.device {
-            Device::Auto => match meddpm_cuda::probe() {
-                Ok(_) => Device::Cuda(0),
-                Err(_) => Device::Cpu,
-            },
-            d => d.clone(),
-        }
-    }
-}
-
-/// Run `$body` with `$be` bound to the chosen backend (the one place backends are picked).
-macro_rules! with_backend {
-    ($args:expr, $be:ident => $body:expr) => {{
-        match $args.resolve() {
-            Device::Cpu | Device::Auto => {
-                let $be = CpuBackend::with_precision(match $args.precision() {
-                    Precision::Bf16 => Precision::Bf16,
-                    Precision::Fp32 | Precision::Tf32 => Precision::Fp32,
-                })?;
-                $body
-            }
-            Device::Cuda(i) => {
-                let $be = meddpm_cuda::CudaBackend::new(i, $args.precision(), $args.layout())?;
-                $body
-            }
-        }
-    }};
-}
-
-/// What a `--config` TOML file may hold: `[unet]`, `[train]` and `[run]` tables.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RunFile {
-    pub preset: Option<Preset>,
-    pub unet: Option<UNetConfig>,
-    pub train: Option<TrainConfig>,
-    pub run: RunConfig,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RunConfig {
-    /// Optimizer steps to reach.
-    pub steps: u64,
-    /// Save a checkpoint every N steps (0: only at the end).
-    pub checkpoint_every: u64,
-    /// Output folder (checkpoint, loss log, samples).
-    pub out: PathBuf,
-    /// Sample one volume with the EMA weights at the end.
-    pub sample_at_end: bool,
-    /// Folder of mask NIfTIs (none: the built-in demo data).
-    pub masks: Option<PathBuf>,
-    /// Image folder(s) paired with the masks by the digits in file names (BraTS: 4, in
-    /// T1, T1ce, T2, FLAIR order).
-    pub images: Vec<PathBuf>,
-    /// CSV manifest `mask,image[,image...]` instead of folders.
-    pub manifest: Option<PathBuf>,
-    /// Data convention.
-    pub convention: ConventionName,
-    /// Background decoding threads.
-    pub workers: usize,
-}
-
-/// Named data conventions (see `meddpm::data::convention`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ConventionName {
-    /// Whole-head, image scaled by one global min-max (default).
-    WholeHead,
-    /// Whole-head exactly as the reference: per-axial-slice min-max of the image.
-    WholeHeadReference,
-    /// BraTS 4 modalities, preprocessed inputs.
-    Brats,
-    /// BraTS 4 modalities, raw 240×240×155 inputs: crop, rescale and brain label on load.
-    BratsRaw,
-}
-
-impl ConventionName {
-    /// The CLI name (`whole-head`, ...), as run records store it.
-    pub fn name(self) -> String {
-        clap::ValueEnum::to_possible_value(&self).expect("no variant is skipped").get_name().to_string()
-    }
-
-    /// The convention called `name` (a run record's).
-    pub fn from_name(name: &str) -> Result<ConventionName> {
-        <ConventionName as clap::ValueEnum>::from_str(name, false)
-            .map_err(|_| anyhow::anyhow!("unknown data convention '{name}' in the run record"))
-    }
-
-    /// The convention for `unet`, checked against its channel counts.
-    pub fn for_model(self, unet: &UNetConfig) -> Result<Convention> {
-        let mut c = match self {
-            ConventionName::WholeHead => Convention::whole_head(),
-            ConventionName::WholeHeadReference => Convention::whole_head_reference(),
-            ConventionName::Brats => Convention::brats(),
-            ConventionName::BratsRaw => Convention { brats_preprocess: true, ..Convention::brats() },
-        };
-        if c.preset == meddpm::data::Preset::WholeHead {
-            c.num_labels = unet.cond_channels() + 1;
-        }
-        if c.image_channels() != unet.out_channels || c.cond_channels() != unet.cond_channels() {
-            bail!(
-                "the {self:?} data convention gives {} image and {} condition channels; the model has {} out and {} in \
-                 channels (in = out + condition)",
-                c.image_channels(),
-                c.cond_channels(),
-                unet.out_channels,
-                unet.in_channels
-            );
-        }
-        Ok(c)
-    }
-}
-
-impl Default for RunConfig {
-    fn default() -> Self {
-        RunConfig {
-            steps: 200,
-            checkpoint_every: 100,
-            out: PathBuf::from("runs/demo"),
-            sample_at_end: true,
-            masks: None,
-            images: Vec::new(),
-            manifest: None,
-            convention: ConventionName::WholeHead,
-            workers: 2,
-        }
-    }
-}
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
@@ -332,13 +91,7 @@ pub struct TrainArgs {
 /// Settle the configuration of a new run (or of a resumed checkpoint without a run record):
 /// run file < preset < flags; the demo is the default.
 fn plan_from_flags(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
-    let file = match &a.config {
-        Some(p) => {
-            let s = std::fs::read_to_string(p).with_context(|| format!("reading run file {}", p.display()))?;
-            toml::from_str::<RunFile>(&s).with_context(|| format!("run file {}", p.display()))?
-        }
-        None => RunFile::default(),
-    };
+    let file = RunFile::read(a.config.as_deref())?;
     let preset = a.preset.or(file.preset).unwrap_or(Preset::Demo);
     let unet = file.unet.clone().unwrap_or_else(|| preset.unet());
     let mut tc = file.train.clone().unwrap_or_else(|| match preset {
@@ -421,13 +174,6 @@ fn run_config_of(rec: &RunRecord) -> Result<RunConfig> {
     })
 }
 
-fn precision_of(p: PrecisionArg) -> Precision {
-    BackendArgs { device: Device::Auto, precision: Some(p), layout: None }.precision()
-}
-fn layout_of(l: LayoutArg) -> Layout {
-    BackendArgs { device: Device::Auto, precision: None, layout: Some(l) }.layout()
-}
-
 /// A settled training run.
 pub(crate) struct Plan {
     pub unet: UNetConfig,
@@ -473,8 +219,8 @@ fn plan_resume(a: &TrainArgs, path: &Path, say: bool) -> Result<Plan> {
                 sample_at_end: a.no_sample.then_some(false),
                 data,
                 convention: a.convention.map(ConventionName::name),
-                precision: a.backend.precision.map(precision_of),
-                layout: a.backend.layout.map(layout_of),
+                precision: a.backend.precision,
+                layout: a.backend.layout,
             };
             let (here, moved) = rec.resumed_at(path)?;
             notes.extend(moved);
@@ -501,7 +247,7 @@ fn plan_resume(a: &TrainArgs, path: &Path, say: bool) -> Result<Plan> {
 /// Optimizer steps of the demo when it runs on a GPU (see [`train`]).
 const GPU_DEMO_STEPS: u64 = 8000;
 
-pub fn train(a: &TrainArgs) -> Result<()> {
+pub fn run(a: &TrainArgs) -> Result<()> {
     if let Some(sel) = &a.gpus {
         return crate::dist::launch_local(sel).map(|_| ());
     }
@@ -522,7 +268,7 @@ pub fn train(a: &TrainArgs) -> Result<()> {
         }
     };
     if let Some(env) = env {
-        return crate::dist::train_rank(a, env, plan);
+        return train_rank(a, env, plan);
     }
     let backend = plan.backend.clone();
     with_backend!(backend, be => {
@@ -545,17 +291,6 @@ pub(crate) fn open_dataset(run: &RunConfig, unet: &UNetConfig) -> Result<Dataset
             meddpm::data::demo::dataset_at(size)?
         }
     })
-}
-
-fn bar(len: u64, what: &str) -> ProgressBar {
-    let pb = ProgressBar::new(len);
-    pb.set_style(
-        ProgressStyle::with_template(&format!(
-            "{what} {{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}<{{eta_precise}}, {{per_sec}}] {{msg}}"
-        ))
-        .expect("valid template"),
-    );
-    pb
 }
 
 /// The command that continues the run of `ck` (the device repeated when one was chosen; the
@@ -612,7 +347,7 @@ pub(crate) struct Started {
     pub old: OldRun,
 }
 
-/// What a data-parallel rank brings to the training loop (`dist.rs` makes it).
+/// What a data-parallel rank brings to the training loop ([`train_rank`] makes it).
 pub(crate) struct RankCtx<'a, B: Backend> {
     pub sync: &'a mut dyn GradSync<B>,
     pub check_every: u64,
@@ -861,266 +596,65 @@ fn sample_volume<B: Backend>(
     Ok(v.swap_remove(0))
 }
 
-/// `--sampler`: the samplers of `meddpm::diffusion::solvers`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum SamplerArg {
-    /// Ancestral DDPM: the reference sampler with all T steps; fewer steps use Improved-DDPM
-    /// respacing
-    Ddpm,
-    /// DDIM (Song et al. 2021): --eta 0 deterministic, 1 = ancestral variance (η = 1 with all
-    /// steps is DDPM); linear timestep selection ⌊i·T/S⌋
-    Ddim,
-    /// DPM-Solver++(2M) (Lu et al. 2022): multistep second order in data prediction, x̂₀ clipped
-    /// to [−1, 1], time-uniform steps
-    #[value(name = "dpm-solver++")]
-    DpmSolverPp,
-    /// iPNDM of DEIS (Zhang & Chen 2023): the Adams–Bashforth DDIM variant of the reference's
-    /// fast-sampling script (10 steps there), timesteps ⌊i·(T−1)/S⌋
-    Ipndm,
+/// Everything every rank must agree on before training together.
+#[derive(serde::Serialize)]
+struct Agreement<'a> {
+    unet: &'a UNetConfig,
+    train: &'a TrainConfig,
+    step: u64,
+    samples: u64,
+    run: &'a RunConfig,
+    pairs: usize,
+    precision: Precision,
+    layout: Layout,
 }
 
-impl SamplerArg {
-    pub fn kind(self) -> SamplerKind {
-        match self {
-            SamplerArg::Ddpm => SamplerKind::Ddpm,
-            SamplerArg::Ddim => SamplerKind::Ddim,
-            SamplerArg::DpmSolverPp => SamplerKind::DpmSolverPp,
-            SamplerArg::Ipndm => SamplerKind::Ipndm,
+/// One data-parallel training rank: its GPU, the rendezvous (every rank must agree on the
+/// [`Agreement`]), the NCCL gradient sync, then the usual loop ([`train_on`]).
+pub fn train_rank(a: &TrainArgs, env: DistEnv, plan: Plan) -> Result<()> {
+    let be = crate::dist::rank_backend(&plan.backend, &env)?;
+    let (tr, started) = start_trainer(&be, a, plan)?;
+    let pairs = open_dataset(&started.run, &tr.net.cfg)?.len();
+    let hash = config_hash(&Agreement {
+        unet: &tr.net.cfg,
+        train: &tr.tc,
+        step: tr.step,
+        samples: tr.samples,
+        run: &started.run,
+        pairs,
+        precision: started.backend.precision(),
+        layout: started.backend.layout(),
+    });
+    let timeout = Duration::from_secs(a.dist_timeout.max(1));
+    let (ids, watch, slot) = crate::dist::join(&env, hash, timeout, 1)?;
+    let plan = BucketPlan::for_unet(&tr.net.cfg, DEFAULT_BUCKET_BYTES);
+    let mut sync = NcclSync::new(&be, &ids[0], env.rank, env.world, plan, timeout, Some(&slot))?;
+    // once the session ended alike on every rank, leave the group with a goodbye: what follows
+    // (rank 0's report and sample, an agreed divergence's error) must not look like a lost peer
+    let watch = std::sync::Mutex::new(Some(watch));
+    let close = || {
+        if let Some(w) = watch.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            w.close();
         }
-    }
-}
-
-#[derive(clap::Args, Debug)]
-pub struct SampleArgs {
-    /// Weights: a meddpm checkpoint, a safetensors state dict (meddpm convert/export) or a
-    /// PyTorch .pt (Med-DDPM {'step','model','ema'} or a bare state dict). Default: the demo
-    /// model bundled into this binary (testdata/demo/model.safetensors), when it has one.
-    #[arg(long)]
-    pub checkpoint: Option<PathBuf>,
-    /// Which weights: ema (as the reference samples) or model (online); ignored for a plain state dict.
-    #[arg(long, value_enum, default_value = "ema")]
-    pub weights: crate::convert::Weights,
-    /// Volume depth D [default: the file's config; 128 whole-head, 144 BraTS for .pt files].
-    #[arg(long, requires = "size")]
-    pub depth: Option<usize>,
-    /// Volume height = width [default: the file's config; 128 whole-head, 192 BraTS for .pt files].
-    #[arg(long, requires = "depth")]
-    pub size: Option<usize>,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// T of the cosine schedule the model was trained with.
-    #[arg(long, default_value_t = 250)]
-    pub timesteps: usize,
-    /// The sampler.
-    #[arg(long, value_enum, default_value = "ddpm")]
-    pub sampler: SamplerArg,
-    /// Network evaluations per volume, 1..=T [default: T, all of them].
-    #[arg(long)]
-    pub steps: Option<usize>,
-    /// DDIM's η in [0, 1] (ddim only) [default: 0].
-    #[arg(long)]
-    pub eta: Option<f64>,
-    /// Conditioning mask(s) (NIfTI). Default: the first built-in demo mask.
-    #[arg(long, num_args = 1..)]
-    pub mask: Vec<PathBuf>,
-    #[arg(long, value_enum, default_value = "whole-head")]
-    pub convention: ConventionName,
-    /// Volumes to draw per mask (seeds seed, seed+1, ...).
-    #[arg(long, default_value_t = 1)]
-    pub num_samples: u64,
-    /// Volumes per network batch; different masks and seeds share a batch, and every volume is
-    /// the one it would be alone.
-    #[arg(long, default_value_t = 1)]
-    pub batch: usize,
-    /// Output stem: writes <out>.nii.gz (or <out>_<i>.nii.gz, with several masks
-    /// <out>_<mask>_<i>.nii.gz), a PNG preview beside each, and <out>_timing.json.
-    #[arg(long, default_value = "sample")]
-    pub out: PathBuf,
-    /// Spread the volumes over GPUs of this machine, one process per GPU: a count (2), 'all', or
-    /// device indices (0,1). The volume files are those one GPU writes. Under torchrun or srun,
-    /// leave it out: rank r of W draws volumes r, r+W, … (each writes <out>_timing_rank<r>.json).
-    #[arg(long)]
-    pub gpus: Option<GpuSelection>,
-    #[command(flatten)]
-    pub backend: BackendArgs,
-}
-
-pub fn sample(a: &SampleArgs) -> Result<()> {
-    if let Some(sel) = &a.gpus {
-        let world = crate::dist::launch_local(sel)?;
-        return crate::dist::merge_timing(&a.out, world);
-    }
-    let part = DistEnv::from_env()?.filter(|e| e.world > 1);
-    let group = match a.weights {
-        crate::convert::Weights::Ema => WeightGroup::Ema,
-        crate::convert::Weights::Model => WeightGroup::Model,
     };
-    let w = match &a.checkpoint {
-        Some(p) => load_weights(p, group, a.depth.zip(a.size))?,
-        None => {
-            let hints = LoadHints { size: a.depth.zip(a.size), ..LoadHints::default() };
-            match bundled::load(group, &hints)? {
-                Some(w) => w,
-                None => bail!("no --checkpoint given, and {}", bundled::absent_message()),
+    let ctx = RankCtx { sync: &mut sync, check_every: a.check_every, agreed_end: Box::new(close) };
+    let r = train_on(&be, started, tr, Some(ctx));
+    let open = watch.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match (r, open) {
+        (Ok(()), w) => {
+            if let Some(w) = w {
+                w.close();
             }
+            Ok(())
         }
-    };
-    let name = a.checkpoint.as_deref().unwrap_or(Path::new(bundled::PATH));
-    for m in &w.warnings {
-        eprintln!("warning: {}: {m}", name.display());
-    }
-    println!("weights: {}", w.source);
-    match &part {
-        Some(env) => {
-            let be = crate::dist::rank_backend(&a.backend, env)?;
-            sample_on(&be, a, &w, env.rank, env.world)
+        (Err(e), None) => Err(e.context(format!("rank {} of {}", env.rank, env.world))),
+        (Err(e), Some(w)) => {
+            // a failure during the session, maybe caused by a lost peer: let the watch name it
+            // (it exits the process)
+            std::thread::sleep(meddpm_cuda::collective::WATCH_GRACE);
+            // dropping the watch without a goodbye stops the other ranks too
+            drop(w);
+            Err(e.context(format!("rank {} of {}", env.rank, env.world)))
         }
-        None => with_backend!(a.backend, be => sample_on(&be, a, &w, 0, 1)),
     }
-}
-
-/// Draw the volumes (mask × seed jobs) `rank, rank + world, …` — all of them for one process —
-/// in batches of `--batch`. Each volume's noise comes from its own seed, so which rank draws it
-/// and in which batch changes nothing in its file.
-fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize, world: usize) -> Result<()> {
-    let cfg = w.cfg.clone();
-    let size = [cfg.depth, cfg.size, cfg.size];
-    let conv = a.convention.for_model(&cfg)?;
-    // (name, condition, label volume) per mask
-    let masks: Vec<(String, Vec<f32>, Volume)> = if a.mask.is_empty() {
-        let (c, m) = meddpm::data::demo::dataset_at(size)?.condition(0)?;
-        vec![("built-in demo mask 0".into(), c, m)]
-    } else {
-        let mut v = Vec::new();
-        for p in &a.mask {
-            let (c, m) = meddpm::data::load_condition(p, &conv, size)?;
-            v.push((p.display().to_string(), c, m));
-        }
-        v
-    };
-    let sched = Schedule::cosine(a.timesteps);
-    let spec = SamplerSpec { kind: a.sampler.kind(), steps: a.steps.unwrap_or(a.timesteps), eta: a.eta.unwrap_or(0.0) };
-    let plan = meddpm::diffusion::plan(&spec, &sched)?;
-    if a.batch == 0 || a.num_samples == 0 {
-        bail!("--batch and --num-samples must be at least 1");
-    }
-    // (mask index, seed, output stem) per volume
-    let jobs = output::sample_stems(&a.out, &a.mask, a.num_samples, a.seed);
-    let total = jobs.len();
-    let jobs: Vec<_> = jobs.into_iter().skip(rank).step_by(world).collect();
-    if jobs.is_empty() {
-        println!("rank {rank} of {world}: no volume left for this rank ({total} for {world} ranks)");
-        return Ok(());
-    }
-    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let b = a.batch.min(jobs.len());
-    let mut net = UNet::new(be, &cfg, b)?;
-    net.set_params(be, &w.params)?;
-    let mut s = Sampler::new(be, &net)?;
-    let part = if world > 1 {
-        format!(" (rank {rank} of {world}: {} of the {total} volumes, jobs {rank}, {}, …)", jobs.len(), rank + world)
-    } else {
-        String::new()
-    };
-    println!(
-        "meddpm sample on {}: {spec} (T = {}), {} volume(s) from seed {}, {b} per batch{part}",
-        be.describe(),
-        a.timesteps,
-        jobs.len(),
-        a.seed
-    );
-    let batches = jobs.len().div_ceil(b);
-    let pb = bar((batches * spec.steps) as u64, "sample");
-    let mut timing = SampleTiming {
-        tool: format!("meddpm {} sample", env!("CARGO_PKG_VERSION")),
-        device: be.describe(),
-        sampler: spec,
-        timesteps: a.timesteps,
-        batch: b,
-        batches: Vec::new(),
-        ranks: 1,
-    };
-    for chunk in jobs.chunks(b) {
-        let inputs: Vec<(&[f32], u64)> = chunk.iter().map(|(m, seed, _)| (masks[*m].1.as_slice(), *seed)).collect();
-        be.sync();
-        let t0 = Instant::now();
-        let vols = s.sample_jobs(be, &mut net, &plan, &inputs, |_| pb.inc(1))?;
-        let secs = t0.elapsed().as_secs_f64();
-        let mut volumes = Vec::new();
-        for ((m, seed, stem), vol) in chunk.iter().zip(&vols) {
-            let paths = output::write_sample_with_views(
-                stem,
-                &conv,
-                vol,
-                cfg.out_channels,
-                size,
-                &masks[*m].2,
-                Beside::default(),
-            )?;
-            let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-            pb.println(format!("seed {seed}, {}: {}", masks[*m].0, names.join(", ")));
-            volumes.push(TimedVolume { file: names[0].clone(), mask: masks[*m].0.clone(), seed: *seed });
-        }
-        pb.println(format!("batch of {}: {secs:.2} s ({:.3} s/volume)", chunk.len(), secs / chunk.len() as f64));
-        timing.batches.push(BatchTiming { seconds: secs, volumes });
-    }
-    pb.finish_and_clear();
-    let tpath = crate::dist::timing_path(&a.out, rank, world);
-    meddpm::checkpoint::write_atomic(&tpath, serde_json::to_string_pretty(&timing)?.as_bytes())?;
-    println!(
-        "{} volume(s): {:.3} s/volume (after the first batch when there are several); timing: {}",
-        timing.volumes(),
-        timing.seconds_per_volume(),
-        tpath.display()
-    );
-    Ok(())
-}
-
-#[derive(clap::Args, Debug)]
-pub struct InfoArgs {
-    #[arg(long, value_enum, default_value = "whole-head")]
-    pub preset: Preset,
-}
-
-pub fn info(a: &InfoArgs) -> Result<()> {
-    let cfg = a.preset.unet();
-    let f = cost::forward_flops(&cfg);
-    println!("{}", toml::to_string(&cfg)?);
-    let params = meddpm::model::param_count(&cfg);
-    println!("parameters:          {params}");
-    println!(
-        "forward GFLOP (B=1): {:.1} (conv {:.1}, attention {:.1}, linear {:.3})",
-        f.total() / 1e9,
-        f.conv / 1e9,
-        f.attention / 1e9,
-        f.linear / 1e9
-    );
-    println!("train micro-step GFLOP: {:.1}", f.train_step(&cfg) / 1e9);
-    // The buffer plan, counted without allocating (NullBackend buffers are lengths), per storage
-    // precision (fp32 and tf32 store the same).
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-    let plans = [Precision::Fp32, Precision::Bf16]
-        .map(|p| UNet::new(&meddpm::analysis::timed::NullBackend { precision: p, ..Default::default() }, &cfg, 1));
-    let [p32, p16] = plans;
-    let (p32, p16) = (p32?, p16?);
-    println!("\nplanned memory, batch 1 (GiB)       fp32/tf32      bf16");
-    for ((name, a), (_, b)) in p32.mem.rows().iter().zip(p16.mem.rows().iter()) {
-        println!("  {name:<50} {:>8.3}  {:>8.3}", gib(*a), gib(*b));
-    }
-    let opt = 3 * 4 * params;
-    println!("  {:<50} {:>8.3}  {:>8.3}", "EMA weights, Adam m and v (f32)", gib(opt), gib(opt));
-    println!("  {:<50} {:>8.3}  {:>8.3}", "total", gib(p32.mem.total() + opt), gib(p16.mem.total() + opt));
-    Ok(())
-}
-
-pub fn doctor() -> Result<()> {
-    println!("meddpm {}", env!("CARGO_PKG_VERSION"));
-    println!("cpu: {} threads (rayon)", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    match meddpm_cuda::probe() {
-        Ok(s) => println!("{s}\n{}", meddpm_cuda::doctor()),
-        Err(e) => println!("{e}"),
-    }
-    Ok(())
 }
