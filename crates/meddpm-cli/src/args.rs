@@ -230,6 +230,14 @@ impl ConventionName {
             .map_err(|_| anyhow::anyhow!("unknown data convention '{name}' in the run record"))
     }
 
+    /// The data preset (whole-head or BraTS) of this convention.
+    pub fn preset(self) -> meddpm::data::Preset {
+        match self {
+            ConventionName::WholeHead | ConventionName::WholeHeadReference => meddpm::data::Preset::WholeHead,
+            ConventionName::Brats | ConventionName::BratsRaw => meddpm::data::Preset::Brats,
+        }
+    }
+
     /// The convention for `unet`, checked against its channel counts.
     pub fn for_model(self, unet: &UNetConfig) -> Result<Convention> {
         let mut c = match self {
@@ -266,3 +274,53 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     );
     pb
 }
+
+// ---- value ranges ------------------------------------------------------------------------------
+//
+// Every numeric flag parses through one of these, so a value out of range is refused by clap
+// (exit 2) with the range in the message. Flags that take them also set
+// `allow_negative_numbers`, so that `-5` reaches the parser instead of reading as a flag.
+
+/// A whole number in `lo..=hi` (`hi` = `u64::MAX`: no upper bound).
+pub fn whole(lo: u64, hi: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let expected = || match (lo, hi) {
+            (lo, u64::MAX) => format!("must be a whole number ≥ {lo}"),
+            (lo, hi) => format!("must be a whole number from {lo} to {hi}"),
+        };
+        match s.trim().parse::<i128>() {
+            Ok(v) if v >= lo as i128 && v <= hi as i128 => Ok(v as u64),
+            _ => Err(expected()),
+        }
+    }
+}
+
+/// [`whole`] as a `usize`.
+pub fn whole_usize(lo: usize, hi: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    let f = whole(lo as u64, if hi == usize::MAX { u64::MAX } else { hi as u64 });
+    move |s: &str| f(s).map(|v| v as usize)
+}
+
+/// A finite number `x` with `lo < x` (or `lo ≤ x` when `closed`) and `x ≤ hi`.
+pub fn number(lo: f64, closed: bool, hi: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let ok = |x: f64| x.is_finite() && (x > lo || closed && x == lo) && x <= hi;
+        match s.trim().parse::<f64>() {
+            Ok(x) if ok(x) => Ok(x),
+            _ => Err(format!("must be a number in {}{lo}, {hi}]", if closed { "[" } else { "(" })),
+        }
+    }
+}
+
+/// [`number`] as an `f32`.
+pub fn number_f32(
+    lo: f64,
+    closed: bool,
+    hi: f64,
+) -> impl Fn(&str) -> Result<f32, String> + Clone + Send + Sync + 'static {
+    let f = number(lo, closed, hi);
+    move |s: &str| f(s).map(|v| v as f32)
+}
+
+/// Values most flags allow: a batch of volumes, a count of repetitions.
+pub const MAX_BATCH: usize = 1024;

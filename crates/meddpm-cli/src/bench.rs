@@ -26,7 +26,7 @@
 //! layout, the training step on one GPU and on N, and the efficiency ([`bench_rank`],
 //! `meddpm::dist::scaling`).
 
-use crate::args::{Preset, RunFile};
+use crate::args::{whole, whole_usize, Preset, RunFile};
 use anyhow::{bail, Context, Result};
 use meddpm::analysis::breakdown::{comm_overlap, CommOverlap};
 use meddpm::analysis::power::{PowerSummary, READ_EVERY};
@@ -61,9 +61,9 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value = "cuda")]
     pub device: BenchDevice,
     /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole_usize(0, 1024))]
     pub gpu: usize,
-    /// Model preset (default whole-head; ignored with --config holding a [unet] table).
+    /// Model preset [default: whole-head; ignored with --config holding a [unet] table].
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
     /// Run file (TOML) whose [unet] table (or preset) is the model to time.
@@ -75,11 +75,11 @@ pub struct BenchArgs {
     /// Layouts to time (comma-separated). The CPU backend is always ncdhw.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "ndhwc,ncdhw")]
     pub layout: Vec<Layout>,
-    /// Timed iterations (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    /// Timed iterations, 1 to 100000 (the median is reported).
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
     pub iters: usize,
-    /// Untimed iterations first.
-    #[arg(long, default_value_t = 2)]
+    /// Untimed iterations first, 0 to 100000.
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = whole_usize(0, 100_000))]
     pub warmup: usize,
     /// Launch every kernel from the host instead of replaying the U-Net's passes as CUDA graphs.
     #[arg(long)]
@@ -107,7 +107,7 @@ pub struct BenchArgs {
     /// The PyTorch bench script for --torch.
     #[arg(long, default_value = "tools/reference/bench_torch.py")]
     pub torch_script: PathBuf,
-    /// Write all rows as JSON here.
+    /// Write all rows as JSON here [default: none].
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Data-parallel scaling on this machine, one process per GPU: a count (2), 'all', or device
@@ -115,8 +115,8 @@ pub struct BenchArgs {
     /// on all of them, and the scaling efficiency. Under torchrun or srun, leave it out.
     #[arg(long)]
     pub gpus: Option<GpuSelection>,
-    /// With --gpus: seconds to wait for the other ranks before failing.
-    #[arg(long, default_value_t = 300)]
+    /// With --gpus: seconds to wait for the other ranks before failing, ≥ 1.
+    #[arg(long, default_value_t = 300, allow_negative_numbers = true, value_parser = whole(1, u64::MAX))]
     pub dist_timeout: u64,
 }
 
@@ -400,16 +400,21 @@ fn print_table(rows: &[Row], whole_head: bool) {
              ../shared/perf/README.md) as a share of the measured time; TF32 rows only."
         );
     }
-    println!(
-        "times: median of CUDA-synchronised wall times; train = micro_step (the next batch staged meanwhile) + opt_step; \
-         mem = total − free (cudaMemGetInfo) after training, whole process. torch columns: ms (torch / ours)."
-    );
+    if rows.iter().any(|r| r.device == "cpu") {
+        println!(
+            "times: median of wall times (the CPU backend returns when the work is done); train = micro_step + \
+             opt_step; memory is not measured on the CPU."
+        );
+    } else {
+        println!(
+            "times: median of CUDA-synchronised wall times; train = micro_step (the next batch staged meanwhile) + \
+             opt_step; mem = total − free (cudaMemGetInfo) after training, whole process. torch columns: ms (torch / \
+             ours)."
+        );
+    }
 }
 
 pub fn run(a: &BenchArgs) -> Result<()> {
-    if a.iters == 0 {
-        bail!("--iters must be at least 1");
-    }
     if let Some(sel) = &a.gpus {
         return crate::dist::launch_local(sel).map(|_| ());
     }

@@ -7,6 +7,7 @@ use meddpm::Precision;
 
 #[derive(clap::Args, Debug)]
 pub struct InfoArgs {
+    /// The model preset to describe.
     #[arg(long, value_enum, default_value = "whole-head")]
     pub preset: Preset,
 }
@@ -32,12 +33,12 @@ pub fn run(a: &InfoArgs) -> Result<()> {
         .map(|p| UNet::new(&meddpm::analysis::timed::NullBackend { precision: p, ..Default::default() }, &cfg, 1));
     let [p32, p16] = plans;
     let (p32, p16) = (p32?, p16?);
-    println!("\nplanned memory, batch 1 (GiB)       fp32/tf32      bf16");
+    println!("\n  {:<50} {:>9}  {:>8}", "planned memory, batch 1 (GiB)", "fp32/tf32", "bf16");
     for ((name, a), (_, b)) in p32.mem.rows().iter().zip(p16.mem.rows().iter()) {
-        println!("  {name:<50} {:>8.3}  {:>8.3}", gib(*a), gib(*b));
+        println!("  {name:<50} {:>9.3}  {:>8.3}", gib(*a), gib(*b));
     }
     let opt = 3 * 4 * params;
-    println!("  {:<50} {:>8.3}  {:>8.3}", "EMA weights, Adam m and v (f32)", gib(opt), gib(opt));
-    println!("  {:<50} {:>8.3}  {:>8.3}", "total", gib(p32.mem.total() + opt), gib(p16.mem.total() + opt));
+    println!("  {:<50} {:>9.3}  {:>8.3}", "EMA weights, Adam m and v (f32)", gib(opt), gib(opt));
+    println!("  {:<50} {:>9.3}  {:>8.3}", "total", gib(p32.mem.total() + opt), gib(p16.mem.total() + opt));
     Ok(())
 }

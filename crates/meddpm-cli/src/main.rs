@@ -125,3 +125,35 @@ fn main() {
         std::process::exit(2);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every flag of every command is described (`--help` has a line for it), and a flag's
+    /// default is shown: by clap, or in its text where it depends on other inputs.
+    #[test]
+    fn every_flag_is_described() {
+        let cli = Cli::command();
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments().filter(|a| !a.is_hide_set()) {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                    missing.push(format!("{} --{id}", sub.get_name()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "flags without a description: {missing:?}");
+        let train = cli.find_subcommand("train").unwrap();
+        for id in ["steps", "out", "preset", "lr", "seed", "batch", "checkpoint_every"] {
+            let arg = train.get_arguments().find(|a| a.get_id() == id).unwrap();
+            let help = arg.get_help().unwrap().to_string();
+            assert!(help.contains("[default:") || !arg.get_default_values().is_empty(), "train --{id}: {help}");
+        }
+    }
+}

@@ -35,7 +35,7 @@
 //! and ncu kernels → records in `analysis::ncu`; the median, the preset line and summed passes in
 //! `analysis::profile` / `analysis::report`.
 
-use crate::args::Preset;
+use crate::args::{whole, whole_usize, Preset};
 use anyhow::{Context, Result};
 use meddpm::analysis::collect::{self, CommandRun};
 use meddpm::analysis::gpus::Math;
@@ -98,13 +98,13 @@ pub struct ProfileArgs {
     pub counters: bool,
     /// With --counters on a CUDA run: profile only the N kernels with the most GPU time (each at
     /// its first launch in the recorded steps; ncu replays ~38 passes per kernel); 0 = every kernel.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 6, allow_negative_numbers = true, value_parser = whole_usize(0, 100_000))]
     pub counters_kernels: usize,
     /// The Nsight Compute executable.
     #[arg(long, default_value = "ncu")]
     pub ncu: String,
-    /// Stop an ncu run after this many seconds (the report says so and keeps the rest).
-    #[arg(long, default_value_t = 900)]
+    /// Stop an ncu run after this many seconds, ≥ 1 (the report says so and keeps the rest).
+    #[arg(long, default_value_t = 900, allow_negative_numbers = true, value_parser = whole(1, u64::MAX))]
     pub ncu_timeout: u64,
     /// With a COMMAND: only kernels inside this NVTX push/pop range (ncu --nvtx-include; e.g. "forward/").
     #[arg(long)]
@@ -112,8 +112,8 @@ pub struct ProfileArgs {
     /// With a COMMAND: only kernels whose name matches this regex (ncu -k regex:…).
     #[arg(long)]
     pub kernel_regex: Option<String>,
-    /// With a COMMAND: profile at most this many kernel launches (ncu -c).
-    #[arg(long)]
+    /// With a COMMAND: profile at most this many kernel launches (ncu -c), ≥ 1 [default: all].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, usize::MAX))]
     pub launch_count: Option<usize>,
     /// A PyTorch profiler table (`key_averages().table(...)`) to report as a pass, e.g. the
     /// reference model's forward (tools/reference/profile_torch.py --table).
@@ -126,16 +126,17 @@ pub struct ProfileArgs {
     /// Convolution/GEMM math: of the CUDA run (fp32 or tf32) and of the roofline predictions.
     #[arg(long, value_enum, default_value = "tf32")]
     pub math: Precision,
-    /// Unrecorded repetitions before the recorded steps.
-    #[arg(long, default_value_t = 1)]
+    /// Unrecorded repetitions before the recorded steps, 0 to 10000.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = whole_usize(0, 10_000))]
     pub warmup: usize,
-    /// Recorded repetitions; the report keeps the median step and shows the spread.
-    #[arg(long, default_value_t = 5)]
+    /// Recorded repetitions, 1 to 10000; the report keeps the median step and shows the spread.
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = whole_usize(1, 10_000))]
     pub repeats: usize,
-    /// Rows of the top-kernels table.
-    #[arg(long, default_value_t = 15)]
+    /// Rows of the top-kernels table, 1 to 10000.
+    #[arg(long, default_value_t = 15, allow_negative_numbers = true, value_parser = whole_usize(1, 10_000))]
     pub top: usize,
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the weights and the input data.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pub seed: u64,
     /// Internal: this process runs under ncu for a parent `profile --counters` (steps only).
     #[arg(long, hide = true)]

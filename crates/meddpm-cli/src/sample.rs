@@ -1,7 +1,7 @@
 //! `meddpm sample`: volumes for conditioning masks from a checkpoint (or the bundled demo
 //! model), with any of the engine's samplers, in batches, on one device or spread over GPUs.
 
-use crate::args::{bar, with_backend, BackendArgs, ConventionName, Weights};
+use crate::args::{bar, number, whole, whole_usize, with_backend, BackendArgs, ConventionName, Weights, MAX_BATCH};
 use anyhow::{bail, Context, Result};
 use meddpm::checkpoint::{bundled, load_weights, LoadHints, LoadedWeights};
 use meddpm::data::output::{self, Beside};
@@ -54,42 +54,55 @@ pub struct SampleArgs {
     /// Which weights: ema (as the reference samples) or model (online); ignored for a plain state dict.
     #[arg(long, value_enum, default_value = "ema")]
     pub weights: Weights,
-    /// Volume depth D [default: the file's config; 128 whole-head, 144 BraTS for .pt files].
-    #[arg(long, requires = "size")]
+    /// Volume depth D, 1 to 1024 [default: the file's config; 128 whole-head, 144 BraTS for .pt files].
+    #[arg(long, requires = "size", allow_negative_numbers = true, value_parser = whole_usize(1, 1024))]
     pub depth: Option<usize>,
-    /// Volume height = width [default: the file's config; 128 whole-head, 192 BraTS for .pt files].
-    #[arg(long, requires = "depth")]
+    /// Volume height = width, 1 to 1024 [default: the file's config; 128 whole-head, 192 BraTS for
+    /// .pt files].
+    #[arg(long, requires = "depth", allow_negative_numbers = true, value_parser = whole_usize(1, 1024))]
     pub size: Option<usize>,
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the first volume's noise (the next volumes take seed+1, ...).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pub seed: u64,
-    /// T of the cosine schedule the model was trained with.
-    #[arg(long, default_value_t = 250)]
-    pub timesteps: usize,
+    /// T of the cosine schedule the model was trained with; must be the model's T where the file
+    /// records it (fewer network evaluations: --steps) [default: the file's T, else 250].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
+    pub timesteps: Option<usize>,
     /// The sampler.
     #[arg(long, value_enum, default_value = "ddpm")]
     pub sampler: SamplerArg,
     /// Network evaluations per volume, 1..=T [default: T, all of them].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
     pub steps: Option<usize>,
     /// DDIM's η in [0, 1] (ddim only) [default: 0].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = number(0.0, true, 1.0))]
     pub eta: Option<f64>,
-    /// Conditioning mask(s) (NIfTI). Default: the first built-in demo mask.
+    /// Conditioning mask(s) (NIfTI label volumes of the model's size) [default: the first built-in
+    /// demo mask].
     #[arg(long, num_args = 1..)]
     pub mask: Vec<PathBuf>,
+    /// Resample masks whose size differs from the model's (the samples are written at the
+    /// mask's size); without it such a mask is an error that names both sizes.
+    #[arg(long)]
+    pub resize: bool,
+    /// Data convention of the masks.
     #[arg(long, value_enum, default_value = "whole-head")]
     pub convention: ConventionName,
-    /// Volumes to draw per mask (seeds seed, seed+1, ...).
-    #[arg(long, default_value_t = 1)]
+    /// Volumes to draw per mask (seeds seed, seed+1, ...), 1 to 1000000.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = whole(1, 1_000_000))]
     pub num_samples: u64,
-    /// Volumes per network batch; different masks and seeds share a batch, and every volume is
-    /// the one it would be alone.
-    #[arg(long, default_value_t = 1)]
+    /// Volumes per network batch, 1 to 1024; different masks and seeds share a batch, and every
+    /// volume is the one it would be alone.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = whole_usize(1, MAX_BATCH))]
     pub batch: usize,
     /// Output stem: writes <out>.nii.gz (or <out>_<i>.nii.gz, with several masks
-    /// <out>_<mask>_<i>.nii.gz), a PNG preview beside each, and <out>_timing.json.
+    /// <out>_<mask>_<i>.nii.gz), a PNG preview and an HTML viewer beside each, and
+    /// <out>_timing.json; existing files are an error unless --overwrite.
     #[arg(long, default_value = "sample")]
     pub out: PathBuf,
+    /// Replace output files that already exist.
+    #[arg(long)]
+    pub overwrite: bool,
     /// Spread the volumes over GPUs of this machine, one process per GPU: a count (2), 'all', or
     /// device indices (0,1). The volume files are those one GPU writes. Under torchrun or srun,
     /// leave it out: rank r of W draws volumes r, r+W, … (each writes <out>_timing_rank<r>.json).
@@ -99,8 +112,24 @@ pub struct SampleArgs {
     pub backend: BackendArgs,
 }
 
+/// Without `--overwrite`, an error naming the first file of `stems` (and `timing`) that exists.
+fn refuse_existing<'a>(a: &SampleArgs, stems: impl Iterator<Item = &'a PathBuf>, timing: PathBuf) -> Result<()> {
+    if a.overwrite {
+        return Ok(());
+    }
+    let preset = a.convention.preset();
+    let mut paths = stems.flat_map(|stem| output::sample_paths(stem, preset)).chain([timing]);
+    match paths.find(|p| p.exists()) {
+        Some(p) => bail!("{} exists: give another --out, or --overwrite to replace it", p.display()),
+        None => Ok(()),
+    }
+}
+
 pub fn run(a: &SampleArgs) -> Result<()> {
     if let Some(sel) = &a.gpus {
+        // before any rank starts: every file of the run, and the merged timing
+        let jobs = output::sample_stems(&a.out, &a.mask, a.num_samples, a.seed);
+        refuse_existing(a, jobs.iter().map(|j| &j.2), crate::dist::timing_path(&a.out, 0, 1))?;
         let world = crate::dist::launch_local(sel)?;
         return crate::dist::merge_timing(&a.out, world);
     }
@@ -137,6 +166,13 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
     let cfg = w.cfg.clone();
     let size = [cfg.depth, cfg.size, cfg.size];
     let conv = a.convention.for_model(&cfg)?;
+    let timesteps = match (a.timesteps, w.timesteps) {
+        (Some(t), Some(model)) if t != model => bail!(
+            "--timesteps {t}: the model was trained with T = {model}; sampling needs the model's own schedule (for \
+             fewer network evaluations, give --steps)"
+        ),
+        (t, model) => t.or(model).unwrap_or(250),
+    };
     // (name, condition, label volume) per mask
     let masks: Vec<(String, Vec<f32>, Volume)> = if a.mask.is_empty() {
         let (c, m) = meddpm::data::demo::dataset_at(size)?.condition(0)?;
@@ -144,13 +180,13 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
     } else {
         let mut v = Vec::new();
         for p in &a.mask {
-            let (c, m) = meddpm::data::load_condition(p, &conv, size)?;
+            let (c, m) = meddpm::data::load_condition_checked(p, &conv, size, a.resize)?;
             v.push((p.display().to_string(), c, m));
         }
         v
     };
-    let sched = Schedule::cosine(a.timesteps);
-    let spec = SamplerSpec { kind: a.sampler.kind(), steps: a.steps.unwrap_or(a.timesteps), eta: a.eta.unwrap_or(0.0) };
+    let sched = Schedule::try_cosine(timesteps)?;
+    let spec = SamplerSpec { kind: a.sampler.kind(), steps: a.steps.unwrap_or(timesteps), eta: a.eta.unwrap_or(0.0) };
     let plan = meddpm::diffusion::plan(&spec, &sched)?;
     if a.batch == 0 || a.num_samples == 0 {
         bail!("--batch and --num-samples must be at least 1");
@@ -159,6 +195,8 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
     let jobs = output::sample_stems(&a.out, &a.mask, a.num_samples, a.seed);
     let total = jobs.len();
     let jobs: Vec<_> = jobs.into_iter().skip(rank).step_by(world).collect();
+    // each rank checks the files it writes (its volumes are its own)
+    refuse_existing(a, jobs.iter().map(|j| &j.2), crate::dist::timing_path(&a.out, rank, world))?;
     if jobs.is_empty() {
         println!("rank {rank} of {world}: no volume left for this rank ({total} for {world} ranks)");
         return Ok(());
@@ -178,7 +216,7 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
     println!(
         "meddpm sample on {}: {spec} (T = {}), {} volume(s) from seed {}, {b} per batch{part}",
         be.describe(),
-        a.timesteps,
+        timesteps,
         jobs.len(),
         a.seed
     );
@@ -188,7 +226,7 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
         tool: format!("meddpm {} sample", env!("CARGO_PKG_VERSION")),
         device: be.describe(),
         sampler: spec,
-        timesteps: a.timesteps,
+        timesteps,
         batch: b,
         batches: Vec::new(),
         ranks: 1,
@@ -211,10 +249,10 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
                 Beside::default(),
             )?;
             let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-            pb.println(format!("seed {seed}, {}: {}", masks[*m].0, names.join(", ")));
+            pb.suspend(|| println!("seed {seed}, {}: wrote {}", masks[*m].0, names.join(", ")));
             volumes.push(TimedVolume { file: names[0].clone(), mask: masks[*m].0.clone(), seed: *seed });
         }
-        pb.println(format!("batch of {}: {secs:.2} s ({:.3} s/volume)", chunk.len(), secs / chunk.len() as f64));
+        pb.suspend(|| println!("batch of {}: {secs:.2} s ({:.3} s/volume)", chunk.len(), secs / chunk.len() as f64));
         timing.batches.push(BatchTiming { seconds: secs, volumes });
     }
     pb.finish_and_clear();

@@ -4,7 +4,10 @@
 //! wires. A data-parallel rank (`--gpus`, torchrun, Slurm) joins its group through `dist.rs` and
 //! trains through the same `train_on`.
 
-use crate::args::{bar, with_backend, BackendArgs, ConventionName, Device, Preset, RunConfig, RunFile};
+use crate::args::{
+    bar, number_f32, whole, whole_usize, with_backend, BackendArgs, ConventionName, Device, Preset, RunConfig, RunFile,
+    MAX_BATCH,
+};
 use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
 use meddpm::checkpoint::{bundled, init_trainer_with, load_weights, Checkpoint, LoadHints, LoadedWeights, WeightGroup};
@@ -15,7 +18,7 @@ use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::{config_hash, BucketPlan, DistEnv, GradSync, DEFAULT_BUCKET_BYTES};
 use meddpm::model::{cost, UNet, UNetConfig};
 use meddpm::run::{
-    Continuation, DataSource, Faults, Outcome, Overrides, Ranks, RunRecord, Session, StepPlan, StopFlag,
+    Continuation, DataSource, Faults, Outcome, Overrides, Ranks, RunLock, RunRecord, Session, StepPlan, StopFlag,
 };
 use meddpm::{Backend, Layout, Precision};
 use meddpm_cuda::collective::NcclSync;
@@ -27,7 +30,8 @@ pub struct TrainArgs {
     /// Run file (TOML) with [unet], [train], [run] tables; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Model preset (ignored when the run file has a [unet] table).
+    /// Model preset [default: demo with the built-in data; required with --masks or --manifest
+    /// unless the run file has a [unet] table or a preset].
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
     /// Continue the run of this meddpm checkpoint exactly (weights, EMA, Adam, step, RNG), in the
@@ -40,21 +44,29 @@ pub struct TrainArgs {
     /// EMA copied. The model config comes from the file (the volume size from the run file/preset).
     #[arg(long, conflicts_with = "resume")]
     pub init_from: Option<PathBuf>,
-    /// Optimizer steps to reach (each is grad_accum micro-steps).
-    #[arg(long)]
+    /// Optimizer steps to reach, ≥ 1 (each is grad_accum micro-steps) [default: 200; the demo on a
+    /// GPU 8000; a resumed run: its own target].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole(1, u64::MAX))]
     pub steps: Option<u64>,
-    #[arg(long)]
+    /// Adam learning rate, in (0, 1] [default: 2e-4 for the demo and tiny presets, 1e-5 (the
+    /// reference's) otherwise; a resumed run: its own].
+    #[arg(long, allow_negative_numbers = true, value_parser = number_f32(0.0, false, 1.0))]
     pub lr: Option<f32>,
-    /// Micro-steps (batches) accumulated per optimizer step.
-    #[arg(long)]
+    /// Micro-steps (batches) accumulated per optimizer step, 1 to 1024 [default: 1].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, MAX_BATCH))]
     pub grad_accum: Option<usize>,
-    #[arg(long)]
+    /// Seed of the weights' initialisation, the data order and the noise [default: 0].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pub seed: Option<u64>,
-    #[arg(long)]
+    /// Volumes per micro-step (per GPU in data-parallel runs), 1 to 1024 [default: 1].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, MAX_BATCH))]
     pub batch: Option<usize>,
-    #[arg(long)]
+    /// Save the checkpoint and loss log every N optimizer steps; 0: only at the end (the last
+    /// step always saves) [default: 100; the demo on a GPU 1000].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pub checkpoint_every: Option<u64>,
-    /// Output folder.
+    /// Output folder: checkpoint, loss log and plot, closing sample; one run at a time (locked)
+    /// [default: runs/demo].
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Do not sample a volume at the end.
@@ -69,6 +81,11 @@ pub struct TrainArgs {
     /// CSV manifest (mask,image[,image...]) instead of folders.
     #[arg(long)]
     pub manifest: Option<PathBuf>,
+    /// Resample training pairs whose size differs from the model's (otherwise such data is an
+    /// error that names both sizes).
+    #[arg(long)]
+    pub resize: bool,
+    /// Data convention of --masks/--images/--manifest [default: whole-head].
     #[arg(long, value_enum)]
     pub convention: Option<ConventionName>,
     /// Data-parallel training on this machine, one process per GPU: a count (2), 'all', or device
@@ -78,11 +95,11 @@ pub struct TrainArgs {
     pub gpus: Option<GpuSelection>,
     /// Data-parallel runs: compare the weights of all ranks by hash every N optimizer steps
     /// (0: only at the end); a difference stops the run.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pub check_every: u64,
     /// Data-parallel runs: seconds to wait for the other ranks (rendezvous, each gradient
-    /// all-reduce) before failing.
-    #[arg(long, default_value_t = 300)]
+    /// all-reduce) before failing, ≥ 1.
+    #[arg(long, default_value_t = 300, allow_negative_numbers = true, value_parser = whole(1, u64::MAX))]
     pub dist_timeout: u64,
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -92,6 +109,13 @@ pub struct TrainArgs {
 /// run file < preset < flags; the demo is the default.
 fn plan_from_flags(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)> {
     let file = RunFile::read(a.config.as_deref())?;
+    let own_data = a.masks.is_some() || a.manifest.is_some() || file.run.masks.is_some() || file.run.manifest.is_some();
+    if own_data && a.preset.is_none() && file.preset.is_none() && file.unet.is_none() {
+        bail!(
+            "--masks/--manifest: say which model to train on this data with --preset (whole-head, brats, tiny or \
+             demo) or a run file's [unet] table; without data options, train trains the built-in demo"
+        );
+    }
     let preset = a.preset.or(file.preset).unwrap_or(Preset::Demo);
     let unet = file.unet.clone().unwrap_or_else(|| preset.unet());
     let mut tc = file.train.clone().unwrap_or_else(|| match preset {
@@ -131,6 +155,9 @@ fn plan_from_flags(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)
     }
     if let Some(c) = a.convention {
         run.convention = c;
+    }
+    if run.steps == 0 {
+        bail!("[run] steps = 0 in the run file: a run needs at least 1 optimizer step");
     }
     unet.validate()?;
     tc.validate()?;
@@ -259,7 +286,8 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             // The demo on a GPU: enough steps for a recognisable brain (the bundled model had one
             // after 10,000 steps, about 100 s on the H200) instead of the CPU's 200.
             let demo = a.config.is_none() && a.preset.unwrap_or(Preset::Demo) == Preset::Demo;
-            if demo && a.steps.is_none() && matches!(a.backend.resolve(), Device::Cuda(_)) {
+            let gpu = matches!(a.backend.resolve(), Device::Cuda(_)) && meddpm_cuda::probe().is_ok();
+            if demo && a.steps.is_none() && gpu {
                 run.steps = GPU_DEMO_STEPS;
                 run.checkpoint_every = 1000;
                 println!("demo on the GPU: {GPU_DEMO_STEPS} steps (--steps to change)");
@@ -337,7 +365,7 @@ pub(crate) fn start_trainer<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Re
             None => (Trainer::new(be, &unet, &tc)?, None),
         },
     };
-    Ok((tr, Started { run, backend, old }))
+    Ok((tr, Started { run, backend, old, resize: a.resize }))
 }
 
 /// What the loop needs of a plan once its trainer exists.
@@ -345,6 +373,8 @@ pub(crate) struct Started {
     pub run: RunConfig,
     pub backend: BackendArgs,
     pub old: OldRun,
+    /// Resample pairs of another size than the model's (`--resize`).
+    pub resize: bool,
 }
 
 /// What a data-parallel rank brings to the training loop ([`train_rank`] makes it).
@@ -366,7 +396,7 @@ pub(crate) fn train_on<B: Backend>(
     mut tr: Trainer<B>,
     dist: Option<RankCtx<'_, B>>,
 ) -> Result<()> {
-    let Started { mut run, backend, old: old_record } = started;
+    let Started { mut run, backend, old: old_record, resize } = started;
     let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.sync.rank(), d.sync.world()));
     tr.set_rank(rank, world)?;
     let lead = rank == 0;
@@ -402,7 +432,8 @@ pub(crate) fn train_on<B: Backend>(
     let ranks =
         if world > 1 { format!(" × {world} ranks = global batch {}", tr.tc.batch * world) } else { String::new() };
     say(format!(
-        "training: steps {} → {} (batch {}{ranks} × accum {}), lr {:e}, loss {:?}, seed {}, activations {:.1} MiB",
+        "training: steps {} → {} (batch {}{ranks} × accum {}), lr {:e}, loss {:?}, seed {}, activations {:.1} MiB; \
+         checkpoint {}",
         tr.step,
         run.steps,
         tr.tc.batch,
@@ -410,11 +441,24 @@ pub(crate) fn train_on<B: Backend>(
         tr.tc.lr,
         tr.tc.loss,
         tr.tc.seed,
-        tr.net.act_bytes as f64 / (1 << 20) as f64
+        tr.net.act_bytes as f64 / (1 << 20) as f64,
+        match run.checkpoint_every {
+            0 => "at the end only".to_string(),
+            n => format!("every {n} steps and at the end"),
+        }
     ));
-    if lead {
+    // one run writes a folder at a time: a second one fails here, naming the first
+    if lead && !run.out.is_dir() {
+        // a new folder: its data's first pair is checked before anything is written, so a run
+        // refused for its data leaves nothing behind
+        let rec = record_of(&run, &backend)?;
+        let first = open_dataset(&run_config_of(&rec)?, &cfg)?;
+        if !first.is_empty() {
+            first.check_pair(0, resize || rec.data == DataSource::Demo)?;
+        }
         std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
     }
+    let _lock = if lead { Some(RunLock::acquire(&run.out)?) } else { None };
     let mut record = record_of(&run, &backend)?;
     // From here on the run's paths are the record's (absolute), so the data prints name the
     // files as a resume from any directory will.
@@ -438,7 +482,11 @@ pub(crate) fn train_on<B: Backend>(
     ));
     // every rank checks and fingerprints the data (the same work keeps the ranks in step; only
     // rank 0's record is written)
-    dataset.validate()?;
+    if record.data == DataSource::Demo {
+        dataset.validate()?;
+    } else {
+        dataset.validate_sized(resize)?;
+    }
     record.pairs = meddpm::run::fingerprint(&dataset, continued.known_pairs())?;
     if let Some(changes) = continued.data_changes(&record.pairs) {
         eprintln!("warning: the data changed since the checkpoint (step {}):", tr.step);
@@ -452,9 +500,10 @@ pub(crate) fn train_on<B: Backend>(
         eprintln!("note: {note}");
     }
     let stop = StopFlag::install()?;
+    stop.set_resume_command(resume_command(&ckpt, &backend));
     let faults = Faults::from_env()?;
     if faults.any() && lead {
-        eprintln!("note: test fault injection armed: {faults:?}");
+        eprintln!("note: test fault injection armed: {}", faults.describe());
     }
     // this rank's part of the global sample stream, from the saved global position
     let shard = Shard::new(rank, world, tr.tc.batch)?;
@@ -560,7 +609,7 @@ fn sample_at_end<B: Backend>(be: &B, tr: &mut Trainer<B>, run: &RunConfig, datas
         let v = sample_volume(be, &mut net, &sched, &cond, seed)?;
         others.extend(output::image_volumes(dataset.convention(), &v, cfg.out_channels, size, &mask)?);
     }
-    let beside = Beside { others: &others, real: &real };
+    let beside = Beside { others: &others, others_name: "bundled demo model", real: &real };
     let stem = run.out.join("sample_0");
     let paths =
         output::write_sample_with_views(&stem, dataset.convention(), &vol, cfg.out_channels, size, &mask, beside)?;

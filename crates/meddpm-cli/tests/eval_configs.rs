@@ -181,8 +181,8 @@ fn bad_inputs_are_clear_errors() {
     let out = dir.join("out");
     let e = evalcfg::run(&args(&ck, &out, &["--device", "cpu", "--pairs", "0,5"])).unwrap_err();
     assert!(format!("{e:#}").contains("has 2 pairs"), "{e:#}");
-    let e = evalcfg::run(&args(&ck, &out, &["--device", "cpu", "--seeds", "0"])).unwrap_err();
-    assert!(format!("{e:#}").contains("--seeds"), "{e:#}");
+    let e = Cli::try_parse_from(["x", "--checkpoint", "c", "--out", "o", "--seeds", "0"]).err().unwrap().to_string();
+    assert!(e.contains("--seeds") && e.contains("from 1 to 1000"), "{e}");
     let e = evalcfg::run(&args(&ck, &out, &["--device", "cpu", "--kernel-size", "9"])).unwrap_err();
     assert!(format!("{e:#}").contains("--kernel-size 9"), "{e:#}");
     let e = evalcfg::run(&args(&dir.join("missing.safetensors"), &out, &["--device", "cpu"])).unwrap_err();
