@@ -12,7 +12,7 @@
 //! from the energy counter's updates, J a step, how often the power cap held the clock) and
 //! `train_power` / `fwd_power` in the JSON. Short windows (a few forwards) leave the counter too
 //! few updates: their mean power is n/a; more `--iters` give it.
-//! The H200's 700 W cap holds the BraTS bf16 step at ~1 785 MHz (docs/perf/h200-2026-12-04d).
+//! The H200's 700 W cap holds the BraTS bf16 step at ~1 785 MHz.
 //!
 //! Timing: wall time around each call, bracketed by `Backend::sync` (so it is CUDA-synchronised);
 //! median of `--iters` after `--warmup` calls (the warm-up includes cudnnFind and the first-use
@@ -23,23 +23,27 @@
 //! temporary workspace (during warm-up only). On the CPU backend memory is not measured.
 //!
 //! `--gpus N` (or under torchrun/srun) measures data-parallel scaling instead: per precision ×
-//! layout, the training step on one GPU and on N, and the efficiency (`dist.rs`'s `bench_rank`,
+//! layout, the training step on one GPU and on N, and the efficiency ([`bench_rank`],
 //! `meddpm::dist::scaling`).
 
-use crate::run::{Preset, RunFile};
+use crate::args::{whole, whole_usize, Preset, RunFile};
 use anyhow::{bail, Context, Result};
+use meddpm::analysis::breakdown::{comm_overlap, CommOverlap};
 use meddpm::analysis::power::{PowerSummary, READ_EVERY};
 use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::{Sampler, Schedule, TrainConfig, Trainer};
 use meddpm::dist::scaling::median;
 use meddpm::dist::spawn::GpuSelection;
-use meddpm::dist::DistEnv;
+use meddpm::dist::{config_hash, BucketPlan, DistEnv, DEFAULT_BUCKET_BYTES};
 use meddpm::model::{cost, UNetConfig};
 use meddpm::{Backend, Layout, Precision};
+use meddpm_cuda::collective::NcclSync;
+use meddpm_cuda::cupti;
 use meddpm_cuda::power::PowerMonitor;
+use meddpm_cuda::CudaBackend;
 use serde::Serialize;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Physical floor on one H200 for the whole-head model in TF32 (../shared/perf/README.md).
 const FLOOR_FWD_MS: f64 = 13.0;
@@ -51,40 +55,15 @@ pub enum BenchDevice {
     Cuda,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Prec {
-    Fp32,
-    Tf32,
-    Bf16,
-}
-
-impl Prec {
-    pub(crate) fn precision(self) -> Precision {
-        match self {
-            Prec::Fp32 => Precision::Fp32,
-            Prec::Tf32 => Precision::Tf32,
-            Prec::Bf16 => Precision::Bf16,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Lay {
-    Ncdhw,
-    Ndhwc,
-}
-
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// cpu or cuda.
     #[arg(long, value_enum, default_value = "cuda")]
     pub device: BenchDevice,
     /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole_usize(0, 1024))]
     pub gpu: usize,
-    /// Model preset (default whole-head; ignored with --config holding a [unet] table).
+    /// Model preset [default: whole-head; ignored with --config holding a [unet] table].
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
     /// Run file (TOML) whose [unet] table (or preset) is the model to time.
@@ -92,15 +71,15 @@ pub struct BenchArgs {
     pub config: Option<PathBuf>,
     /// Precisions to time (comma-separated). The CPU backend is fp32 (bf16 emulates bf16 rounding).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "bf16,tf32")]
-    pub precision: Vec<Prec>,
+    pub precision: Vec<Precision>,
     /// Layouts to time (comma-separated). The CPU backend is always ncdhw.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "ndhwc,ncdhw")]
-    pub layout: Vec<Lay>,
-    /// Timed iterations (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    pub layout: Vec<Layout>,
+    /// Timed iterations, 1 to 100000 (the median is reported).
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
     pub iters: usize,
-    /// Untimed iterations first.
-    #[arg(long, default_value_t = 2)]
+    /// Untimed iterations first, 0 to 100000.
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = whole_usize(0, 100_000))]
     pub warmup: usize,
     /// Launch every kernel from the host instead of replaying the U-Net's passes as CUDA graphs.
     #[arg(long)]
@@ -128,7 +107,7 @@ pub struct BenchArgs {
     /// The PyTorch bench script for --torch.
     #[arg(long, default_value = "tools/reference/bench_torch.py")]
     pub torch_script: PathBuf,
-    /// Write all rows as JSON here.
+    /// Write all rows as JSON here [default: none].
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Data-parallel scaling on this machine, one process per GPU: a count (2), 'all', or device
@@ -136,8 +115,8 @@ pub struct BenchArgs {
     /// on all of them, and the scaling efficiency. Under torchrun or srun, leave it out.
     #[arg(long)]
     pub gpus: Option<GpuSelection>,
-    /// With --gpus: seconds to wait for the other ranks before failing.
-    #[arg(long, default_value_t = 300)]
+    /// With --gpus: seconds to wait for the other ranks before failing, ≥ 1.
+    #[arg(long, default_value_t = 300, allow_negative_numbers = true, value_parser = whole(1, u64::MAX))]
     pub dist_timeout: u64,
 }
 
@@ -201,13 +180,7 @@ pub(crate) fn host_data(n: usize, seed: u64) -> Vec<f32> {
 }
 
 pub(crate) fn model(a: &BenchArgs) -> Result<UNetConfig> {
-    let file = match &a.config {
-        Some(p) => {
-            let s = std::fs::read_to_string(p).with_context(|| format!("reading run file {}", p.display()))?;
-            toml::from_str::<RunFile>(&s).with_context(|| format!("run file {}", p.display()))?
-        }
-        None => RunFile::default(),
-    };
+    let file = RunFile::read(a.config.as_deref())?;
     let cfg = match (file.unet, a.preset.or(file.preset)) {
         (Some(u), _) => u,
         (None, p) => p.unwrap_or(Preset::WholeHead).unet(),
@@ -320,11 +293,11 @@ fn measure<B: Backend>(
     Ok(row)
 }
 
-fn torch_row(a: &BenchArgs, cfg: &UNetConfig, p: Prec, l: Lay) -> serde_json::Value {
+fn torch_row(a: &BenchArgs, cfg: &UNetConfig, p: Precision, l: Layout) -> serde_json::Value {
     let mut cmd = std::process::Command::new(&a.python);
     cmd.arg(&a.torch_script)
         .args(["--config", &serde_json::to_string(cfg).unwrap_or_default()])
-        .args(["--precision", p.name(), "--layout", l.name()])
+        .args(["--precision", p.name(), "--layout", layout_name(l)])
         .args(["--iters", &a.iters.to_string(), "--warmup", &a.warmup.to_string()]);
     if a.no_train {
         cmd.arg("--no-train");
@@ -348,34 +321,12 @@ fn torch_row(a: &BenchArgs, cfg: &UNetConfig, p: Prec, l: Lay) -> serde_json::Va
     }
 }
 
-/// Lower-case names of the value enums (as on the command line).
-mod erased {
-    pub trait Name {
-        fn name(&self) -> &'static str;
-    }
-    impl Name for super::Prec {
-        fn name(&self) -> &'static str {
-            match self {
-                super::Prec::Fp32 => "fp32",
-                super::Prec::Tf32 => "tf32",
-                super::Prec::Bf16 => "bf16",
-            }
-        }
-    }
-    impl Name for super::Lay {
-        fn name(&self) -> &'static str {
-            match self {
-                super::Lay::Ncdhw => "ncdhw",
-                super::Lay::Ndhwc => "ndhwc",
-            }
-        }
-    }
-}
-use erased::Name;
-
 /// A layout's command-line name.
-pub(crate) fn lay_name(l: Lay) -> &'static str {
-    l.name()
+fn layout_name(l: Layout) -> &'static str {
+    match l {
+        Layout::Ncdhw => "ncdhw",
+        Layout::Ndhwc => "ndhwc",
+    }
 }
 
 fn gib(b: usize) -> f64 {
@@ -451,21 +402,26 @@ fn print_table(rows: &[Row], whole_head: bool) {
              ../shared/perf/README.md) as a share of the measured time; TF32 rows only."
         );
     }
-    println!(
-        "times: median of CUDA-synchronised wall times; train = micro_step (the next batch staged meanwhile) + opt_step; \
-         mem = total − free (cudaMemGetInfo) after training, whole process. torch columns: ms (torch / ours)."
-    );
+    if rows.iter().any(|r| r.device == "cpu") {
+        println!(
+            "times: median of wall times (the CPU backend returns when the work is done); train = micro_step + \
+             opt_step; memory is not measured on the CPU."
+        );
+    } else {
+        println!(
+            "times: median of CUDA-synchronised wall times; train = micro_step (the next batch staged meanwhile) + \
+             opt_step; mem = total − free (cudaMemGetInfo) after training, whole process. torch columns: ms (torch / \
+             ours)."
+        );
+    }
 }
 
 pub fn run(a: &BenchArgs) -> Result<()> {
-    if a.iters == 0 {
-        bail!("--iters must be at least 1");
-    }
     if let Some(sel) = &a.gpus {
         return crate::dist::launch_local(sel).map(|_| ());
     }
     if let Some(env) = DistEnv::from_env()?.filter(|e| e.world > 1) {
-        return crate::dist::bench_rank(a, env);
+        return bench_rank(a, env);
     }
     let cfg = model(a)?;
     let whole_head = cfg == UNetConfig::whole_head();
@@ -484,40 +440,33 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         BenchDevice::Cuda => {
             for &p in &a.precision {
                 for &l in &a.layout {
-                    let (pr, la) = (
-                        p.precision(),
-                        match l {
-                            Lay::Ncdhw => Layout::Ncdhw,
-                            Lay::Ndhwc => Layout::Ndhwc,
-                        },
-                    );
                     let mut r = {
-                        let be = meddpm_cuda::CudaBackend::new(a.gpu, pr, la)?;
+                        let be = meddpm_cuda::CudaBackend::new(a.gpu, p, l)?;
                         be.set_graphs(!a.no_graphs);
                         eprintln!("bench: {}\nbench: kernel choices\n{}", be.describe(), be.choices());
                         let mem = || Some(be.mem_info()).filter(|m| m.1 > 0);
                         let meter = || be.power_monitor(READ_EVERY);
                         let r = measure(&be, &cfg, a, &mem, &meter)
-                            .with_context(|| format!("{} {}", p.name(), l.name()))?;
+                            .with_context(|| format!("{} {}", p.name(), layout_name(l)))?;
                         Row { kernel_choices: Some(be.choices()), ..r }
                     };
                     r.device = format!("cuda:{}", a.gpu);
                     r.precision = p.name().into();
-                    r.layout = l.name().into();
+                    r.layout = layout_name(l).into();
                     r.graphs = !a.no_graphs;
                     r.overlap = !a.no_overlap;
-                    if whole_head && p == Prec::Tf32 {
+                    if whole_head && p == Precision::Tf32 {
                         r.fwd_pct_of_floor = Some(100.0 * FLOOR_FWD_MS / r.fwd_ms);
                         r.train_pct_of_floor = r.train_ms.map(|t| 100.0 * FLOOR_TRAIN_MS / t);
                     }
                     if a.torch {
-                        eprintln!("bench: torch {} {}", p.name(), l.name());
+                        eprintln!("bench: torch {} {}", p.name(), layout_name(l));
                         r.torch = Some(torch_row(a, &cfg, p, l));
                     }
                     eprintln!(
                         "bench: {} {}: fwd {:.2} ms, train {}",
                         p.name(),
-                        l.name(),
+                        layout_name(l),
                         r.fwd_ms,
                         r.train_ms.map(|t| format!("{t:.2} ms")).unwrap_or_else(|| "-".into())
                     );
@@ -541,6 +490,124 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         };
         std::fs::write(path, serde_json::to_string_pretty(&rep)?)
             .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Synced steps of `bench --gpus` whose kernel timeline rank 0 records (CUPTI) for the overlap.
+const COMM_STEPS: usize = 3;
+
+/// One rank of `bench --gpus`: for each precision × layout, a fresh backend, trainer (batch 1,
+/// no accumulation) and NCCL communicator; one-GPU steps, then synced steps
+/// (`meddpm::dist::scaling::measure`), then [`COMM_STEPS`] synced steps under CUPTI on rank 0 for
+/// how much of the all-reduce other kernels hide (`analysis::breakdown::comm_overlap`). Rank 0
+/// prints the table and writes `--json`.
+pub fn bench_rank(a: &BenchArgs, env: DistEnv) -> Result<()> {
+    use meddpm::dist::scaling::{measure, Scaling};
+    if a.device == BenchDevice::Cpu {
+        bail!("bench: --device cpu has no data-parallel mode; --gpus and RANK/WORLD_SIZE need CUDA devices");
+    }
+    let cfg = model(a)?;
+    let configs: Vec<(Precision, Layout, String)> = a
+        .precision
+        .iter()
+        .flat_map(|&p| a.layout.iter().map(move |&l| (p, l, format!("{} {}", p.name(), layout_name(l)))))
+        .collect();
+    let hash = config_hash(&(&cfg, configs.iter().map(|c| &c.2).collect::<Vec<_>>(), a.iters, a.warmup));
+    let timeout = Duration::from_secs(a.dist_timeout.max(1));
+    let (ids, watch, slot) = crate::dist::join(&env, hash, timeout, configs.len())?;
+    let lead = env.rank == 0;
+    let tc = TrainConfig { batch: 1, grad_accum: 1, ..TrainConfig::default() };
+    let mut rows: Vec<(String, Scaling, Option<CommOverlap>)> = Vec::new();
+    for ((p, l, name), id) in configs.iter().zip(&ids) {
+        let be = CudaBackend::new(env.local_rank, *p, *l)
+            .with_context(|| format!("rank {}: opening cuda:{} (LOCAL_RANK)", env.rank, env.local_rank))?;
+        if lead {
+            eprintln!("bench: {name} on {} rank(s): {}", env.world, be.describe());
+        }
+        let mut tr = meddpm::diffusion::Trainer::new(&be, &cfg, &tc)?;
+        let plan = BucketPlan::for_unet(&cfg, DEFAULT_BUCKET_BYTES);
+        let mut sync = NcclSync::new(&be, id, env.rank, env.world, plan, timeout, Some(&slot))?;
+        let img = tr.net.output_dims();
+        let cd = tr.net.input_dims().with_c(cfg.cond_channels());
+        let seed = 10 * env.rank as u64;
+        let (image, cond) = (host_data(img.numel(), seed + 1), host_data(cd.numel(), seed + 2));
+        let (s, _, _) = measure(&be, &mut tr, &mut sync, a.warmup, a.iters, || Ok((image.clone(), cond.clone())))
+            .with_context(|| format!("rank {}: {name}", env.rank))?;
+        // Then a few more synced steps on every rank (the collectives must match), rank 0's under
+        // CUPTI: how much of the all-reduce kernels' time other kernels ran beside them.
+        let collector = if lead { Some(cupti::Collector::start()) } else { None };
+        for _ in 0..COMM_STEPS {
+            tr.train_step_synced(&be, || Ok((image.clone(), cond.clone())), &mut sync)
+                .with_context(|| format!("rank {}: {name}: overlap steps", env.rank))?;
+        }
+        be.sync();
+        let comm = collector.map(|c| {
+            let records: Vec<_> = c?.finish()?.activities.iter().map(|a| a.to_record()).collect();
+            comm_overlap(&records).ok_or_else(|| "no NCCL kernel in the CUPTI timeline".to_string())
+        });
+        if lead {
+            eprintln!(
+                "bench: {name}: one GPU {:.2} ms, {} GPUs {:.2} ms per step: {:.2}× the throughput, {:.1} % efficiency",
+                s.one_gpu_ms, s.world, s.dp_ms, s.speedup, s.efficiency_pct
+            );
+            match &comm {
+                Some(Ok(c)) => eprintln!(
+                    "bench: {name}: all-reduce kernels {:.2} ms per step, {:.1} % of it with other kernels running \
+                     (CUPTI on rank 0, {COMM_STEPS} steps)",
+                    c.comm_ns as f64 / 1e6 / COMM_STEPS as f64,
+                    c.hidden_pct
+                ),
+                Some(Err(e)) => eprintln!("bench: {name}: all-reduce overlap not measured: {e}"),
+                None => {}
+            }
+        }
+        rows.push((name.clone(), s, comm.and_then(|c| c.ok())));
+    }
+    watch.close();
+    if !lead {
+        return Ok(());
+    }
+    println!(
+        "\n{:<12} {:>6} {:>12} {:>12} {:>9} {:>11} {:>15}",
+        "config", "GPUs", "1 GPU ms", "N GPUs ms", "speedup", "efficiency", "all-reduce hid"
+    );
+    for (name, s, c) in &rows {
+        let hid = c.as_ref().map_or("-".to_string(), |c| format!("{:.1}%", c.hidden_pct));
+        println!(
+            "{name:<12} {:>6} {:>12.2} {:>12.2} {:>8.2}× {:>10.1}% {hid:>15}",
+            s.world, s.one_gpu_ms, s.dp_ms, s.speedup, s.efficiency_pct
+        );
+    }
+    println!(
+        "step = one optimizer step, batch 1 per GPU, median of {} after {} warm-up (CUDA-synchronised); 1 GPU: the \
+         same ranks training alone first (mean of their medians); speedup = N · (1 GPU ms) / (N GPUs ms).",
+        a.iters, a.warmup
+    );
+    if let Some(path) = &a.json {
+        #[derive(serde::Serialize)]
+        struct Row<'a> {
+            config: &'a str,
+            #[serde(flatten)]
+            scaling: &'a Scaling,
+            /// All-reduce kernel time and the part of it other kernels ran beside (rank 0, CUPTI).
+            comm_ns: Option<u64>,
+            comm_hidden_ns: Option<u64>,
+            comm_hidden_pct: Option<f64>,
+        }
+        let rows: Vec<Row> = rows
+            .iter()
+            .map(|(c, s, o)| Row {
+                config: c,
+                scaling: s,
+                comm_ns: o.as_ref().map(|o| o.comm_ns),
+                comm_hidden_ns: o.as_ref().map(|o| o.hidden_ns),
+                comm_hidden_pct: o.as_ref().map(|o| o.hidden_pct),
+            })
+            .collect();
+        let rep = serde_json::json!({ "model": cfg, "iters": a.iters, "warmup": a.warmup, "rows": rows });
+        meddpm::checkpoint::write_atomic(path, serde_json::to_string_pretty(&rep)?.as_bytes())?;
         eprintln!("bench: wrote {}", path.display());
     }
     Ok(())

@@ -9,41 +9,35 @@
 //! 144×192×192 for BraTS, 1 head, 32 groups) or comes from the flags. The output is written
 //! atomically: on any error an existing output file is left as it was.
 
+use crate::args::{whole_usize, Weights};
 use anyhow::{bail, Context, Result};
 use meddpm::checkpoint::torch;
 use meddpm::model::UNetConfig;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// Which weights of a training checkpoint to convert.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Weights {
-    /// The EMA weights (what the reference samples with).
-    Ema,
-    /// The online (training) weights.
-    Model,
-}
-
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConvertArgs {
-    /// PyTorch checkpoint: torch.save of {'step', 'model', 'ema'} or of a bare state dict.
+    /// A PyTorch checkpoint (torch.save of {'step', 'model', 'ema'} or of a bare state dict), or a
+    /// meddpm checkpoint to export with PyTorch key names.
     pub input: PathBuf,
-    /// safetensors file to write (replaced atomically, only once the conversion succeeded).
+    /// The safetensors file to write, named *.safetensors (replaced atomically, only once the
+    /// conversion succeeded).
     pub output: PathBuf,
     /// Weights to take from a training checkpoint (ignored for a bare state dict).
     #[arg(long, value_enum, default_value = "ema")]
     pub weights: Weights,
-    /// Volume depth D for the stored config [default: 128 whole-head, 144 BraTS].
-    #[arg(long)]
+    /// Volume depth D for the stored config, 1 to 1024 [default: 128 whole-head, 144 BraTS].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 1024))]
     pub depth: Option<usize>,
-    /// Volume height = width for the stored config [default: 128 whole-head, 192 BraTS].
-    #[arg(long)]
+    /// Volume height = width for the stored config, 1 to 1024 [default: 128 whole-head, 192 BraTS].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 1024))]
     pub size: Option<usize>,
-    /// Attention heads (not visible in the weights).
-    #[arg(long, default_value_t = 1)]
+    /// Attention heads (not visible in the weights), 1 to 64.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = whole_usize(1, 64))]
     pub heads: usize,
-    /// GroupNorm groups (not visible in the weights).
-    #[arg(long, default_value_t = 32)]
+    /// GroupNorm groups (not visible in the weights), 1 to 1024.
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = whole_usize(1, 1024))]
     pub groups: usize,
     /// Write GaussianDiffusion keys (`denoise_fn.` + the 13 schedule buffers) instead of U-Net keys.
     #[arg(long)]
@@ -51,18 +45,20 @@ pub struct ConvertArgs {
 }
 
 pub fn run(a: &ConvertArgs) -> Result<()> {
+    // the format follows the output's extension; safetensors is the one this command writes
+    let ext = a.output.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if !ext.eq_ignore_ascii_case("safetensors") {
+        bail!(
+            "{}: convert writes safetensors state dicts, so the output must be named *.safetensors (PyTorch reads it \
+             with safetensors.torch.load_file); .{ext} is not written",
+            a.output.display()
+        );
+    }
     if !meddpm::checkpoint::load::is_pytorch_file(&a.input)? {
         return export_meddpm(a);
     }
     let ck = torch::read_state_dicts(&a.input)?;
-    let which = if ck.dicts.contains_key("") {
-        ""
-    } else {
-        match a.weights {
-            Weights::Ema => "ema",
-            Weights::Model => "model",
-        }
-    };
+    let which = if ck.dicts.contains_key("") { "" } else { a.weights.name() };
     let (name, dict) = ck.dict(Some(which))?;
 
     // Infer the topology with a placeholder volume, then put the real size in.
@@ -98,7 +94,7 @@ pub fn run(a: &ConvertArgs) -> Result<()> {
     torch::export_safetensors(&a.output, &cfg, &mapped.params, a.diffusion_keys, meta)?;
     let n: usize = mapped.params.iter().map(|p| p.len()).sum();
     println!(
-        "wrote {}: {} tensors, {n} parameters, from {} {}{}; config: in {} out {} model_channels {} channel_mult {:?} num_res_blocks {} attention_ds {:?} volume {}x{}x{}",
+        "wrote {} (safetensors state dict): {} tensors, {n} parameters, from {} {}{}; config: in {} out {} model_channels {} channel_mult {:?} num_res_blocks {} attention_ds {:?} volume {}x{}x{}",
         a.output.display(),
         mapped.params.len() + if a.diffusion_keys { 13 } else { 0 },
         a.input.display(),
@@ -120,21 +116,21 @@ pub fn run(a: &ConvertArgs) -> Result<()> {
 /// A meddpm checkpoint (or safetensors state dict) → a plain PyTorch-keyed state dict: the
 /// export direction, so meddpm-trained weights load into the reference code.
 fn export_meddpm(a: &ConvertArgs) -> Result<()> {
-    use meddpm::checkpoint::load::{load_weights_with, LoadHints, WeightGroup};
-    let group = match a.weights {
-        Weights::Ema => WeightGroup::Ema,
-        Weights::Model => WeightGroup::Model,
-    };
-    let w = load_weights_with(&a.input, group, &LoadHints { size: a.depth.zip(a.size), ..LoadHints::default() })?;
+    use meddpm::checkpoint::load::{load_weights_with, LoadHints};
+    let w = load_weights_with(
+        &a.input,
+        a.weights.group(),
+        &LoadHints { size: a.depth.zip(a.size), ..LoadHints::default() },
+    )?;
     for m in &w.warnings {
         eprintln!("warning: {}: {m}", a.input.display());
     }
     let mut meta = BTreeMap::new();
     meta.insert("source".to_string(), a.input.display().to_string());
-    meta.insert("source_dict".to_string(), format!("{:?}", a.weights).to_lowercase());
+    meta.insert("source_dict".to_string(), a.weights.name().to_string());
     torch::export_safetensors(&a.output, &w.cfg, &w.params, a.diffusion_keys, meta)?;
     println!(
-        "wrote {}: {} tensors from {} ({:?} weights)",
+        "wrote {} (safetensors state dict): {} tensors from {} ({:?} weights)",
         a.output.display(),
         w.params.len(),
         a.input.display(),

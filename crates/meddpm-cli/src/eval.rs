@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use meddpm::data::preview::{write_png, Kind};
 use meddpm::data::{read_volume, Volume};
 use meddpm::eval::labels_from_f32;
-use meddpm::eval::report::{evaluate, pair_index, EvalSettings, NamedLabels, NamedVolume};
+use meddpm::eval::report::{evaluate, pair_index, range_fit, EvalSettings, NamedLabels, NamedVolume};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct EvalArgs {
@@ -35,11 +35,12 @@ pub struct EvalArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Intensity range mapped to [0,1] before every metric: "LO,HI" (Med-DDPM images: -1,1)
-    /// or "auto" (min..max over the real volumes).
+    /// or "auto" (min..max over the real volumes); refused when most real voxels fall outside it.
     #[arg(long, default_value = "-1,1", allow_hyphen_values = true)]
     pub range: String,
-    /// SSIM/MS-SSIM window size (default: the largest odd k ≤ 11 that fits 5 scales; 7 at 128³).
-    #[arg(long)]
+    /// SSIM and MS-SSIM window size, 1 to 99 [default: SSIM 11 (or the largest odd size the volume
+    /// holds), MS-SSIM the largest odd k ≤ 11 that fits its 5 scales (7 at 128³); the report says which].
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::whole_usize(1, 99))]
     pub kernel_size: Option<usize>,
     /// Do not write the PNG panel.
     #[arg(long)]
@@ -107,7 +108,25 @@ pub fn run(a: &EvalArgs) -> anyhow::Result<()> {
     eprintln!("eval: {} real, {} generated volume(s)", real_files.len(), gen_files.len());
     let (real, real_vols): (Vec<_>, Vec<_>) =
         real_files.iter().map(|p| load(p)).collect::<anyhow::Result<Vec<_>>>()?.into_iter().unzip();
-    let settings = EvalSettings { intensity_range: parse_range(&a.range, &real)?, kernel_size: a.kernel_size };
+    let range = parse_range(&a.range, &real)?;
+    let (outside, [lo, hi]) = range_fit(&real, range);
+    if outside > 0.5 {
+        bail!(
+            "--range {},{}: {:.0} % of the real voxels fall outside it (they span {lo}..{hi}); give --range auto or \
+             --range {lo},{hi} for these intensities",
+            range[0],
+            range[1],
+            100.0 * outside
+        );
+    } else if outside > 0.01 {
+        eprintln!(
+            "warning: --range {},{}: {:.1} % of the real voxels fall outside it (they span {lo}..{hi}); they are clipped",
+            range[0],
+            range[1],
+            100.0 * outside
+        );
+    }
+    let settings = EvalSettings { intensity_range: range, kernel_size: a.kernel_size };
     let (gens, gen_vols): (Vec<_>, Vec<_>) =
         gen_files.iter().map(|p| load(p)).collect::<anyhow::Result<Vec<_>>>()?.into_iter().unzip();
     let mask_vol = a.mask.as_ref().map(read_volume).transpose()?;

@@ -36,6 +36,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::args::{parse_device, whole, whole_usize, Weights};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::Checkpoint;
@@ -53,18 +54,14 @@ pub fn parse_config(s: &str) -> Result<Config, String> {
     s.parse()
 }
 
-fn parse_device(s: &str) -> Result<DeviceSel, String> {
-    s.parse()
-}
-
 #[derive(clap::Args, Debug, Clone)]
 pub struct EvalConfigsArgs {
     /// A meddpm checkpoint (.safetensors) whose metadata holds the model config.
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// Which weights: ema (as the reference samples) or model (online).
-    #[arg(long, default_value = "ema")]
-    pub weights: String,
+    #[arg(long, value_enum, default_value = "ema")]
+    pub weights: Weights,
     /// Configurations, comma-separated: PRECISION/LAYOUT on CUDA (fp32|tf32 / ncdhw|ndhwc) or
     /// cpu. The first one that runs is the baseline.
     #[arg(long, value_delimiter = ',', default_value = "fp32/ncdhw,tf32/ncdhw,fp32/ndhwc,tf32/ndhwc,bf16/ncdhw,bf16/ndhwc", value_parser = parse_config)]
@@ -75,26 +72,26 @@ pub struct EvalConfigsArgs {
     /// auto | cpu | cuda | cuda:N. auto without a CUDA device, and cpu, run only the CPU reference.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceSel,
-    /// Seeds per mask (K): seed, seed+1, ..., seed+K−1. The spread needs K ≥ 2.
-    #[arg(long, default_value_t = 3)]
+    /// Seeds per mask (K), 1 to 1000: seed, seed+1, ..., seed+K−1. The spread needs K ≥ 2.
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = whole(1, 1000))]
     pub seeds: u64,
     /// First seed.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pub seed: u64,
     /// Which mask/image pairs (indices into the dataset), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
     pub pairs: Vec<usize>,
-    /// Folder of mask NIfTIs (default: the built-in demo pairs, resized to the model size).
+    /// Folder of mask NIfTIs [default: the built-in demo pairs, resized to the model size].
     #[arg(long, requires = "images")]
     pub masks: Option<PathBuf>,
     /// Image folder paired with --masks by the digits in file names.
     #[arg(long)]
     pub images: Option<PathBuf>,
-    /// Sampling steps T (default: the checkpoint's training timesteps, else 250).
-    #[arg(long)]
+    /// Sampling steps T, 2 to 100000 [default: the checkpoint's training timesteps, else 250].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(2, 100_000))]
     pub timesteps: Option<usize>,
-    /// SSIM window size (default 11, MONAI's; smaller when the volume is).
-    #[arg(long)]
+    /// SSIM window size, 1 to 99 [default: 11, MONAI's; smaller when the volume is].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 99))]
     pub kernel_size: Option<usize>,
     /// Output folder (created): eval_configs.json, eval_configs.md, panel_pair<i>.png.
     #[arg(long)]
@@ -163,11 +160,13 @@ pub fn run(a: &EvalConfigsArgs) -> Result<()> {
             cfg.out_channels
         );
     }
-    let group = match a.weights.as_str() {
-        "ema" | "model" if ck.has_group(&a.weights) => a.weights.as_str(),
-        "ema" | "model" if !ck.has_group("model") => "",
-        "ema" | "model" => bail!("{}: has no '{}' weights", a.checkpoint.display(), a.weights),
-        w => bail!("--weights {w}: expected ema or model"),
+    let want = a.weights.name();
+    let group = if ck.has_group(want) {
+        want
+    } else if !ck.has_group("model") {
+        ""
+    } else {
+        bail!("{}: has no '{want}' weights", a.checkpoint.display())
     };
     let weights = ck.group(group, &param_specs(&cfg))?;
     let timesteps = a.timesteps.or(ck.train.as_ref().map(|t| t.timesteps)).unwrap_or(250);

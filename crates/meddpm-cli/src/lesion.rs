@@ -1,6 +1,7 @@
 //! `meddpm lesion-pairs`: training pairs for conditioning masks — each mask with an image made
 //! from a lesion-free T1 darkened on its tumour (`meddpm::data::lesion`; this only wires).
 
+use crate::args::{number, whole};
 use anyhow::Result;
 use meddpm::data::dataset::list_nifti;
 use meddpm::data::lesion::write_pairs;
@@ -23,15 +24,15 @@ pub struct LesionPairsArgs {
     pub out: PathBuf,
     /// Rim width in voxels around the tumour (darkened × 0.725; the tumour × 0.45). 2 = the demo's
     /// 6 mm at 3 mm voxels.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, allow_negative_numbers = true, value_parser = number(0.0, true, 100.0))]
     pub rim: f64,
     /// Also write real/: each image min-max scaled to [-1, 1] as the whole-head convention feeds
     /// it to the model (the real volume for `meddpm eval` against samples).
     #[arg(long)]
     pub real: bool,
-    /// Label of the tumour.
-    #[arg(long, default_value_t = 2)]
-    pub tumour_label: u8,
+    /// Label of the tumour, 0 to 255.
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = whole(0, 255))]
+    pub tumour_label: u64,
 }
 
 pub fn run(a: &LesionPairsArgs) -> Result<()> {

@@ -3,17 +3,21 @@
 //! Subcommands parse their arguments once into typed structs, pick a backend once (`--device`),
 //! and call a function generic over `meddpm::Backend`. Errors print as one chain with exit code 2.
 
+mod args;
 mod bench;
 mod convert;
 mod dist;
+mod doctor;
 mod eval;
 mod evalcfg;
+mod info;
 mod lesion;
 mod masks;
 mod preview;
 mod profile;
-mod run;
+mod sample;
 mod study;
+mod train;
 mod view;
 
 use clap::{Parser, Subcommand};
@@ -34,7 +38,7 @@ enum Cmd {
     /// Train a model. With no data options it trains the built-in demo (small model, built-in
     /// volumes), then samples one volume: the whole pipeline in a few minutes on 2 CPU cores.
     /// Several GPUs: `--gpus N`, or one process per GPU under torchrun or `srun`.
-    Train(run::TrainArgs),
+    Train(train::TrainArgs),
     /// Sample volumes for conditioning masks: DDPM-250 (reference) or DDIM, DPM-Solver++, iPNDM
     ///
     /// Samplers (`--sampler`, `--steps S` network evaluations per volume, all on the model's
@@ -57,9 +61,9 @@ enum Cmd {
     /// `--gpus N` spreads the volumes over N GPUs of this machine (one process each; rank r draws
     /// volumes r, r+N, …): the same files as one GPU, one merged <out>_timing.json.
     #[command(verbatim_doc_comment)]
-    Sample(run::SampleArgs),
+    Sample(sample::SampleArgs),
     /// Print a model configuration: parameters, FLOPs, planned memory.
-    Info(run::InfoArgs),
+    Info(info::InfoArgs),
     /// Make new conditioning masks: tumour scaling and shifting (the reference's augmentation).
     Masks(masks::MasksArgs),
     /// Make (mask, image) training pairs from masks and a lesion-free T1 darkened on each
@@ -101,9 +105,9 @@ fn main() {
     }
     let cli = Cli::parse();
     let r = match &cli.cmd {
-        Cmd::Train(a) => run::train(a),
-        Cmd::Sample(a) => run::sample(a),
-        Cmd::Info(a) => run::info(a),
+        Cmd::Train(a) => train::run(a),
+        Cmd::Sample(a) => sample::run(a),
+        Cmd::Info(a) => info::run(a),
         Cmd::Masks(a) => masks::run(a),
         Cmd::LesionPairs(a) => lesion::run(a),
         Cmd::Preview(a) => preview::run(a),
@@ -114,10 +118,42 @@ fn main() {
         Cmd::EvalConfigs(a) => evalcfg::run(a),
         Cmd::EvalSamplers(a) => study::run(a),
         Cmd::Profile(a) => profile::run(a),
-        Cmd::Doctor => run::doctor(),
+        Cmd::Doctor => doctor::run(),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
         std::process::exit(2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every flag of every command is described (`--help` has a line for it), and a flag's
+    /// default is shown: by clap, or in its text where it depends on other inputs.
+    #[test]
+    fn every_flag_is_described() {
+        let cli = Cli::command();
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments().filter(|a| !a.is_hide_set()) {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                    missing.push(format!("{} --{id}", sub.get_name()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "flags without a description: {missing:?}");
+        let train = cli.find_subcommand("train").unwrap();
+        for id in ["steps", "out", "preset", "lr", "seed", "batch", "checkpoint_every"] {
+            let arg = train.get_arguments().find(|a| a.get_id() == id).unwrap();
+            let help = arg.get_help().unwrap().to_string();
+            assert!(help.contains("[default:") || !arg.get_default_values().is_empty(), "train --{id}: {help}");
+        }
     }
 }

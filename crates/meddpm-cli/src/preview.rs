@@ -16,8 +16,8 @@ pub struct PreviewArgs {
     pub volumes: Vec<PathBuf>,
     /// Cut all columns through the centroid of this label of the mask (e.g. 2, the tumour)
     /// instead of the middle.
-    #[arg(long)]
-    pub through_label: Option<u8>,
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::whole(0, 255))]
+    pub through_label: Option<u64>,
     /// Show the built-in demo pairs (masks and images) instead of files.
     #[arg(long)]
     pub demo: bool,

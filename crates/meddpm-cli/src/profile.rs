@@ -35,7 +35,7 @@
 //! and ncu kernels → records in `analysis::ncu`; the median, the preset line and summed passes in
 //! `analysis::profile` / `analysis::report`.
 
-use crate::run::Preset;
+use crate::args::{whole, whole_usize, Preset};
 use anyhow::{Context, Result};
 use meddpm::analysis::collect::{self, CommandRun};
 use meddpm::analysis::gpus::Math;
@@ -60,24 +60,11 @@ pub enum ProfileDevice {
     Cuda,
 }
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum MathArg {
-    Fp32,
-    Tf32,
-    Bf16,
-}
-
 /// Which steps a CUDA run records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Steps {
     Both,
     Train,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LayoutArg {
-    Ncdhw,
-    Ndhwc,
 }
 
 #[derive(clap::Args, Debug)]
@@ -91,7 +78,7 @@ pub struct ProfileArgs {
     pub preset: Preset,
     /// Activation layout of the CUDA run.
     #[arg(long, value_enum, default_value = "ndhwc")]
-    pub layout: LayoutArg,
+    pub layout: Layout,
     /// Report folder.
     #[arg(long, short, default_value = "profile-report")]
     pub out: PathBuf,
@@ -111,13 +98,13 @@ pub struct ProfileArgs {
     pub counters: bool,
     /// With --counters on a CUDA run: profile only the N kernels with the most GPU time (each at
     /// its first launch in the recorded steps; ncu replays ~38 passes per kernel); 0 = every kernel.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 6, allow_negative_numbers = true, value_parser = whole_usize(0, 100_000))]
     pub counters_kernels: usize,
     /// The Nsight Compute executable.
     #[arg(long, default_value = "ncu")]
     pub ncu: String,
-    /// Stop an ncu run after this many seconds (the report says so and keeps the rest).
-    #[arg(long, default_value_t = 900)]
+    /// Stop an ncu run after this many seconds, ≥ 1 (the report says so and keeps the rest).
+    #[arg(long, default_value_t = 900, allow_negative_numbers = true, value_parser = whole(1, u64::MAX))]
     pub ncu_timeout: u64,
     /// With a COMMAND: only kernels inside this NVTX push/pop range (ncu --nvtx-include; e.g. "forward/").
     #[arg(long)]
@@ -125,8 +112,8 @@ pub struct ProfileArgs {
     /// With a COMMAND: only kernels whose name matches this regex (ncu -k regex:…).
     #[arg(long)]
     pub kernel_regex: Option<String>,
-    /// With a COMMAND: profile at most this many kernel launches (ncu -c).
-    #[arg(long)]
+    /// With a COMMAND: profile at most this many kernel launches (ncu -c), ≥ 1 [default: all].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, usize::MAX))]
     pub launch_count: Option<usize>,
     /// A PyTorch profiler table (`key_averages().table(...)`) to report as a pass, e.g. the
     /// reference model's forward (tools/reference/profile_torch.py --table).
@@ -138,17 +125,18 @@ pub struct ProfileArgs {
     pub predict: Vec<Preset>,
     /// Convolution/GEMM math: of the CUDA run (fp32 or tf32) and of the roofline predictions.
     #[arg(long, value_enum, default_value = "tf32")]
-    pub math: MathArg,
-    /// Unrecorded repetitions before the recorded steps.
-    #[arg(long, default_value_t = 1)]
+    pub math: Precision,
+    /// Unrecorded repetitions before the recorded steps, 0 to 10000.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = whole_usize(0, 10_000))]
     pub warmup: usize,
-    /// Recorded repetitions; the report keeps the median step and shows the spread.
-    #[arg(long, default_value_t = 5)]
+    /// Recorded repetitions, 1 to 10000; the report keeps the median step and shows the spread.
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = whole_usize(1, 10_000))]
     pub repeats: usize,
-    /// Rows of the top-kernels table.
-    #[arg(long, default_value_t = 15)]
+    /// Rows of the top-kernels table, 1 to 10000.
+    #[arg(long, default_value_t = 15, allow_negative_numbers = true, value_parser = whole_usize(1, 10_000))]
     pub top: usize,
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the weights and the input data.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pub seed: u64,
     /// Internal: this process runs under ncu for a parent `profile --counters` (steps only).
     #[arg(long, hide = true)]
@@ -159,22 +147,6 @@ pub struct ProfileArgs {
     /// Run this CUDA program under Nsight Compute and report its kernels (after `--`).
     #[arg(last = true)]
     pub command: Vec<String>,
-}
-
-fn preset_name(p: Preset) -> &'static str {
-    match p {
-        Preset::Demo => "demo",
-        Preset::Tiny => "tiny",
-        Preset::WholeHead => "whole-head",
-        Preset::Brats => "brats",
-    }
-}
-
-fn layout_of(l: LayoutArg) -> Layout {
-    match l {
-        LayoutArg::Ncdhw => Layout::Ncdhw,
-        LayoutArg::Ndhwc => Layout::Ndhwc,
-    }
 }
 
 // ---- the command --------------------------------------------------------------------------------
@@ -188,7 +160,7 @@ fn child_args(a: &ProfileArgs, precision: Precision, layout: Layout, steps: Step
         "--device".into(),
         "cuda".into(),
         "--preset".into(),
-        preset_name(a.preset).into(),
+        a.preset.name().into(),
         "--math".into(),
         precision.name().into(),
         "--layout".into(),
@@ -215,12 +187,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         || !a.command.is_empty();
     let device = a.device.or(if have_inputs { None } else { Some(ProfileDevice::Cpu) });
     let cfg = a.preset.unet();
-    let precision = match a.math {
-        MathArg::Fp32 => Precision::Fp32,
-        MathArg::Tf32 => Precision::Tf32,
-        MathArg::Bf16 => Precision::Bf16,
-    };
-    let layout = layout_of(a.layout);
+    let (precision, layout) = (a.math, a.layout);
     let math = Math::from(precision);
     let opts = Options { seed: a.seed, warmup: a.warmup, repeats: a.repeats, ..Options::default() };
 
@@ -247,9 +214,9 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
     }
 
     let mut input = Input {
-        title: format!("Med-DDPM U-Net, preset {}", preset_name(a.preset)),
+        title: format!("Med-DDPM U-Net, preset {}", a.preset.name()),
         device: "none (no model run)".into(),
-        config: preset_config(preset_name(a.preset), &cfg),
+        config: preset_config(a.preset.name(), &cfg),
         math: Some(math),
         top_n: a.top,
         ..Input::default()
@@ -270,8 +237,8 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
             if matches!(a.preset, Preset::WholeHead | Preset::Brats) {
                 eprintln!(
                     "note: a {} step on the CPU backend takes a very long time; --predict {} counts it without running",
-                    preset_name(a.preset),
-                    preset_name(a.preset)
+                    a.preset.name(),
+                    a.preset.name()
                 );
             }
             let be = Timed::new(CpuBackend::new());
@@ -322,7 +289,7 @@ pub fn run(a: &ProfileArgs) -> Result<()> {
         counters_done = true;
     }
     collect::torch_tables(&mut input, &a.torch_table);
-    let counted: Vec<(&str, UNetConfig)> = a.predict.iter().map(|&p| (preset_name(p), p.unet())).collect();
+    let counted: Vec<(&str, UNetConfig)> = a.predict.iter().map(|&p| (p.name(), p.unet())).collect();
     collect::predictions(&mut input, &counted, &opts)?;
     if a.ncu_csv.is_some() || a.ncu_details.is_some() {
         collect::ncu_exports(&mut input, a.ncu_csv.as_deref(), a.ncu_details.as_deref());

@@ -8,6 +8,9 @@
 //! comparison of several configurations. The verdict rule and the metrics on synthetic values
 //! are tested with the library (`crates/meddpm/tests/eval_configs.rs`).
 
+#[allow(dead_code, unused_imports, unused_macros)]
+#[path = "../src/args.rs"]
+mod args;
 #[allow(dead_code)]
 #[path = "../src/evalcfg.rs"]
 mod evalcfg;
@@ -178,8 +181,8 @@ fn bad_inputs_are_clear_errors() {
     let out = dir.join("out");
     let e = evalcfg::run(&args(&ck, &out, &["--device", "cpu", "--pairs", "0,5"])).unwrap_err();
     assert!(format!("{e:#}").contains("has 2 pairs"), "{e:#}");
-    let e = evalcfg::run(&args(&ck, &out, &["--device", "cpu", "--seeds", "0"])).unwrap_err();
-    assert!(format!("{e:#}").contains("--seeds"), "{e:#}");
+    let e = Cli::try_parse_from(["x", "--checkpoint", "c", "--out", "o", "--seeds", "0"]).err().unwrap().to_string();
+    assert!(e.contains("--seeds") && e.contains("from 1 to 1000"), "{e}");
     let e = evalcfg::run(&args(&ck, &out, &["--device", "cpu", "--kernel-size", "9"])).unwrap_err();
     assert!(format!("{e:#}").contains("--kernel-size 9"), "{e:#}");
     let e = evalcfg::run(&args(&dir.join("missing.safetensors"), &out, &["--device", "cpu"])).unwrap_err();

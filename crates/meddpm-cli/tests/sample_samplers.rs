@@ -76,6 +76,7 @@ fn batched_cli_sampling_matches_batch_one_and_records_timing() {
             "4",
             "--batch",
             batch,
+            "--resize",
             "--out",
             out.to_str().unwrap(),
         ]);
@@ -121,8 +122,8 @@ fn bad_sampler_settings_are_clear_errors() {
     for (extra, want) in [
         (&["--sampler", "ipndm", "--eta", "0.5"][..], "eta (0.5) applies to ddim only, not ipndm"),
         (&["--sampler", "ddim", "--steps", "21"][..], "21 steps: must be between 1 and the schedule's 20 timesteps"),
-        (&["--sampler", "ddim", "--eta", "2"][..], "DDIM eta 2 must be in [0, 1]"),
-        (&["--batch", "0"][..], "--batch and --num-samples must be at least 1"),
+        (&["--sampler", "ddim", "--eta", "2"][..], "--eta <ETA>': must be a number in [0, 1]"),
+        (&["--batch", "0"][..], "--batch <BATCH>': must be a whole number from 1 to 1024"),
     ] {
         let mut args =
             vec!["sample", "--checkpoint", ck.to_str().unwrap(), "--device", "cpu", "--timesteps", "20", "--out"];

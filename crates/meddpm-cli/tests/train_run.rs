@@ -165,7 +165,8 @@ fn a_second_signal_aborts_at_once_and_the_previous_checkpoint_stays_intact() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
     assert_eq!(status.code(), Some(meddpm::run::stop::ABORT_STATUS), "{rest}");
-    assert!(rest.contains("aborted at once"), "{rest}");
+    assert!(rest.contains("aborted at once; the checkpoint of step"), "{rest}");
+    assert!(rest.contains("resume with: meddpm train --resume"), "the abort names the resume command: {rest}");
     let mut stdout = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
     assert!(!stdout.contains("resume with"), "{stdout}");
@@ -180,7 +181,7 @@ fn nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint() {
     let out = dir.join("run");
     let (code, stdout, stderr) = run(&dir, &strs(&tiny(&out, 10, 2)), &[("MEDDPM_FAULT_NAN_AT_STEP", "5")]);
     assert_eq!(code, 2, "{stdout}\n{stderr}");
-    assert!(stderr.contains("test fault injection armed"), "{stderr}");
+    assert!(stderr.contains("test fault injection armed: NaN image batch at step 5"), "{stderr}");
     assert!(
         stderr.contains("training diverged at step 5: the loss is NaN; the last good checkpoint (step 4) is kept"),
         "{stderr}"
@@ -326,8 +327,21 @@ fn a_missing_file_is_named_once_with_its_reason_once() {
     let dir = scratch("missing");
     let m = dir.join("no-masks");
     let i = dir.join("no-images");
-    let (code, _, stderr) =
-        run(&dir, &["train", "--device", "cpu", "--masks", m.to_str().unwrap(), "--images", i.to_str().unwrap()], &[]);
+    let (code, _, stderr) = run(
+        &dir,
+        &[
+            "train",
+            "--preset",
+            "tiny",
+            "--device",
+            "cpu",
+            "--masks",
+            m.to_str().unwrap(),
+            "--images",
+            i.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert_eq!(code, 2);
     assert_named_once(&stderr, m.to_str().unwrap());
     let ck = dir.join("none.safetensors");
@@ -342,7 +356,7 @@ fn a_missing_file_is_named_once_with_its_reason_once() {
 #[test]
 fn sample_without_a_checkpoint_uses_the_bundled_model_or_says_there_is_none() {
     let dir = scratch("bundled");
-    let (code, stdout, stderr) = run(&dir, &["sample", "--device", "cpu", "--timesteps", "2", "--out", "s"], &[]);
+    let (code, stdout, stderr) = run(&dir, &["sample", "--device", "cpu", "--steps", "2", "--out", "s"], &[]);
     if meddpm::checkpoint::bundled::bytes().is_some() {
         assert_eq!(code, 0, "{stderr}");
         assert!(stdout.contains("weights: bundled demo model"), "{stdout}");

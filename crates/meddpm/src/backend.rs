@@ -41,6 +41,7 @@ pub enum Accum {
 
 /// Memory layout of 5-D activations on a backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Layout {
     /// (N, C, D, H, W): PyTorch's default; the CPU reference uses it.
@@ -51,6 +52,7 @@ pub enum Layout {
 
 /// Math precision of convolutions and GEMMs, and the storage type of activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// True fp32 FMA math.

@@ -84,8 +84,8 @@ fn a_sample_is_written_with_its_preview_and_viewer_page() {
     let conv = Convention::whole_head();
     let other = image_volumes(&conv, &tensor.iter().map(|v| -v).collect::<Vec<_>>(), 1, size, &mask).unwrap();
     let stem = dir.join("s");
-    let written =
-        write_sample_with_views(&stem, &conv, &tensor, 1, size, &mask, Beside { others: &other, real: &real }).unwrap();
+    let beside = Beside { others: &other, others_name: "other model", real: &real };
+    let written = write_sample_with_views(&stem, &conv, &tensor, 1, size, &mask, beside).unwrap();
     let names: Vec<String> = written.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names, ["s.nii.gz", "s.png", "s.html"]);
     // the NIfTI holds what image_volumes gives, on the mask's grid
@@ -111,6 +111,7 @@ fn a_sample_is_written_with_its_preview_and_viewer_page() {
     assert!(lit > 100, "title text drawn ({lit} pixels)");
     let html = std::fs::read_to_string(&written[2]).unwrap();
     assert!(html.contains("s.nii.gz") && html.contains("real"), "viewer layers named");
+    assert!(html.contains("other model"), "the PNG's columns are the viewer's: the other model's too");
     assert!(image_volumes(&conv, &tensor, 2, size, &mask).is_err(), "channel count checked");
     std::fs::remove_dir_all(&dir).ok();
 }

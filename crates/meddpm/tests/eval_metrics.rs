@@ -350,15 +350,18 @@ fn report_end_to_end() {
     let mask = NamedLabels { name: "mask.nii.gz".into(), dims, labels: labels.clone() };
     let rep = evaluate(&real, &gens, Some(&mask), &EvalSettings::default()).unwrap();
 
-    // window chosen for 16 voxels: 16 // 16 = 1 > k − 1 → k = 1
+    // MS-SSIM's window for 16 voxels: 16 // 16 = 1 > k − 1 → k = 1 (and a note says it means
+    // nothing); SSIM keeps MONAI's 11, which fits
     assert_eq!(rep.settings.ms_ssim.ssim.kernel_size, 1);
+    assert_eq!(rep.settings.ssim_kernel, 11);
+    assert!(rep.notes.iter().any(|n| n.contains("not a structural similarity")), "{:?}", rep.notes);
     assert!(rep.settings.kernel_size_auto);
     assert_eq!(rep.paired.len(), 3);
     // metrics are computed on [0,1]-mapped intensities: compare with direct calls on r, g1
     let (x, y) = (Vol::new("g", dims, &g1).unwrap(), Vol::new("r", dims, &r).unwrap());
     let p = &rep.paired[0];
     let ms = MsSsimParams::with_kernel(1);
-    assert!((p.ssim - ssim(x, y, &ms.ssim).unwrap()).abs() < 1e-6);
+    assert!((p.ssim - ssim(x, y, &MsSsimParams::with_kernel(11).ssim).unwrap()).abs() < 1e-6);
     assert!((p.ms_ssim - ms_ssim(x, y, &ms).unwrap()).abs() < 1e-6);
     assert!((p.mae - mae(x, y, None).unwrap()).abs() < 1e-6);
     let fg: Vec<bool> = labels.iter().map(|&l| l != 0).collect();

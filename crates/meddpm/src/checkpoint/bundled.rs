@@ -31,6 +31,8 @@ pub fn load(group: WeightGroup, hints: &LoadHints) -> Result<Option<LoadedWeight
     let Some(b) = bytes() else { return Ok(None) };
     let mut w = load_weights_from_bytes(b, Path::new(PATH), group, hints)?;
     w.source = format!("bundled demo model: {}", w.source);
+    // a plain state dict, trained by `meddpm train` on the default schedule
+    w.timesteps = w.timesteps.or(Some(crate::diffusion::TrainConfig::default().timesteps));
     Ok(Some(w))
 }
 

@@ -75,6 +75,9 @@ pub struct LoadedWeights {
     pub source: String,
     /// The training step the file records, if any.
     pub step: Option<u64>,
+    /// T of the cosine schedule the weights were trained with, where the file says it (a meddpm
+    /// checkpoint's train config, a PyTorch file's `betas` buffer).
+    pub timesteps: Option<usize>,
 }
 
 /// [`load_weights_with`] with only a size hint (heads and groups as the reference).
@@ -113,7 +116,14 @@ fn load_torch(path: &Path, group: WeightGroup, hints: &LoadHints) -> Result<Load
         path.display(),
         step.map(|s| format!(", step {s}")).unwrap_or_default()
     );
-    Ok(LoadedWeights { cfg, params: mapped.params, warnings: mapped.warnings, source, step })
+    // the GaussianDiffusion state dict holds the schedule: T = betas' length
+    let timesteps = ck
+        .dicts
+        .values()
+        .flatten()
+        .find(|(k, shape, _)| (k == "betas" || k.ends_with(".betas")) && shape.len() == 1)
+        .map(|(_, shape, _)| shape[0]);
+    Ok(LoadedWeights { cfg, params: mapped.params, warnings: mapped.warnings, source, step, timesteps })
 }
 
 /// [`load_weights_with`] for safetensors bytes held in memory (a bundled model, see
@@ -155,6 +165,7 @@ fn load_safetensors_from(
             format!("has no '{}' weights (groups in the file: {present:?})", group.name()),
         ));
     };
+    let timesteps = ck.train.as_ref().map(|t| t.timesteps);
     let Checkpoint { unet, step, tensors, .. } = ck;
     let dict: StateDict = tensors
         .into_iter()
@@ -180,7 +191,7 @@ fn load_safetensors_from(
     let step = (step > 0 || !prefix.is_empty()).then_some(step);
     let source =
         format!("{what} {}{}, config {how}", path.display(), step.map(|s| format!(", step {s}")).unwrap_or_default());
-    Ok(LoadedWeights { cfg, params: mapped.params, warnings, source, step })
+    Ok(LoadedWeights { cfg, params: mapped.params, warnings, source, step, timesteps })
 }
 
 /// Errors from the state-dict functions say `<state dict>`; put the file's name in.

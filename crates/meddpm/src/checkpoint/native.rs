@@ -147,7 +147,12 @@ impl Checkpoint {
     /// Parse checkpoint bytes held in memory; `path` names them in messages.
     pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
         let bad = |m: String| Error::format(path, m);
-        let st = SafeTensors::deserialize(bytes).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        // a file that starts like safetensors (a header length, then '{') but does not parse was
+        // most likely cut short (a copy or download that stopped)
+        let started = bytes.len() > 8 && bytes[8] == b'{';
+        let hint = if started { "; is the file truncated?" } else { "" };
+        let st =
+            SafeTensors::deserialize(bytes).map_err(|e| bad(format!("not a readable safetensors file ({e}){hint}")))?;
         let (_, md) = SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("bad safetensors header: {e}")))?;
         let meta = md.metadata().clone().unwrap_or_default();
         fn json<T: serde::de::DeserializeOwned>(

@@ -72,6 +72,15 @@ pub fn uses_direct(cs: &ConvShape, budget: usize) -> bool {
     cs.k == 3 && cs.stride == 1 && chans * direct::Padded::new(cs.x, 1).len() <= budget && fma
 }
 
+/// What the convolutions run as on this CPU, for a device line.
+pub fn kernels_line() -> &'static str {
+    if cfg!(not(target_arch = "x86_64")) || has_fma() {
+        "direct 3×3×3 convolutions (im2col + GEMM for 1×1×1, strided and large volumes)"
+    } else {
+        "im2col + GEMM convolutions (no FMA on this CPU)"
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn has_fma() -> bool {
     std::is_x86_feature_detected!("fma")

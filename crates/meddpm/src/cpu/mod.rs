@@ -122,7 +122,11 @@ impl Backend for CpuBackend {
 
     fn describe(&self) -> String {
         let p = if self.bf16 { "bf16-emulating" } else { "fp32" };
-        format!("CPU reference ({p}, NCDHW, {} rayon threads, im2col + gemm)", rayon::current_num_threads())
+        format!(
+            "CPU reference ({p}, NCDHW, {} rayon threads, {})",
+            rayon::current_num_threads(),
+            conv3d::kernels_line()
+        )
     }
     fn layout(&self) -> Layout {
         Layout::Ncdhw

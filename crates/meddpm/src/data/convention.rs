@@ -248,7 +248,7 @@ pub fn check_labels(mask: &Volume, num_labels: usize, name: &Path) -> Result<()>
             name,
             format!(
                 "mask has {nbad} voxel(s) outside the labels 0..={} (first: value {v} at voxel ({x}, {y}, {z})); \
-                 set the number of label classes to match the masks",
+                 is this an image rather than a label mask? (`meddpm preview --mask FILE -o p.png` shows it)",
                 num_labels - 1
             ),
         ));

@@ -336,11 +336,38 @@ impl Dataset {
         Ok((cond, mask))
     }
 
+    /// Read pair `i` and check it ([`Dataset::load`]); unless `resize`, a size other than the
+    /// dataset's (the model's) is an error that names both sizes.
+    pub fn check_pair(&self, i: usize, resize: bool) -> Result<()> {
+        let (mask, _) = self.load(i)?;
+        let [x, y, z] = mask.dims;
+        if resize || [z, y, x] == self.size {
+            return Ok(());
+        }
+        let dhw = |d: [usize; 3]| format!("{}×{}×{}", d[0], d[1], d[2]);
+        Err(Error::data(
+            self.pairs[i].mask.name(),
+            format!(
+                "the pair is {} (D×H×W) but the model trains on {} volumes; choose a model of the data's size \
+                 (--preset, or [unet] depth/size in the run file), or --resize to resample the data",
+                dhw([z, y, x]),
+                dhw(self.size)
+            ),
+        ))
+    }
+
     /// Decode and check every pair (in parallel); the first problem (in dataset order) is
     /// returned, with a count of the others.
     pub fn validate(&self) -> Result<()> {
+        self.validate_sized(true)
+    }
+
+    /// [`Dataset::validate`], and unless `resize`, a pair whose size is not the dataset's (the
+    /// model's) is a problem too, named with both sizes: data is resampled only when asked.
+    pub fn validate_sized(&self, resize: bool) -> Result<()> {
+        let check = |i: usize| self.check_pair(i, resize);
         let errors: Vec<(usize, Error)> =
-            (0..self.len()).into_par_iter().filter_map(|i| self.load(i).err().map(|e| (i, e))).collect();
+            (0..self.len()).into_par_iter().filter_map(|i| check(i).err().map(|e| (i, e))).collect();
         let more = errors.len().saturating_sub(1);
         let first = errors.into_iter().min_by_key(|(i, _)| *i).map(|(_, e)| e);
         match first {

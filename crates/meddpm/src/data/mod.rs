@@ -68,6 +68,34 @@ pub fn load_condition(
     Ok((cond, mask))
 }
 
+/// [`load_condition`] for a model of volume `size_dhw`: a mask of another size is an error that
+/// states both sizes, unless `resize` (the user asked for the mask to be resampled; the samples
+/// are then written on the mask's grid).
+pub fn load_condition_checked(
+    path: &std::path::Path,
+    convention: &Convention,
+    size_dhw: [usize; 3],
+    resize: bool,
+) -> crate::Result<(Vec<f32>, Volume)> {
+    let mask = read_volume(path)?;
+    let [x, y, z] = mask.dims;
+    if [z, y, x] != size_dhw && !resize && !convention.brats_preprocess {
+        let dhw = |d: [usize; 3]| format!("{}×{}×{}", d[0], d[1], d[2]);
+        return Err(crate::Error::Data {
+            path: path.to_path_buf(),
+            msg: format!(
+                "the mask is {} (D×H×W) but the model makes {} volumes; give a mask of the model's size, or \
+                 --resize to resample this one (the samples are then written at the mask's size)",
+                dhw([z, y, x]),
+                dhw(size_dhw)
+            ),
+        });
+    }
+    convention.validate()?;
+    let cond = convention.cond_tensor(&mask, size_dhw, path)?;
+    Ok((cond, mask))
+}
+
 impl Sample {
     /// Voxels per channel D·H·W.
     pub fn voxels(&self) -> usize {

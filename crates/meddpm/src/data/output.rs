@@ -79,6 +79,19 @@ pub fn output_path(stem: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(format!("{base}{suffix}.nii.gz"))
 }
 
+/// Every file [`write_sample_with_views`] writes for `stem` (without writing): the NIfTI files
+/// of the convention, the PNG preview and the HTML page — what a run must not overwrite unasked.
+pub fn sample_paths(stem: &Path, preset: Preset) -> Vec<PathBuf> {
+    let suffixes: Vec<String> = match preset {
+        Preset::WholeHead => vec![String::new()],
+        Preset::Brats => BRATS_MODALITIES.iter().map(|m| format!("_{m}")).chain(["_mask".to_string()]).collect(),
+    };
+    let mut paths: Vec<PathBuf> = suffixes.iter().map(|s| output_path(stem, s)).collect();
+    paths.push(stem.with_extension("png"));
+    paths.push(stem.with_extension("html"));
+    paths
+}
+
 /// [`sample_outputs`], written next to `stem` (atomic writes). Returns each file with its volume
 /// (for previews).
 pub fn write_sample(
@@ -121,12 +134,14 @@ pub fn image_volumes(
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Beside<'a> {
     pub others: &'a [Volume],
+    /// What `others` are, as the viewer labels them (e.g. "bundled demo model").
+    pub others_name: &'a str,
     pub real: &'a [Volume],
 }
 
 /// [`write_sample`], plus a PNG preview `<stem>.png` (mask | generated | `beside.others` |
 /// `beside.real`, each column titled: mask | sample, or this run beside others | bundled model
-/// | real) and `<stem>.html`, the generated and real volumes in the viewer with the mask
+/// | real) and `<stem>.html`, the same columns in the viewer (labelled) with the mask
 /// as overlay (when a volume is on its grid). Returns the files written: the NIfTI files in
 /// [`write_sample`]'s order, then the PNG, then the HTML page.
 pub fn write_sample_with_views(
@@ -151,8 +166,9 @@ pub fn write_sample_with_views(
             None => run.to_string(),
         });
     }
+    let others_name = if beside.others_name.is_empty() { "comparison" } else { beside.others_name };
     panel.extend(beside.others.iter().map(|v| (v, preview::Kind::Intensity)));
-    titles.extend(beside.others.iter().map(|_| "bundled model".to_string()));
+    titles.extend(beside.others.iter().map(|_| others_name.to_string()));
     panel.extend(beside.real.iter().map(|v| (v, preview::Kind::Intensity)));
     titles.extend(beside.real.iter().map(|_| "real".to_string()));
     let titles: Vec<&str> = titles.iter().map(String::as_str).collect();
@@ -166,7 +182,13 @@ pub fn write_sample_with_views(
         .filter(|(_, o)| !o.labels)
         .map(|(p, o)| view::Layer { name: file_name(p), volume: &o.volume })
         .collect();
-    layers.extend(beside.real.iter().map(|v| view::Layer { name: "real".into(), volume: v }));
+    let numbered = |name: &str, i: usize, n: usize| if n > 1 { format!("{name} {}", i + 1) } else { name.to_string() };
+    let n = beside.others.len();
+    layers.extend(
+        beside.others.iter().enumerate().map(|(i, v)| view::Layer { name: numbered(others_name, i, n), volume: v }),
+    );
+    let n = beside.real.len();
+    layers.extend(beside.real.iter().enumerate().map(|(i, v)| view::Layer { name: numbered("real", i, n), volume: v }));
     let overlay = layers.iter().any(|l| l.volume.dims == mask.dims).then_some(("conditioning", mask));
     view::write_html(&html, &file_name(stem), &layers, overlay)?;
     written.push(html);

@@ -4,6 +4,8 @@
 //! f(u) = cos²(((u + s)/(1 + s))·π/2), s = 0.008, at u = i/T for i = 0..T; ᾱ_i = f(i/T)/f(0);
 //! β_t = min(1 − ᾱ_{t+1}/ᾱ_t, 0.999). The arrays below are indexed by t = 0..T−1.
 
+use crate::error::{Error, Result};
+
 /// All 13 schedule buffers of the reference state dict, in its order and with its names.
 pub const BUFFER_NAMES: [&str; 13] = [
     "betas",
@@ -34,8 +36,18 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The cosine schedule with `timesteps` steps (Med-DDPM: 250).
+    /// The cosine schedule with `timesteps` steps (Med-DDPM: 250); an error for 0 steps.
+    pub fn try_cosine(timesteps: usize) -> Result<Self> {
+        if timesteps == 0 {
+            return Err(Error::Config("the schedule needs at least 1 timestep (T = 0 given)".into()));
+        }
+        Ok(Self::cosine(timesteps))
+    }
+
+    /// The cosine schedule with `timesteps` ≥ 1 steps (Med-DDPM: 250); [`Schedule::try_cosine`]
+    /// for a T that comes from the user.
     pub fn cosine(timesteps: usize) -> Self {
+        assert!(timesteps >= 1, "the cosine schedule needs T ≥ 1");
         let s = 0.008f64;
         let t = timesteps as f64;
         let f = |u: f64| (((u + s) / (1.0 + s)) * std::f64::consts::FRAC_PI_2).cos().powi(2);

@@ -169,8 +169,13 @@ pub struct LabelReport {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ResolvedSettings {
     pub intensity_range: [f64; 2],
-    /// SSIM and MS-SSIM settings (data_range is 1 after the intensity mapping).
+    /// MS-SSIM settings (data_range is 1 after the intensity mapping); SSIM's are the same but
+    /// for the window, `ssim_kernel`.
     pub ms_ssim: MsSsimParams,
+    /// SSIM's window: MONAI's 11, or the largest odd size the volume holds when smaller (MS-SSIM's
+    /// five scales need a smaller one: at 32³ only 1, which is no structural similarity).
+    #[serde(default)]
+    pub ssim_kernel: usize,
     /// PSNR max_val (1 after the intensity mapping).
     pub psnr_max_val: f64,
     /// True when the window was chosen automatically from the volume size.
@@ -235,6 +240,21 @@ fn pairwise_ms_ssim(vols: &[&[f32]], dims: [usize; 3], p: &MsSsimParams) -> Resu
     Ok(Stat::of(&vals))
 }
 
+/// How `volumes` sit in the intensity `range` the metrics map to [0, 1]: the share of voxels
+/// outside it, and the values' min and max. A range most voxels fall outside (raw intensities
+/// read with the default `[-1, 1]`) makes every metric meaningless.
+pub fn range_fit(volumes: &[NamedVolume], range: [f64; 2]) -> (f64, [f64; 2]) {
+    let (mut out, mut n) = (0usize, 0usize);
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for v in volumes.iter().flat_map(|v| v.data.iter()).map(|&x| x as f64) {
+        n += 1;
+        out += usize::from(v < range[0] || v > range[1]);
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    (if n == 0 { 0.0 } else { out as f64 / n as f64 }, [lo, hi])
+}
+
 /// Evaluates `generated` against `real` (see the module docs for every convention).
 pub fn evaluate(
     real: &[NamedVolume],
@@ -266,16 +286,28 @@ pub fn evaluate(
     }
 
     let kernel_size_auto = settings.kernel_size.is_none();
-    let k = match settings.kernel_size {
-        Some(k) => k,
-        None => ms_ssim_kernel_for(dims, MS_SSIM_WEIGHTS.len(), 11)?,
+    let smallest = *dims.iter().min().expect("3 dims");
+    let (k, ssim_k) = match settings.kernel_size {
+        Some(k) => (k, k),
+        None => (ms_ssim_kernel_for(dims, MS_SSIM_WEIGHTS.len(), 11)?, 11.min((smallest.max(1) - 1) | 1)),
     };
     let ms = MsSsimParams {
         ssim: SsimParams { kernel_size: k, data_range: 1.0, ..SsimParams::default() },
         weights: MS_SSIM_WEIGHTS.to_vec(),
     };
     ms.validate()?;
+    let ssim_p = SsimParams { kernel_size: ssim_k, ..ms.ssim.clone() };
     let mut notes = Vec::new();
+    if kernel_size_auto && k < 3 {
+        notes.push(format!(
+            "at {}×{}×{} MS-SSIM's {} scales leave room for a {k}³ window only: MS-SSIM is not a structural \
+             similarity at this size (SSIM uses a {ssim_k}³ window)",
+            dims[0],
+            dims[1],
+            dims[2],
+            MS_SSIM_WEIGHTS.len()
+        ));
+    }
 
     let rn: Vec<Vec<f32>> = real.iter().map(|v| normalise(v, lo, hi)).collect();
     let gn: Vec<Vec<f32>> = generated.iter().map(|v| normalise(v, lo, hi)).collect();
@@ -305,7 +337,7 @@ pub fn evaluate(
         paired.push(PairedMetrics {
             generated: generated[gi].name.clone(),
             real: real[ri].name.clone(),
-            ssim: ssim(x, y, &ms.ssim)?,
+            ssim: ssim(x, y, &ssim_p)?,
             ms_ssim: ms_ssim(x, y, &ms)?,
             psnr_db: psnr(x, y, 1.0, None)?,
             mae: mae(x, y, None)?,
@@ -420,6 +452,7 @@ pub fn evaluate(
         settings: ResolvedSettings {
             intensity_range: settings.intensity_range,
             ms_ssim: ms,
+            ssim_kernel: ssim_k,
             psnr_max_val: 1.0,
             kernel_size_auto,
         },
@@ -485,10 +518,11 @@ impl EvalReport {
             self.mask.as_ref().map_or(String::new(), |m| format!("; mask `{m}`"))
         ));
         line(format!(
-            "- intensities mapped from [{}, {}] to [0, 1]; SSIM/MS-SSIM (MONAI definition): Gaussian window {}³{}, \
-             σ {}, K1 {}, K2 {}, data_range {}; MS-SSIM weights {:?}; PSNR max_val {}",
+            "- intensities mapped from [{}, {}] to [0, 1]; SSIM/MS-SSIM (MONAI definition): Gaussian window {}³ \
+             (SSIM) and {}³ (MS-SSIM){}, σ {}, K1 {}, K2 {}, data_range {}; MS-SSIM weights {:?}; PSNR max_val {}",
             s.intensity_range[0],
             s.intensity_range[1],
+            s.ssim_kernel,
             p.ssim.kernel_size,
             if s.kernel_size_auto { " (chosen for the size)" } else { "" },
             p.ssim.sigma,

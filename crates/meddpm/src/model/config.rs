@@ -60,7 +60,21 @@ impl UNetConfig {
             ..Self::whole_head()
         }
     }
-    /// A tiny Med-DDPM-shaped model for tests and the CPU demo: same topology (5 levels would
+    /// The demo model (`meddpm train` with no options, the bundled demo checkpoint): the
+    /// whole-head topology at 32³ with 8 base channels, 4 levels, 4 groups, attention at ds 4 —
+    /// small enough to train in minutes on 2 CPU cores.
+    pub fn demo() -> Self {
+        UNetConfig {
+            depth: 32,
+            size: 32,
+            model_channels: 8,
+            channel_mult: vec![1, 2, 2, 4],
+            attention_ds: vec![4],
+            groups: 4,
+            ..Self::whole_head()
+        }
+    }
+    /// A tiny Med-DDPM-shaped model for tests: same topology (5 levels would
     /// need 32³ at least), 3 levels, 2 groups, attention at ds 2 and in the middle.
     pub fn tiny() -> Self {
         UNetConfig {
@@ -158,7 +172,7 @@ mod tests {
     use super::*;
     #[test]
     fn presets_validate_and_bad_configs_are_named() {
-        for c in [UNetConfig::whole_head(), UNetConfig::brats(), UNetConfig::tiny()] {
+        for c in [UNetConfig::whole_head(), UNetConfig::brats(), UNetConfig::demo(), UNetConfig::tiny()] {
             c.validate().unwrap();
         }
         let e = UNetConfig { size: 120, ..UNetConfig::whole_head() }.validate().unwrap_err().to_string();

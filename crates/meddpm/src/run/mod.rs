@@ -18,6 +18,7 @@
 
 pub mod bookkeeping;
 pub mod fingerprint;
+pub mod lock;
 pub mod losslog;
 pub mod record;
 pub mod session;
@@ -25,6 +26,7 @@ pub mod stop;
 
 pub use bookkeeping::{on_interval, Continuation, StepPlan};
 pub use fingerprint::{fingerprint, DataChanges, FilePrint, PairPrint};
+pub use lock::RunLock;
 pub use losslog::LossLog;
 pub use record::{override_train, DataSource, Overrides, RunRecord};
 pub use session::{run_dir, Faults, Outcome, Ranks, Session, Summary, CHECKPOINT};

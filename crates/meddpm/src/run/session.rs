@@ -81,6 +81,26 @@ impl Faults {
     pub fn any(&self) -> bool {
         *self != Faults::default()
     }
+
+    /// The armed faults in words, e.g. "NaN image batch at step 5, full disk at the checkpoint
+    /// of step 4".
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(s) = self.nan_at_step {
+            parts.push(format!("NaN image batch at step {s} ({})", Self::NAN_VAR));
+        }
+        if let Some(s) = self.disk_full_at_step {
+            parts.push(format!("full disk at the checkpoint of step {s} ({})", Self::DISK_FULL_VAR));
+        }
+        if let Some(ms) = self.slow_step_ms {
+            parts.push(format!("every batch fetch {ms} ms slower ({})", Self::SLOW_STEP_VAR));
+        }
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
+    }
 }
 
 /// How a [`Session::run`] ended (errors aside).
@@ -210,6 +230,7 @@ impl Session<'_> {
         };
         written.map_err(|e| self.not_written(e, &format!("checkpoint of step {}", tr.step)))?;
         self.saved_step = Some(tr.step);
+        self.stop.saved(tr.step, &path);
         self.flush_log()?;
         Ok(None)
     }
@@ -295,6 +316,9 @@ impl Session<'_> {
         if let Some(r) = &mut ranks {
             tr.set_rank(r.sync.rank(), r.sync.world())?;
             broadcast_state(r.sync, be, tr)?;
+        }
+        if let (true, Some(s)) = (lead, self.saved_step) {
+            self.stop.saved(s, &self.checkpoint_path());
         }
         // A temp file left by an aborted write is garbage (the checkpoint beside it is whole).
         if lead {

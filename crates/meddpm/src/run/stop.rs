@@ -13,8 +13,9 @@
 //! tests and libraries use [`StopFlag::new`] and [`StopFlag::request`].
 
 use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 const RUNNING: u8 = 0;
 const REQUESTED: u8 = 1;
@@ -27,6 +28,27 @@ pub const ABORT_STATUS: i32 = 130;
 #[derive(Clone, Debug, Default)]
 pub struct StopFlag {
     state: Arc<AtomicU8>,
+    kept: Arc<Mutex<Kept>>,
+}
+
+/// What an abort leaves: the last checkpoint written and the command that resumes from it.
+#[derive(Debug, Default)]
+struct Kept {
+    checkpoint: Option<(u64, PathBuf)>,
+    resume: Option<String>,
+}
+
+impl Kept {
+    /// The abort message's tail: the step kept and how to go on.
+    fn note(&self) -> String {
+        match (&self.checkpoint, &self.resume) {
+            (Some((step, path)), Some(cmd)) => {
+                format!("the checkpoint of step {step} is kept ({}); resume with: {cmd}", path.display())
+            }
+            (Some((step, path)), None) => format!("the checkpoint of step {step} is kept ({})", path.display()),
+            (None, _) => "no checkpoint had been written yet".into(),
+        }
+    }
 }
 
 static INSTALLED: OnceLock<StopFlag> = OnceLock::new();
@@ -45,6 +67,7 @@ impl StopFlag {
         }
         let flag = StopFlag::new();
         let state = flag.state.clone();
+        let kept = flag.kept.clone();
         ctrlc::set_handler(move || {
             match state.compare_exchange(RUNNING, REQUESTED, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => eprintln!(
@@ -56,7 +79,8 @@ impl StopFlag {
                     std::process::exit(ABORT_STATUS);
                 }
                 Err(_) => {
-                    eprintln!("\naborted at once; the last checkpoint written before is intact");
+                    let note = kept.lock().map(|k| k.note()).unwrap_or_else(|e| e.into_inner().note());
+                    eprintln!("\naborted at once; {note}");
                     std::process::exit(ABORT_STATUS);
                 }
             }
@@ -73,6 +97,16 @@ impl StopFlag {
     /// Ask for a stop, as a first signal does.
     pub fn request(&self) {
         let _ = self.state.compare_exchange(RUNNING, REQUESTED, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// A checkpoint of `step` was written to `path` (an abort names it).
+    pub fn saved(&self, step: u64, path: &Path) {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner()).checkpoint = Some((step, path.to_path_buf()));
+    }
+
+    /// The command that resumes this run (an abort prints it with the checkpoint kept).
+    pub fn set_resume_command(&self, cmd: String) {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner()).resume = Some(cmd);
     }
 
     /// Nothing is left to save: from now on the first signal exits at once.
