@@ -17,6 +17,7 @@ mod preview;
 mod profile;
 mod sample;
 mod study;
+mod synthesize;
 mod train;
 mod view;
 
@@ -62,6 +63,11 @@ enum Cmd {
     /// volumes r, r+N, …): the same files as one GPU, one merged <out>_timing.json.
     #[command(verbatim_doc_comment)]
     Sample(sample::SampleArgs),
+    /// Make a synthetic (image, label) dataset from masks: nnU-Net v2 (DatasetNNN_Name/imagesTr,
+    /// labelsTr, dataset.json), MONAI (a datalist JSON) or plain folders. --augment N adds N new
+    /// masks per input (as `meddpm masks`); pair i draws from seed + i; a manifest line per pair
+    /// makes any volume again bit for bit; a rerun skips finished pairs; --gpus N spreads the pairs.
+    Synthesize(synthesize::SynthesizeArgs),
     /// Print a model configuration: parameters, FLOPs, planned memory.
     Info(info::InfoArgs),
     /// Make new conditioning masks: tumour scaling and shifting (the reference's augmentation).
@@ -117,6 +123,7 @@ fn main() {
         Cmd::Eval(a) => eval::run(a),
         Cmd::EvalConfigs(a) => evalcfg::run(a),
         Cmd::EvalSamplers(a) => study::run(a),
+        Cmd::Synthesize(a) => synthesize::run(a),
         Cmd::Profile(a) => profile::run(a),
         Cmd::Doctor => doctor::run(),
     };

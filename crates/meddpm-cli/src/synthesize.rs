@@ -4,7 +4,7 @@
 //! the backend, draws the progress bar (volumes per hour, ETA) and, under `--gpus`, starts one
 //! rank per GPU and writes the dataset file once they are all done.
 
-use crate::args::{with_backend, BackendArgs, ConventionName, Weights};
+use crate::args::{number, whole, whole_usize, with_backend, BackendArgs, ConventionName, Weights, MAX_BATCH};
 use crate::sample::SamplerArg;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -17,6 +17,18 @@ use meddpm::dist::DistEnv;
 use meddpm::Backend;
 use std::path::PathBuf;
 use std::time::Instant;
+
+/// nnU-Net's dataset ids are three digits.
+fn whole_u32(lo: u32, hi: u32) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync + 'static {
+    let f = whole(lo as u64, hi as u64);
+    move |s: &str| f(s).map(|v| v as u32)
+}
+
+/// Label values of a mask.
+fn whole_u8(lo: u8, hi: u8) -> impl Fn(&str) -> Result<u8, String> + Clone + Send + Sync + 'static {
+    let f = whole(lo as u64, hi as u64);
+    move |s: &str| f(s).map(|v| v as u8)
+}
 
 /// `--format`: the folder layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -52,13 +64,13 @@ pub struct SynthesizeArgs {
     pub format: FormatArg,
     /// New masks per input mask, made by tumour scaling and shifting (as `meddpm masks`), used
     /// beside the inputs.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole_usize(0, 1000))]
     pub augment: usize,
     /// Pairs to make; the masks (inputs and new ones) are used in turn [default: one per mask].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 10_000_000))]
     pub count: Option<usize>,
     /// Pair i draws its noise from seed + i.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pub seed: u64,
     /// Weights (as for `sample`). Default: the bundled demo model, when this build has one.
     #[arg(long)]
@@ -67,38 +79,43 @@ pub struct SynthesizeArgs {
     #[arg(long, value_enum, default_value = "ema")]
     pub weights: Weights,
     /// T of the model's cosine schedule.
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = 250, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
     pub timesteps: usize,
     /// The sampler.
     #[arg(long, value_enum, default_value = "ddpm")]
     pub sampler: SamplerArg,
     /// Network evaluations per volume, 1..=T [default: T].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
     pub steps: Option<usize>,
     /// DDIM's η (ddim only) [default: 0].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = number(0.0, true, 1.0))]
     pub eta: Option<f64>,
     /// Volumes per network batch (each volume is the same in any batch).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = whole_usize(1, MAX_BATCH))]
     pub batch: usize,
+    /// Data convention: how masks become the model's input channels and how images are written.
     #[arg(long, value_enum, default_value = "whole-head")]
     pub convention: ConventionName,
     /// nnU-Net dataset id (NNN of DatasetNNN_Name).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 500, allow_negative_numbers = true, value_parser = whole_u32(1, 999))]
     pub dataset_id: u32,
     /// nnU-Net dataset name (Name of DatasetNNN_Name).
     #[arg(long, default_value = "MedDDPM")]
     pub dataset_name: String,
     /// Label of the head/brain region (augmentation).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = whole_u8(0, 255))]
     pub head_label: u8,
     /// Label of the tumour (augmentation).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = whole_u8(0, 255))]
     pub tumour_label: u8,
     /// Spread the pairs over GPUs of this machine, one process per GPU (a count, 'all', or
     /// indices); rank r makes pairs r, r+N, …, and the dataset file is written when all are done.
     #[arg(long)]
     pub gpus: Option<GpuSelection>,
+    /// Resample masks of another size than the model's volumes (each pair is then written on its
+    /// mask's grid); without it such a mask is an error naming both sizes.
+    #[arg(long)]
+    pub resize: bool,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
@@ -139,6 +156,7 @@ fn spec(a: &SynthesizeArgs, w: &LoadedWeights) -> Result<SynthSpec> {
         labels: Labels { head: a.head_label as f32, tumour: a.tumour_label as f32 },
         rank: 0,
         world: 1,
+        resize: a.resize,
     })
 }
 

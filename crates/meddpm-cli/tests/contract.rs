@@ -183,6 +183,17 @@ fn bad_values_are_refused_with_one_line_and_nothing_written() {
         (vec!["bench", "--device", "cpu", "--iters", "0"], vec!["--iters", "from 1 to 100000"]),
         (vec!["profile", "--repeats", "0"], vec!["--repeats", "from 1 to 10000"]),
         (vec!["eval-samplers", "--runs", "no-runs", "--out", "es"], vec!["no-runs"]),
+        (vec!["synthesize", "--count", "0"], vec!["--count", "from 1 to 10000000"]),
+        (vec!["synthesize", "--steps", "-3"], vec!["--steps", "from 1 to 100000"]),
+        (vec!["synthesize", "--batch", "0"], vec!["--batch", "from 1 to 1024"]),
+        (vec!["synthesize", "--augment", "-1"], vec!["--augment", "from 0 to 1000"]),
+        (vec!["synthesize", "--dataset-id", "1000"], vec!["--dataset-id", "from 1 to 999"]),
+        (vec!["synthesize", "--tumour-label", "300"], vec!["--tumour-label", "from 0 to 255"]),
+        (vec!["synthesize", "--eta", "2"], vec!["--eta", "[0, 1]"]),
+        (vec!["synthesize", "--device", "cpu", "--checkpoint", &missing, "--masks", &m8, "--out", "sy"],
+         vec!["missing.safetensors"]),
+        (vec!["synthesize", "--device", "cpu", "--checkpoint", &ck, "--masks", &m9, "--out", "sy"],
+         vec!["mask9.nii.gz", "9×9×9", "8×8×8"]),
     ];
     for (args, want) in &cases {
         let before = snapshot(&dir);

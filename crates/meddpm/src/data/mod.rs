@@ -78,22 +78,36 @@ pub fn load_condition_checked(
     resize: bool,
 ) -> crate::Result<(Vec<f32>, Volume)> {
     let mask = read_volume(path)?;
-    let [x, y, z] = mask.dims;
-    if [z, y, x] != size_dhw && !resize && !convention.brats_preprocess {
-        let dhw = |d: [usize; 3]| format!("{}×{}×{}", d[0], d[1], d[2]);
-        return Err(crate::Error::Data {
-            path: path.to_path_buf(),
-            msg: format!(
-                "the mask is {} (D×H×W) but the model makes {} volumes; give a mask of the model's size, or \
-                 --resize to resample this one (the samples are then written at the mask's size)",
-                dhw([z, y, x]),
-                dhw(size_dhw)
-            ),
-        });
-    }
+    check_mask_size(path, &mask, convention, size_dhw, resize)?;
     convention.validate()?;
     let cond = convention.cond_tensor(&mask, size_dhw, path)?;
     Ok((cond, mask))
+}
+
+/// A conditioning mask of another size than the model's volumes `size_dhw` is an error that
+/// states both sizes, unless `resize` (the user asked for it to be resampled) or the convention
+/// crops and pads it itself (BraTS).
+pub fn check_mask_size(
+    path: &std::path::Path,
+    mask: &Volume,
+    convention: &Convention,
+    size_dhw: [usize; 3],
+    resize: bool,
+) -> crate::Result<()> {
+    let [x, y, z] = mask.dims;
+    if [z, y, x] == size_dhw || resize || convention.brats_preprocess {
+        return Ok(());
+    }
+    let dhw = |d: [usize; 3]| format!("{}×{}×{}", d[0], d[1], d[2]);
+    Err(crate::Error::Data {
+        path: path.to_path_buf(),
+        msg: format!(
+            "the mask is {} (D×H×W) but the model makes {} volumes; give a mask of the model's size, or \
+             --resize to resample this one (the samples are then written at the mask's size)",
+            dhw([z, y, x]),
+            dhw(size_dhw)
+        ),
+    })
 }
 
 impl Sample {

@@ -172,6 +172,9 @@ pub struct SynthSpec {
     /// This process's share: pairs `rank, rank + world, …` (0 and 1 for all of them).
     pub rank: usize,
     pub world: usize,
+    /// Masks of another size than the model's volumes are resampled (and the pair written on the
+    /// mask's grid); without it they are an error naming both sizes.
+    pub resize: bool,
 }
 
 impl SynthSpec {
@@ -193,6 +196,7 @@ impl SynthSpec {
             labels: Labels::default(),
             rank: 0,
             world: 1,
+            resize: false,
         }
     }
 
@@ -528,10 +532,15 @@ pub fn synthesize<B: Backend>(
     mut on_progress: impl FnMut(&Progress),
 ) -> Result<Summary> {
     let plan = plan(spec)?;
-    let root = spec.root();
-    std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
     let cfg = &w.cfg;
     let size = [cfg.depth, cfg.size, cfg.size];
+    if !spec.resize {
+        for s in &plan.sources {
+            super::check_mask_size(&s.source.name(), &s.source.read()?, &spec.convention, size, false)?;
+        }
+    }
+    let root = spec.root();
+    std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
     if cfg.out_channels != spec.convention.image_channels() {
         return Err(Error::Config(format!(
             "the model makes {} channel(s); the {:?} convention writes {}",
