@@ -96,7 +96,7 @@ fn a_sample_is_written_with_its_preview_and_viewer_page() {
     let mut panel: Vec<(&Volume, Kind)> =
         vec![(&mask, Kind::Labels), (&generated[0], Kind::Intensity), (&other[0], Kind::Intensity)];
     panel.extend(real.iter().map(|v| (v, Kind::Intensity)));
-    let titled = render_titled(&panel, &["mask", "this run", "bundled model", "real"], [0.5; 3]);
+    let titled = render_titled(&panel, &["mask", "this run", "other model", "real"], [0.5; 3]);
     assert_eq!(image::open(&written[1]).unwrap().to_rgb8(), titled);
     // the titles sit in a strip above the planes of render()
     let body = render(&panel);
