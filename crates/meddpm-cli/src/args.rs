@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::WeightGroup;
 use meddpm::data::Convention;
-use meddpm::diffusion::TrainConfig;
+use meddpm::diffusion::{SamplerKind, SamplerSpec, TrainConfig};
 use meddpm::model::UNetConfig;
 use meddpm::{Layout, Precision};
 use serde::{Deserialize, Serialize};
@@ -324,3 +324,68 @@ pub fn number_f32(
 
 /// Values most flags allow: a batch of volumes, a count of repetitions.
 pub const MAX_BATCH: usize = 1024;
+
+/// `--sampler`: the samplers of `meddpm::diffusion::solvers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplerArg {
+    /// Ancestral DDPM: the reference sampler with all T steps; fewer steps use Improved-DDPM
+    /// respacing
+    Ddpm,
+    /// DDIM (Song et al. 2021): --eta 0 deterministic, 1 = ancestral variance (η = 1 with all
+    /// steps is DDPM); linear timestep selection ⌊i·T/S⌋
+    Ddim,
+    /// DPM-Solver++(2M) (Lu et al. 2022): multistep second order in data prediction, x̂₀ clipped
+    /// to [−1, 1], time-uniform steps
+    #[value(name = "dpm-solver++")]
+    DpmSolverPp,
+    /// iPNDM of DEIS (Zhang & Chen 2023): the Adams–Bashforth DDIM variant of the reference's
+    /// fast-sampling script (10 steps there), timesteps ⌊i·(T−1)/S⌋
+    Ipndm,
+}
+
+impl SamplerArg {
+    pub fn kind(self) -> SamplerKind {
+        match self {
+            SamplerArg::Ddpm => SamplerKind::Ddpm,
+            SamplerArg::Ddim => SamplerKind::Ddim,
+            SamplerArg::DpmSolverPp => SamplerKind::DpmSolverPp,
+            SamplerArg::Ipndm => SamplerKind::Ipndm,
+        }
+    }
+}
+
+/// The sampling flags `sample` and `synthesize` share: the model's T, the sampler, its steps and η.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// T of the cosine schedule the model was trained with; must be the model's T where the file
+    /// records it (fewer network evaluations: --steps) [default: the file's T, else 250].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
+    pub timesteps: Option<usize>,
+    /// The sampler.
+    #[arg(long, value_enum, default_value = "ddpm")]
+    pub sampler: SamplerArg,
+    /// Network evaluations per volume, 1..=T [default: T, all of them].
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
+    pub steps: Option<usize>,
+    /// DDIM's η in [0, 1] (ddim only) [default: 0].
+    #[arg(long, allow_negative_numbers = true, value_parser = number(0.0, true, 1.0))]
+    pub eta: Option<f64>,
+}
+
+impl SamplingArgs {
+    /// T and the sampler for a model trained with `model_t` (None where the file does not record
+    /// it): a --timesteps other than the model's is an error naming both (fewer network
+    /// evaluations are --steps).
+    pub fn resolve(&self, model_t: Option<usize>) -> Result<(usize, SamplerSpec)> {
+        let t = match (self.timesteps, model_t) {
+            (Some(t), Some(model)) if t != model => bail!(
+                "--timesteps {t}: the model was trained with T = {model}; sampling needs the model's own schedule \
+                 (for fewer network evaluations, give --steps)"
+            ),
+            (t, model) => t.or(model).unwrap_or(250),
+        };
+        let spec =
+            SamplerSpec { kind: self.sampler.kind(), steps: self.steps.unwrap_or(t), eta: self.eta.unwrap_or(0.0) };
+        Ok((t, spec))
+    }
+}

@@ -1,12 +1,14 @@
 //! `meddpm sample`: volumes for conditioning masks from a checkpoint (or the bundled demo
 //! model), with any of the engine's samplers, in batches, on one device or spread over GPUs.
 
-use crate::args::{bar, number, whole, whole_usize, with_backend, BackendArgs, ConventionName, Weights, MAX_BATCH};
+use crate::args::{
+    bar, whole, whole_usize, with_backend, BackendArgs, ConventionName, SamplingArgs, Weights, MAX_BATCH,
+};
 use anyhow::{bail, Context, Result};
 use meddpm::checkpoint::{bundled, load_weights, LoadHints, LoadedWeights};
 use meddpm::data::output::{self, Beside};
 use meddpm::data::Volume;
-use meddpm::diffusion::{Sampler, SamplerKind, SamplerSpec, Schedule};
+use meddpm::diffusion::{Sampler, Schedule};
 use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::DistEnv;
 use meddpm::eval::samplers::{BatchTiming, SampleTiming, TimedVolume};
@@ -14,35 +16,6 @@ use meddpm::model::UNet;
 use meddpm::Backend;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// `--sampler`: the samplers of `meddpm::diffusion::solvers`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum SamplerArg {
-    /// Ancestral DDPM: the reference sampler with all T steps; fewer steps use Improved-DDPM
-    /// respacing
-    Ddpm,
-    /// DDIM (Song et al. 2021): --eta 0 deterministic, 1 = ancestral variance (η = 1 with all
-    /// steps is DDPM); linear timestep selection ⌊i·T/S⌋
-    Ddim,
-    /// DPM-Solver++(2M) (Lu et al. 2022): multistep second order in data prediction, x̂₀ clipped
-    /// to [−1, 1], time-uniform steps
-    #[value(name = "dpm-solver++")]
-    DpmSolverPp,
-    /// iPNDM of DEIS (Zhang & Chen 2023): the Adams–Bashforth DDIM variant of the reference's
-    /// fast-sampling script (10 steps there), timesteps ⌊i·(T−1)/S⌋
-    Ipndm,
-}
-
-impl SamplerArg {
-    pub fn kind(self) -> SamplerKind {
-        match self {
-            SamplerArg::Ddpm => SamplerKind::Ddpm,
-            SamplerArg::Ddim => SamplerKind::Ddim,
-            SamplerArg::DpmSolverPp => SamplerKind::DpmSolverPp,
-            SamplerArg::Ipndm => SamplerKind::Ipndm,
-        }
-    }
-}
 
 #[derive(clap::Args, Debug)]
 pub struct SampleArgs {
@@ -64,19 +37,8 @@ pub struct SampleArgs {
     /// Seed of the first volume's noise (the next volumes take seed+1, ...).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pub seed: u64,
-    /// T of the cosine schedule the model was trained with; must be the model's T where the file
-    /// records it (fewer network evaluations: --steps) [default: the file's T, else 250].
-    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
-    pub timesteps: Option<usize>,
-    /// The sampler.
-    #[arg(long, value_enum, default_value = "ddpm")]
-    pub sampler: SamplerArg,
-    /// Network evaluations per volume, 1..=T [default: T, all of them].
-    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
-    pub steps: Option<usize>,
-    /// DDIM's η in [0, 1] (ddim only) [default: 0].
-    #[arg(long, allow_negative_numbers = true, value_parser = number(0.0, true, 1.0))]
-    pub eta: Option<f64>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Conditioning mask(s) (NIfTI label volumes of the model's size) [default: the first built-in
     /// demo mask].
     #[arg(long, num_args = 1..)]
@@ -166,13 +128,7 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
     let cfg = w.cfg.clone();
     let size = [cfg.depth, cfg.size, cfg.size];
     let conv = a.convention.for_model(&cfg)?;
-    let timesteps = match (a.timesteps, w.timesteps) {
-        (Some(t), Some(model)) if t != model => bail!(
-            "--timesteps {t}: the model was trained with T = {model}; sampling needs the model's own schedule (for \
-             fewer network evaluations, give --steps)"
-        ),
-        (t, model) => t.or(model).unwrap_or(250),
-    };
+    let (timesteps, spec) = a.sampling.resolve(w.timesteps)?;
     // (name, condition, label volume) per mask
     let masks: Vec<(String, Vec<f32>, Volume)> = if a.mask.is_empty() {
         let (c, m) = meddpm::data::demo::dataset_at(size)?.condition(0)?;
@@ -186,7 +142,6 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
         v
     };
     let sched = Schedule::try_cosine(timesteps)?;
-    let spec = SamplerSpec { kind: a.sampler.kind(), steps: a.steps.unwrap_or(timesteps), eta: a.eta.unwrap_or(0.0) };
     let plan = meddpm::diffusion::plan(&spec, &sched)?;
     if a.batch == 0 || a.num_samples == 0 {
         bail!("--batch and --num-samples must be at least 1");

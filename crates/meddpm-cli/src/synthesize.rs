@@ -4,14 +4,12 @@
 //! the backend, draws the progress bar (volumes per hour, ETA) and, under `--gpus`, starts one
 //! rank per GPU and writes the dataset file once they are all done.
 
-use crate::args::{number, whole, whole_usize, with_backend, BackendArgs, ConventionName, Weights, MAX_BATCH};
-use crate::sample::SamplerArg;
+use crate::args::{whole, whole_usize, with_backend, BackendArgs, ConventionName, SamplingArgs, Weights, MAX_BATCH};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::{bundled, load_weights, LoadHints, LoadedWeights};
 use meddpm::data::masks::Labels;
 use meddpm::data::synth::{self, Format, ModelId, Progress, SynthSpec};
-use meddpm::diffusion::SamplerSpec;
 use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::DistEnv;
 use meddpm::Backend;
@@ -78,18 +76,8 @@ pub struct SynthesizeArgs {
     /// Which weights of a training checkpoint.
     #[arg(long, value_enum, default_value = "ema")]
     pub weights: Weights,
-    /// T of the model's cosine schedule.
-    #[arg(long, default_value_t = 250, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
-    pub timesteps: usize,
-    /// The sampler.
-    #[arg(long, value_enum, default_value = "ddpm")]
-    pub sampler: SamplerArg,
-    /// Network evaluations per volume, 1..=T [default: T].
-    #[arg(long, allow_negative_numbers = true, value_parser = whole_usize(1, 100_000))]
-    pub steps: Option<usize>,
-    /// DDIM's η (ddim only) [default: 0].
-    #[arg(long, allow_negative_numbers = true, value_parser = number(0.0, true, 1.0))]
-    pub eta: Option<f64>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Volumes per network batch (each volume is the same in any batch).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = whole_usize(1, MAX_BATCH))]
     pub batch: usize,
@@ -136,6 +124,7 @@ fn spec(a: &SynthesizeArgs, w: &LoadedWeights) -> Result<SynthSpec> {
     if a.head_label == a.tumour_label {
         bail!("--head-label and --tumour-label are both {}", a.head_label);
     }
+    let (timesteps, sampler) = a.sampling.resolve(w.timesteps)?;
     Ok(SynthSpec {
         out: a.out.clone(),
         format: a.format.format(),
@@ -145,12 +134,8 @@ fn spec(a: &SynthesizeArgs, w: &LoadedWeights) -> Result<SynthSpec> {
         augment: a.augment,
         count: a.count,
         seed: a.seed,
-        sampler: SamplerSpec {
-            kind: a.sampler.kind(),
-            steps: a.steps.unwrap_or(a.timesteps),
-            eta: a.eta.unwrap_or(0.0),
-        },
-        timesteps: a.timesteps,
+        sampler,
+        timesteps,
         batch: a.batch,
         convention: a.convention.for_model(&w.cfg)?,
         labels: Labels { head: a.head_label as f32, tumour: a.tumour_label as f32 },

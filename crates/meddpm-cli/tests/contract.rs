@@ -190,6 +190,8 @@ fn bad_values_are_refused_with_one_line_and_nothing_written() {
         (vec!["synthesize", "--dataset-id", "1000"], vec!["--dataset-id", "from 1 to 999"]),
         (vec!["synthesize", "--tumour-label", "300"], vec!["--tumour-label", "from 0 to 255"]),
         (vec!["synthesize", "--eta", "2"], vec!["--eta", "[0, 1]"]),
+        (vec!["synthesize", "--device", "cpu", "--checkpoint", &ck, "--masks", &m8, "--timesteps", "1", "--out", "sy"],
+         vec!["--timesteps 1", "T = 250", "--steps"]),
         (vec!["synthesize", "--device", "cpu", "--checkpoint", &missing, "--masks", &m8, "--out", "sy"],
          vec!["missing.safetensors"]),
         (vec!["synthesize", "--device", "cpu", "--checkpoint", &ck, "--masks", &m9, "--out", "sy"],
