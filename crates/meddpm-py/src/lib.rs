@@ -175,7 +175,7 @@ impl Model {
 
     /// Sample one volume per mask. `masks`: (bytes of x-fastest f32 voxels, (X, Y, Z)) each;
     /// mask k uses seed `seed + k`. Returns per mask a list of (suffix, bytes, (X, Y, Z), is_label).
-    #[pyo3(signature = (masks, steps=None, sampler="ddpm", seed=0, batch=1, timesteps=250, eta=0.0, convention="whole-head"))]
+    #[pyo3(signature = (masks, steps=None, sampler="ddpm", seed=0, batch=1, timesteps=None, eta=0.0, convention="whole-head", resize=false))]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     #[pyo3(name = "_sample")]
     fn sample_raw<'py>(
@@ -186,10 +186,12 @@ impl Model {
         sampler: &str,
         seed: u64,
         batch: usize,
-        timesteps: usize,
+        timesteps: Option<usize>,
         eta: f64,
         convention: &str,
+        resize: bool,
     ) -> PyResult<Vec<Vec<(String, Bound<'py, PyBytes>, (usize, usize, usize), bool)>>> {
+        let timesteps = timesteps.or(self.weights.timesteps).unwrap_or(250);
         let spec = sampler_spec(sampler, steps, timesteps, eta)?;
         let conv = self::convention(convention, &self.weights)?;
         let mut vols = Vec::with_capacity(masks.len());
@@ -204,7 +206,7 @@ impl Model {
         let (w, t) = (&self.weights, self.target.clone());
         let outs = py
             .detach(|| -> meddpm::Result<_> {
-                with_backend!(t, be => synth::sample_masks(&be, w, &conv, &vols, &seeds, &spec, timesteps, batch))
+                with_backend!(t, be => synth::sample_masks(&be, w, &conv, &vols, &seeds, &spec, timesteps, batch, resize))
             })
             .map_err(err)?;
         Ok(outs
@@ -225,8 +227,8 @@ impl Model {
 /// `meddpm synthesize` (see its --help); returns a summary dict.
 #[pyfunction]
 #[pyo3(signature = (out, format="nnunet", masks=Vec::new(), checkpoint=None, weights="ema", augment=0, count=None,
-    seed=0, sampler="ddpm", steps=None, timesteps=250, eta=0.0, batch=1, convention="whole-head",
-    dataset_id=500, dataset_name="MedDDPM", device="cpu", precision="fp32", layout="ndhwc"))]
+    seed=0, sampler="ddpm", steps=None, timesteps=None, eta=0.0, batch=1, convention="whole-head",
+    dataset_id=500, dataset_name="MedDDPM", device="cpu", precision="fp32", layout="ndhwc", resize=false))]
 #[allow(clippy::too_many_arguments)]
 fn synthesize<'py>(
     py: Python<'py>,
@@ -240,7 +242,7 @@ fn synthesize<'py>(
     seed: u64,
     sampler: &str,
     steps: Option<usize>,
-    timesteps: usize,
+    timesteps: Option<usize>,
     eta: f64,
     batch: usize,
     convention: &str,
@@ -249,9 +251,11 @@ fn synthesize<'py>(
     device: &str,
     precision: &str,
     layout: &str,
+    resize: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let t = Target::parse(device, precision, layout)?;
     let (w, id) = load_model(checkpoint, group(weights)?, None)?;
+    let timesteps = timesteps.or(w.timesteps).unwrap_or(250);
     let format: Format = format.parse().map_err(err)?;
     let spec = SynthSpec {
         dataset_id,
@@ -264,6 +268,7 @@ fn synthesize<'py>(
         timesteps,
         batch,
         convention: self::convention(convention, &w)?,
+        resize,
         ..SynthSpec::new(out, format)
     };
     let root = spec.root();

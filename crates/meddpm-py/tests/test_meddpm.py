@@ -70,6 +70,17 @@ def test_engine_errors_are_meddpm_errors_with_the_cli_message(model, tmp_path):
     assert issubclass(meddpm.MeddpmError, RuntimeError)
 
 
+def test_nothing_silent_a_wrong_size_or_another_schedule_is_an_error(model, mask):
+    labels = np.asarray(mask.get_fdata(), dtype=np.float32)
+    small = labels[::2, ::2, ::2]
+    with pytest.raises(meddpm.MeddpmError, match=r"16×16×16.*32×32×32.*resize"):
+        model.sample(small, steps=2)
+    img = model.sample(small, steps=2, resize=True)
+    assert img.shape == small.shape
+    with pytest.raises(meddpm.MeddpmError, match="T = 250"):
+        model.sample(labels, timesteps=1)
+
+
 def test_cuda_without_a_device_is_a_clear_error():
     try:
         m = meddpm.load(device="cuda")

@@ -57,19 +57,21 @@ class Model:
     def __repr__(self):
         return f"meddpm.Model({self.source!r}, device={self.device!r})"
 
-    def sample(self, mask, steps=None, sampler="ddpm", seed=0, batch=1, timesteps=250, eta=0.0,
-               convention="whole-head"):
+    def sample(self, mask, steps=None, sampler="ddpm", seed=0, batch=1, timesteps=None, eta=0.0,
+               convention="whole-head", resize=False):
         """One volume per mask. ``mask``: a numpy array (X, Y, Z) of labels or a nibabel image,
         or a list of them (mask k draws from seed ``seed + k``; ``batch`` volumes per forward,
         each the same as alone). Returns a float32 array on the mask's grid, values in [-1, 1]
         (BraTS: (4, X, Y, Z), the modalities); ``(array, affine)`` for a nibabel image; a list
-        for a list."""
+        for a list. A mask of another size than the model's volumes raises ``MeddpmError`` unless
+        ``resize=True``; ``timesteps`` defaults to the model's T (another T raises)."""
         many = isinstance(mask, (list, tuple))
         masks = list(mask) if many else [mask]
         affines = [m.affine if _is_nibabel(m) else None for m in masks]
         arrays = [m.get_fdata(dtype=np.float32) if _is_nibabel(m) else m for m in masks]
         outs = self._m._sample([_to_bytes(a) for a in arrays], steps=steps, sampler=sampler, seed=seed,
-                            batch=batch, timesteps=timesteps, eta=eta, convention=convention)
+                            batch=batch, timesteps=timesteps, eta=eta, convention=convention,
+                            resize=resize)
         results = []
         for per, affine in zip(outs, affines):
             images = [_from_bytes(b, dims) for (_suffix, b, dims, is_label) in per if not is_label]

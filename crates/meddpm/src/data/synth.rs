@@ -549,7 +549,8 @@ pub fn synthesize<B: Backend>(
             spec.convention.image_channels()
         )));
     }
-    let sched = Schedule::cosine(spec.timesteps);
+    check_timesteps(w, spec.timesteps)?;
+    let sched = Schedule::try_cosine(spec.timesteps)?;
     let splan = sampler_plan(&spec.sampler, &sched)?;
     let line_of = |p: &PlannedPair| -> ManifestLine {
         let (images, label) = spec.files(&p.case);
@@ -780,7 +781,7 @@ pub fn regenerate<B: Backend>(
         &src.name(),
     )?;
     let cond = line.convention.cond_tensor(&mask, size, &src.name())?;
-    let splan = sampler_plan(&line.sampler, &Schedule::cosine(line.timesteps))?;
+    let splan = sampler_plan(&line.sampler, &Schedule::try_cosine(line.timesteps)?)?;
     let mut net = UNet::new(be, cfg, 1)?;
     net.set_params(be, &w.params)?;
     let vol = Sampler::new(be, &net)?.sample_jobs(be, &mut net, &splan, &[(&cond, line.seed)], |_| {})?.swap_remove(0);
@@ -789,6 +790,18 @@ pub fn regenerate<B: Backend>(
         outs.push(OutputVolume { suffix: "_label".into(), volume: mask, labels: true });
     }
     Ok(outs)
+}
+
+/// Sampling needs the model's own schedule: a `timesteps` other than the T the weights record is
+/// an error naming both (fewer network evaluations are the sampler's steps).
+fn check_timesteps(w: &LoadedWeights, timesteps: usize) -> Result<()> {
+    match w.timesteps {
+        Some(model) if model != timesteps => Err(Error::Config(format!(
+            "timesteps {timesteps}: the model was trained with T = {model}; sampling needs the model's own schedule \
+             (for fewer network evaluations, give fewer steps)"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Volumes for masks held in memory (the Python package's `Model.sample`): mask k with seed
@@ -805,6 +818,7 @@ pub fn sample_masks<B: Backend>(
     sampler: &SamplerSpec,
     timesteps: usize,
     batch: usize,
+    resize: bool,
 ) -> Result<Vec<Vec<OutputVolume>>> {
     if masks.len() != seeds.len() {
         return Err(Error::Config(format!("{} masks and {} seeds", masks.len(), seeds.len())));
@@ -815,8 +829,12 @@ pub fn sample_masks<B: Backend>(
     let cfg = &w.cfg;
     let size = [cfg.depth, cfg.size, cfg.size];
     let name = Path::new("<mask array>");
+    for m in masks {
+        super::check_mask_size(name, m, convention, size, resize)?;
+    }
+    check_timesteps(w, timesteps)?;
     let conds = masks.iter().map(|m| convention.cond_tensor(m, size, name)).collect::<Result<Vec<_>>>()?;
-    let splan = sampler_plan(sampler, &Schedule::cosine(timesteps))?;
+    let splan = sampler_plan(sampler, &Schedule::try_cosine(timesteps)?)?;
     let b = batch.min(masks.len());
     let mut net = UNet::new(be, cfg, b)?;
     net.set_params(be, &w.params)?;
