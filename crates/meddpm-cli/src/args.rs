@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::WeightGroup;
 use meddpm::data::Convention;
-use meddpm::diffusion::{SamplerKind, SamplerSpec, TrainConfig};
+use meddpm::diffusion::{SamplerKind, SamplerSpec, Schedule, TrainConfig};
 use meddpm::model::UNetConfig;
 use meddpm::{Layout, Precision};
 use serde::{Deserialize, Serialize};
@@ -377,13 +377,7 @@ impl SamplingArgs {
     /// it): a --timesteps other than the model's is an error naming both (fewer network
     /// evaluations are --steps).
     pub fn resolve(&self, model_t: Option<usize>) -> Result<(usize, SamplerSpec)> {
-        let t = match (self.timesteps, model_t) {
-            (Some(t), Some(model)) if t != model => bail!(
-                "--timesteps {t}: the model was trained with T = {model}; sampling needs the model's own schedule \
-                 (for fewer network evaluations, give --steps)"
-            ),
-            (t, model) => t.or(model).unwrap_or(250),
-        };
+        let t = Schedule::model_timesteps(self.timesteps, model_t)?;
         let spec =
             SamplerSpec { kind: self.sampler.kind(), steps: self.steps.unwrap_or(t), eta: self.eta.unwrap_or(0.0) };
         Ok((t, spec))

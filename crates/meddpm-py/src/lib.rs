@@ -9,7 +9,7 @@ use meddpm::checkpoint::{bundled, load_weights, LoadHints, LoadedWeights, Weight
 use meddpm::cpu::CpuBackend;
 use meddpm::data::synth::{self, Format, ModelId, SynthSpec};
 use meddpm::data::{Convention, Volume};
-use meddpm::diffusion::{SamplerKind, SamplerSpec};
+use meddpm::diffusion::{SamplerKind, SamplerSpec, Schedule};
 use meddpm::{DeviceSel, Layout, Precision};
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
@@ -191,7 +191,7 @@ impl Model {
         convention: &str,
         resize: bool,
     ) -> PyResult<Vec<Vec<(String, Bound<'py, PyBytes>, (usize, usize, usize), bool)>>> {
-        let timesteps = timesteps.or(self.weights.timesteps).unwrap_or(250);
+        let timesteps = Schedule::model_timesteps(timesteps, self.weights.timesteps).map_err(err)?;
         let spec = sampler_spec(sampler, steps, timesteps, eta)?;
         let conv = self::convention(convention, &self.weights)?;
         let mut vols = Vec::with_capacity(masks.len());
@@ -255,7 +255,7 @@ fn synthesize<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let t = Target::parse(device, precision, layout)?;
     let (w, id) = load_model(checkpoint, group(weights)?, None)?;
-    let timesteps = timesteps.or(w.timesteps).unwrap_or(250);
+    let timesteps = Schedule::model_timesteps(timesteps, w.timesteps).map_err(err)?;
     let format: Format = format.parse().map_err(err)?;
     let spec = SynthSpec {
         dataset_id,

@@ -549,7 +549,7 @@ pub fn synthesize<B: Backend>(
             spec.convention.image_channels()
         )));
     }
-    check_timesteps(w, spec.timesteps)?;
+    Schedule::model_timesteps(Some(spec.timesteps), w.timesteps)?;
     let sched = Schedule::try_cosine(spec.timesteps)?;
     let splan = sampler_plan(&spec.sampler, &sched)?;
     let line_of = |p: &PlannedPair| -> ManifestLine {
@@ -792,18 +792,6 @@ pub fn regenerate<B: Backend>(
     Ok(outs)
 }
 
-/// Sampling needs the model's own schedule: a `timesteps` other than the T the weights record is
-/// an error naming both (fewer network evaluations are the sampler's steps).
-fn check_timesteps(w: &LoadedWeights, timesteps: usize) -> Result<()> {
-    match w.timesteps {
-        Some(model) if model != timesteps => Err(Error::Config(format!(
-            "timesteps {timesteps}: the model was trained with T = {model}; sampling needs the model's own schedule \
-             (for fewer network evaluations, give fewer steps)"
-        ))),
-        _ => Ok(()),
-    }
-}
-
 /// Volumes for masks held in memory (the Python package's `Model.sample`): mask k with seed
 /// `seeds[k]`, `batch` volumes per network forward, through the same batched sampler as
 /// [`synthesize`] and `meddpm sample`. Returns each mask's output volumes
@@ -832,7 +820,7 @@ pub fn sample_masks<B: Backend>(
     for m in masks {
         super::check_mask_size(name, m, convention, size, resize)?;
     }
-    check_timesteps(w, timesteps)?;
+    Schedule::model_timesteps(Some(timesteps), w.timesteps)?;
     let conds = masks.iter().map(|m| convention.cond_tensor(m, size, name)).collect::<Result<Vec<_>>>()?;
     let splan = sampler_plan(sampler, &Schedule::try_cosine(timesteps)?)?;
     let b = batch.min(masks.len());

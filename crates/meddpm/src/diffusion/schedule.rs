@@ -44,6 +44,19 @@ impl Schedule {
         Ok(Self::cosine(timesteps))
     }
 
+    /// The T to sample a model with: `given` (the user's, if any) must be the T the weights record
+    /// (`model`, where the file records one), since sampling needs the model's own schedule; fewer
+    /// network evaluations are the sampler's `--steps`. Neither given: 250, the reference's T.
+    pub fn model_timesteps(given: Option<usize>, model: Option<usize>) -> Result<usize> {
+        match (given, model) {
+            (Some(t), Some(model)) if t != model => Err(Error::Config(format!(
+                "--timesteps {t}: the model was trained with T = {model}; sampling needs the model's own schedule \
+                 (for fewer network evaluations, give --steps)"
+            ))),
+            (t, model) => Ok(t.or(model).unwrap_or(250)),
+        }
+    }
+
     /// The cosine schedule with `timesteps` ≥ 1 steps (Med-DDPM: 250); [`Schedule::try_cosine`]
     /// for a T that comes from the user.
     pub fn cosine(timesteps: usize) -> Self {
