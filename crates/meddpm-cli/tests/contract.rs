@@ -10,35 +10,17 @@ use meddpm::diffusion::{TrainConfig, Trainer};
 use meddpm::model::UNetConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
-const BIN: &str = env!("CARGO_BIN_EXE_meddpm");
+mod common;
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("meddpm-contract-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn command(cwd: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(cwd)
-        .args(args)
-        .env_remove("MEDDPM_FAULT_NAN_AT_STEP")
-        .env_remove("MEDDPM_FAULT_DISK_FULL_AT_STEP")
-        .env_remove("MEDDPM_FAULT_SLOW_STEP_MS");
-    c
+    common::scratch("contract", name)
 }
 
 fn run(cwd: &Path, args: &[&str]) -> (i32, String, String) {
-    let o: Output = command(cwd, args).output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
+    common::run(cwd, args, &[])
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -253,7 +235,7 @@ fn sample_never_clobbers_and_prints_what_it_wrote() {
 fn a_run_folder_is_locked_while_a_run_writes_it() {
     let dir = scratch("lock");
     let args = ["train", "--preset", "tiny", "--device", "cpu", "--no-sample", "--steps", "1000", "--out", "run"];
-    let mut first = command(&dir, &args)
+    let mut first = common::meddpm(&dir, &args, &[])
         .env("MEDDPM_FAULT_SLOW_STEP_MS", "500")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -12,39 +12,14 @@ use meddpm::model::UNetConfig;
 use meddpm::run::RunRecord;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_meddpm");
+mod common;
+use common::{meddpm, run};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("meddpm-trainrun-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// `meddpm ARGS` run in `cwd` (fault variables cleared unless set in `env`).
-fn meddpm(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(cwd)
-        .args(args)
-        .env_remove("MEDDPM_FAULT_NAN_AT_STEP")
-        .env_remove("MEDDPM_FAULT_DISK_FULL_AT_STEP")
-        .env_remove("MEDDPM_FAULT_SLOW_STEP_MS");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c
-}
-
-fn run(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let o: Output = meddpm(cwd, args, env).output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
+    common::scratch("trainrun", name)
 }
 
 fn tiny(out: &Path, steps: u64, every: u64) -> Vec<String> {
