@@ -34,6 +34,11 @@
 #            whole-head bf16 NDHWC bench alternated twice with $AB_ENV set (e.g.
 #            MEDDPM_SMALL_MMA=0) and without, then eval-configs shortened to 30 s of training,
 #            fp32/ncdhw against bf16/ndhwc with MEDDPM_WGMMA=1 (the quality verdict)
+#   synth    meddpm synthesize of whole-head pairs (initial whole-head weights: the time does not
+#            depend on them; masks: $SYNTH_MASK, default .devbin/synth/mask.nii.gz, with --augment
+#            3), nnU-Net layout, DDPM-50 ($SYNTH_COUNT50 pairs, default 100) then DDPM-250
+#            ($SYNTH_COUNT250, default 12), precision $SYNTH_PREC (default bf16), batch $SYNTH_BATCH
+#            (default 1): volumes per hour from each run's summary line
 #   prof     the CUPTI breakdown of one training and sampling step for each preset in PROF_PRESETS
 #            (default whole-head) and precision in PROF_MATH (default bf16), layout PROF_LAYOUT
 #            (default ndhwc), no counters
@@ -123,6 +128,21 @@ for part in "$@"; do
     brats)
       "$BIN/meddpm" bench --device cuda --preset brats --precision bf16 --layout ndhwc --iters 7 --warmup 2 \
         --json "$RES/bench-brats.json" 2>&1 | grep -E '^cuda:0|^device' ;;
+    synth)
+      W=$(mktemp -d /tmp/synth.XXXXXX)
+      "$BIN/meddpm" train --device cuda --preset whole-head --steps 0 --no-sample --out "$W/wh" >"$RES/init.log" 2>&1 \
+        || { echo "whole-head init failed"; tail -5 "$RES/init.log"; }
+      for steps in 50 250; do
+        n=$([ $steps = 50 ] && echo "${SYNTH_COUNT50:-100}" || echo "${SYNTH_COUNT250:-12}")
+        /usr/bin/time -f "wall %e s, max RSS %M KiB" "$BIN/meddpm" synthesize --device cuda --precision "${SYNTH_PREC:-bf16}" \
+          --checkpoint "$W/wh/checkpoint.safetensors" --masks "${SYNTH_MASK:-.devbin/synth/mask.nii.gz}" --augment 3 \
+          --count "$n" --sampler ddpm --steps $steps --batch "${SYNTH_BATCH:-1}" --format nnunet --out "$W/ddpm$steps" \
+          >"$RES/ddpm$steps.log" 2>&1
+        echo "DDPM-$steps, $n pairs: exit $?"; grep -vE '^\s*$' "$RES/ddpm$steps.log" | grep -v '\r' | tail -4
+        cp "$W"/ddpm$steps/Dataset*/meddpm_manifest*.jsonl "$RES/manifest$steps.jsonl" 2>/dev/null
+        ls "$W"/ddpm$steps/Dataset*/imagesTr | wc -l | sed 's/^/images written: /'
+      done
+      rm -rf "$W" ;;
     nvtx)    BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/nvtx_probe.sh ;;
     torch)   TEST_BIN="$BIN/torch_full" BIN="$BIN/meddpm" RES="$RES" bash scripts/gpu/torch_full.sh ;;
     evalcfg) BIN="$BIN/meddpm" BIN_DIR="$BIN" RES="$RES" bash scripts/gpu/evalcfg.sh ;;

@@ -202,8 +202,10 @@ fn synthesize_on<B: Backend>(be: &B, w: &LoadedWeights, id: &ModelId, sp: &Synth
         println!("note: {n}");
     }
     let secs = t0.elapsed().as_secs_f64();
+    let per_hour =
+        if s.sampled > 0 { format!(" ({:.0} volumes/h)", s.sampled as f64 / secs * 3600.0) } else { String::new() };
     println!(
-        "{} pair(s) in {}: {} made in {secs:.1} s, {} already there; manifest {}",
+        "{} pair(s) in {}: {} made in {secs:.1} s{per_hour}, {} already there; manifest {}",
         s.share,
         s.root.display(),
         s.sampled,
