@@ -516,7 +516,10 @@ pub(crate) fn train_on<B: Backend>(
     let t0 = Instant::now();
     let pb = if lead { bar(steps_left, "train") } else { ProgressBar::hidden() };
     let (ranks, agreed_end) = match dist {
-        Some(d) => (Some(Ranks { sync: d.sync, check_every: d.check_every }), Some(d.agreed_end)),
+        Some(d) => (
+            Some(Ranks { sync: d.sync, check_every: d.check_every, agreement: Default::default() }),
+            Some(d.agreed_end),
+        ),
         None => (None, None),
     };
     let summary = session.run_ranked(

@@ -337,6 +337,12 @@ impl Rendezvous {
         self.links.iter().map(|(r, _)| *r).collect()
     }
 
+    /// The open connections themselves (rank 0: to every other rank; others: to rank 0), for a
+    /// collective that runs over them instead of a watch (`dist::TcpSync`, CPU ranks).
+    pub fn into_links(self) -> Vec<(usize, TcpStream)> {
+        self.links
+    }
+
     /// Start watching the peers. `on_lost` is called once, from a watch thread, with a message
     /// naming the lost rank (a closed connection, silence, or rank 0's report that another rank
     /// was lost). Typical use: abort the NCCL communicator and exit the process with that message.
