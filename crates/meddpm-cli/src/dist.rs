@@ -80,8 +80,8 @@ pub fn join_cpu(env: &DistEnv, hash: u64, timeout: Duration, unet: &meddpm::mode
 pub fn rank_backend(b: &BackendArgs, env: &DistEnv) -> Result<CudaBackend> {
     match b.device {
         Device::Cpu => bail!(
-            "rank {} of {}: data-parallel runs use one CUDA device per rank; --device cpu cannot be combined with \
-             RANK/WORLD_SIZE or Slurm tasks",
+            "rank {} of {}: this command's data-parallel ranks use one CUDA device each; --device cpu cannot be \
+             combined with RANK/WORLD_SIZE or Slurm tasks here (only `meddpm train` runs CPU ranks)",
             env.rank,
             env.world
         ),

@@ -215,7 +215,7 @@ fn a_resume_on_another_number_of_ranks_continues_the_same_run() {
 }
 
 #[test]
-fn a_rendezvous_port_in_use_is_an_error_naming_the_port_and_master_port() {
+fn a_rendezvous_port_in_use_is_an_error_naming_the_port_and_its_variables() {
     let dir = scratch("port");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
@@ -226,6 +226,8 @@ fn a_rendezvous_port_in_use_is_an_error_naming_the_port_and_master_port() {
     let o = meddpm(&dir, &args, &env).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_ne!(o.status.code(), Some(0));
-    assert!(err.contains(&format!("port {port}")) && err.contains("in use") && err.contains("MASTER_PORT"), "{err}");
+    for want in [format!("port {port}"), "in use".into(), "MASTER_PORT".into(), "MEDDPM_RDZV_PORT".into()] {
+        assert!(err.contains(&want), "the error does not say {want:?}: {err}");
+    }
     drop(taken);
 }

@@ -110,8 +110,8 @@ pub fn bind(addr: &str, port: u16) -> Result<TcpListener> {
     TcpListener::bind(a).map_err(|e| {
         if e.kind() == ErrorKind::AddrInUse {
             err(format!(
-                "rendezvous port {port} on {a} is in use (another run, or a leftover process): set MASTER_PORT to a \
-                 free port"
+                "rendezvous port {port} on {a} is in use (another run, or a leftover process): set MASTER_PORT (or \
+                 MEDDPM_RDZV_PORT, which overrides it) to a free port"
             ))
         } else {
             err(format!("rendezvous: cannot listen on {a}: {e}"))
