@@ -48,9 +48,16 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// The liveness timeout of the hang test (`--dist-timeout`): short, so the test is fast.
+const HANG_TIMEOUT: &str = "3";
+/// The other tests' timeout: long enough that a loaded machine never trips it.
+const TIMEOUT: &str = "30";
+
 fn train_args(out: &Path, steps: u64, every: u64, extra: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> =
-        ["train", "--device", "cpu", "--no-sample", "--dist-timeout", "3"].iter().map(|s| s.to_string()).collect();
+    let mut v: Vec<String> = ["train", "--device", "cpu", "--no-sample"].iter().map(|s| s.to_string()).collect();
+    if !extra.contains(&"--dist-timeout") {
+        v.extend(["--dist-timeout".into(), TIMEOUT.into()]);
+    }
     if out.join(CKPT).is_file() {
         v.extend(["--resume".into(), out.join(CKPT).to_string_lossy().into_owned()]);
     } else {
@@ -142,13 +149,16 @@ fn resume_alone(dir: &Path, out: &Path, steps: u64) {
 }
 
 /// Kill one rank outright (SIGKILL) or freeze it (SIGSTOP) once the run has a checkpoint: the
-/// other exits non-zero naming it — at once for a kill (its connection closes), after the 3 s
-/// `--dist-timeout` for a hang — and the checkpoint is intact and resumable.
+/// other exits non-zero naming it — for a kill at once (its connection closes), far within the
+/// 30 s `--dist-timeout`; for a hang after the 3 s `--dist-timeout` — and the checkpoint is
+/// intact and resumable.
 fn lose_a_rank(sig: &str, victim: usize) {
     let dir = scratch(&format!("{sig}{victim}"));
     let out = dir.join("run");
     // slow steps (50 ms per batch) so that the signal lands inside a running step
-    let mut r = start(&dir, 2, &train_args(&out, 1_000_000, 5, &[]), &[("MEDDPM_FAULT_SLOW_STEP_MS", "50")]);
+    let timeout = if sig == "KILL" { TIMEOUT } else { HANG_TIMEOUT };
+    let args = train_args(&out, 1_000_000, 5, &["--dist-timeout", timeout]);
+    let mut r = start(&dir, 2, &args, &[("MEDDPM_FAULT_SLOW_STEP_MS", "50")]);
     wait_for("the first checkpoint", Duration::from_secs(120), || out.join(CKPT).is_file());
     std::thread::sleep(Duration::from_millis(150));
     let pid = r.children[victim].id();
@@ -159,7 +169,7 @@ fn lose_a_rank(sig: &str, victim: usize) {
     let took = t0.elapsed();
     let log = log_of(&r, other);
     assert_ne!(code, 0, "rank {other} exited 0 after SIG{sig} to rank {victim}:\n{log}");
-    let why = if sig == "KILL" { "closed its connection" } else { "sent nothing for 3 s" };
+    let why = if sig == "KILL" { "closed its connection".to_string() } else { format!("sent nothing for {timeout} s") };
     assert!(log.contains(&format!("rank {victim} {why}")), "rank {other} does not name rank {victim} ({why}):\n{log}");
     if sig == "KILL" {
         assert!(took < Duration::from_secs(3), "a killed rank was noticed only after {took:?} (before the timeout)");
