@@ -2,8 +2,9 @@
 # multigpu.sh: data-parallel checks for the two-GPU machine (nvidia-h200-x2), from the repository
 # root, with the binaries of scripts/gpu/prepare.sh in .devbin/all (it copies the `multigpu` test
 # executable too). Build here: `bash scripts/gpu/prepare.sh`; then on the machine (carry .devbin):
-#   bash scripts/gpu/multigpu.sh [PART...]      (default: doctor tests gpus stop sample bench scaling;
-#                                                 ≈ 10 min in all, each part bounded by `timeout`s)
+#   bash scripts/gpu/multigpu.sh [PART...]      (default: doctor tests gpus stop kill9 sample bench scaling;
+#                                                 ≈ 11 min in all, each part bounded by `timeout`s)
+#   NGPU=4 (or 8) bash scripts/gpu/multigpu.sh bench scaling    on a 4- or 8-GPU machine (default 2)
 # Parts, each logged to $OUT/multigpu/ (packed into $OUT/multigpu.tar.gz), one line each in
 # $OUT/summary.txt:
 #   doctor     NCCL version and file, devices
@@ -13,11 +14,13 @@
 #              both checkpoints must hold the same weights; then a resume of it on 1 GPU; a bf16 run
 #   stop       `train --gpus 2` interrupted (SIGINT to the launcher): both ranks stop after the same
 #              step, rank 0's checkpoint holds it; then SIGTERM to rank 1 alone, same check
+#   kill9      a torchrun-style GPU run whose rank 1 gets SIGKILL mid-run: rank 0 must exit non-zero
+#              naming rank 1; the last checkpoint loads and resumes on one GPU
 #   sample     `sample --gpus 2` vs one GPU: the same volume files (bytes), one timing file
-#   bench      `meddpm bench --gpus 2` (whole-head, bf16 and tf32, NDHWC): step on 1 GPU vs 2, efficiency,
-#              and the share of the all-reduce kernels' time other kernels hide (CUPTI, rank 0)
-#   scaling    whole-head 128³, batch 1 per GPU, TF32: steps/s on 1 GPU (--gpus 1) and on 2
-#              (the global batch doubles: efficiency = steps/s(2) / steps/s(1))
+#   bench      `meddpm bench --gpus $NGPU` (whole-head, bf16 and tf32, NDHWC): step on 1 GPU vs NGPU,
+#              efficiency, and every rank's all-reduce time, hidden share and GPU idle time (CUPTI)
+#   scaling    whole-head 128³, batch 1 per GPU, TF32: steps/s on 1 GPU (--gpus 1) and on NGPU
+#              (the global batch grows NGPU-fold: efficiency = steps/s(NGPU) / steps/s(1))
 # Library path as scripts/gpu/run.sh, plus a private `libnccl.so` link: cudarc looks for that name
 # (or .so.13/.12/…), while pip's NCCL ships only `libnccl.so.2`.
 # NVLink multicast must stay off on these machines (../shared/docs/gpu-machine.md): the three
@@ -34,11 +37,12 @@ mkdir -p "$LIBDIR"
 ln -sf "$SP/nvidia/cudnn/lib/libcudnn.so.9" "$LIBDIR/libcudnn.so"
 ln -sf "$SP/nvidia/nccl/lib/libnccl.so.2" "$LIBDIR/libnccl.so"
 export LD_LIBRARY_PATH="$LIBDIR:$SP/nvidia/cudnn/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-# CUPTI, for the all-reduce overlap `bench --gpus` measures on rank 0
+# CUPTI, for the all-reduce overlap and GPU idle time `bench --gpus` measures on every rank
 CUPTI=$(dirname "$(find "$SP/nvidia" /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$CUPTI"
 export MEDDPM_CACHE_DIR=${MEDDPM_CACHE_DIR:-/tmp/meddpm-cache}
 M="$BIN/meddpm"
+NGPU=${NGPU:-2}
 sum() { echo "$*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
 
@@ -116,6 +120,25 @@ sleep 45; kill -TERM "$(child "$R1")"; wait "$R0"; E0=$?; wait "$R1"; E1=$?
 sum "stop torchrun-style (SIGTERM to rank 1): exits $E0/$E1 — rank 0 at $(stopped_at "$RES/stop1_0.log"), rank 1 at $(stopped_at "$RES/stop1_1.log"), checkpoint step $(ck_step "$RES/stop1/checkpoint.safetensors")"
 }
 
+# SIGKILL to rank 1 of a GPU run: rank 0 exits non-zero naming it (its liveness watch sees the
+# closed connection), the last checkpoint stays whole and resumes on one GPU
+kill9() {
+LONG=(train --preset demo --steps 100000 --checkpoint-every 50 --no-sample --device cuda --check-every 20 --dist-timeout 60)
+PORT=$((20000 + RANDOM % 20000))
+for r in 0 1; do
+  RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
+    timeout 240 "$M" "${LONG[@]}" --out "$RES/kill9" >"$RES/kill9_$r.log" 2>&1 &
+  eval "K$r=\$!"
+done
+for _ in $(seq 120); do [ -f "$RES/kill9/checkpoint.safetensors" ] && break; sleep 1; done
+sleep 2; T0=$(date +%s.%N); kill -KILL "$(child "$K1")"; wait "$K0"; E0=$?; T1=$(date +%s.%N); wait "$K1"
+CK=$(ck_step "$RES/kill9/checkpoint.safetensors")
+sum "kill9 (SIGKILL to rank 1): rank 0 exit $E0 after $(python3 -c "print(f'{$T1-$T0:.1f}')") s — $(grep -oE 'rank 1 [^:]*(crashed|killed|lost)[^.]*' "$RES/kill9_0.log" | head -1) — checkpoint step $CK"
+timeout 180 "$M" train --resume "$RES/kill9/checkpoint.safetensors" --steps $((CK + 10)) --no-sample --checkpoint-every 0 \
+  --device cuda >"$RES/kill9_resume.log" 2>&1
+sum "kill9: resume on 1 GPU: exit $? — $(grep -E '^done' "$RES/kill9_resume.log")"
+}
+
 # sample --gpus 2 writes the files one GPU writes
 sample() {
 CK="$RES/gpus2/checkpoint.safetensors"
@@ -125,26 +148,26 @@ timeout 120 "$M" "${S[@]}" --gpus 2 --out "$RES/s2/v" >"$RES/sample2.log" 2>&1
 sum "sample --gpus 2: exit $? — files $(ls "$RES/s2" | tr '\n' ' ') — differing volumes vs 1 GPU: $(for f in "$RES"/s1/*.nii.gz; do cmp -s "$f" "$RES/s2/$(basename "$f")" || echo -n "$(basename "$f") "; done)"
 }
 
-# bench --gpus 2: the step on one GPU against two, whole-head
+# bench --gpus NGPU: the step on one GPU against NGPU, whole-head; every rank's collective figures
 bench() {
-timeout 500 "$M" bench --preset whole-head --precision bf16,tf32 --layout ndhwc --iters 10 --warmup 3 --gpus 2 \
-  --json "$OUT/bench-gpus2.json" >"$RES/bench.log" 2>&1
-sum "bench --gpus 2: exit $? — $(grep -E '^(bf16|tf32) |all-reduce' "$RES/bench.log" | tr '\n' ';')"
+timeout 500 "$M" bench --preset whole-head --precision bf16,tf32 --layout ndhwc --iters 10 --warmup 3 --gpus "$NGPU" \
+  --json "$OUT/bench-gpus$NGPU.json" >"$RES/bench.log" 2>&1
+sum "bench --gpus $NGPU: exit $? — $(grep -E '^(bf16|tf32) |all-reduce' "$RES/bench.log" | tr '\n' ';')"
 }
 
 # whole-head 128³ on the built-in demo pairs; the first steps include cudnnFind
 scaling() {
-for g in 1 2; do
+for g in 1 "$NGPU"; do
   timeout 200 "$M" train --preset whole-head --steps 40 --checkpoint-every 0 --no-sample --gpus $g \
     --out "$RES/wh$g" >"$RES/scaling$g.log" 2>&1
   sum "whole-head --gpus $g: exit $? — $(grep -E '^done' "$RES/scaling$g.log")"
 done
 }
 
-for part in ${@:-doctor tests gpus stop sample bench scaling}; do
+for part in ${@:-doctor tests gpus stop kill9 sample bench scaling}; do
   case $part in
-    doctor|tests|gpus|stop|sample|bench|scaling) $part ;;
-    *) echo "unknown part $part (doctor tests gpus stop sample bench scaling)" ;;
+    doctor|tests|gpus|stop|kill9|sample|bench|scaling) $part ;;
+    *) echo "unknown part $part (doctor tests gpus stop kill9 sample bench scaling)" ;;
   esac
 done
 

@@ -500,11 +500,12 @@ const COMM_STEPS: usize = 3;
 
 /// One rank of `bench --gpus`: for each precision × layout, a fresh backend, trainer (batch 1,
 /// no accumulation) and NCCL communicator; one-GPU steps, then synced steps
-/// (`meddpm::dist::scaling::measure`), then [`COMM_STEPS`] synced steps under CUPTI on rank 0 for
-/// how much of the all-reduce other kernels hide (`analysis::breakdown::comm_overlap`). Rank 0
-/// prints the table and writes `--json`.
+/// (`meddpm::dist::scaling::measure`), then [`COMM_STEPS`] synced steps under CUPTI on every rank
+/// for how much of the all-reduce other kernels hide (`analysis::breakdown::comm_overlap`) and
+/// the GPU's idle time, gathered to rank 0 (`scaling::gather_rank_comm`). Rank 0 prints the
+/// tables and writes `--json` (each row's `ranks`).
 pub fn bench_rank(a: &BenchArgs, env: DistEnv) -> Result<()> {
-    use meddpm::dist::scaling::{measure, Scaling};
+    use meddpm::dist::scaling::{gather_rank_comm, measure, rank_table, RankComm, Scaling};
     if a.device == BenchDevice::Cpu {
         bail!("bench: --device cpu has no data-parallel mode; --gpus and RANK/WORLD_SIZE need CUDA devices");
     }
@@ -519,7 +520,7 @@ pub fn bench_rank(a: &BenchArgs, env: DistEnv) -> Result<()> {
     let (ids, watch, slot) = crate::dist::join(&env, hash, timeout, configs.len())?;
     let lead = env.rank == 0;
     let tc = TrainConfig { batch: 1, grad_accum: 1, ..TrainConfig::default() };
-    let mut rows: Vec<(String, Scaling, Option<CommOverlap>)> = Vec::new();
+    let mut rows: Vec<(String, Scaling, Option<CommOverlap>, Vec<RankComm>)> = Vec::new();
     for ((p, l, name), id) in configs.iter().zip(&ids) {
         let be = CudaBackend::new(env.local_rank, *p, *l)
             .with_context(|| format!("rank {}: opening cuda:{} (LOCAL_RANK)", env.rank, env.local_rank))?;
@@ -535,18 +536,34 @@ pub fn bench_rank(a: &BenchArgs, env: DistEnv) -> Result<()> {
         let (image, cond) = (host_data(img.numel(), seed + 1), host_data(cd.numel(), seed + 2));
         let (s, _, _) = measure(&be, &mut tr, &mut sync, a.warmup, a.iters, || Ok((image.clone(), cond.clone())))
             .with_context(|| format!("rank {}: {name}", env.rank))?;
-        // Then a few more synced steps on every rank (the collectives must match), rank 0's under
-        // CUPTI: how much of the all-reduce kernels' time other kernels ran beside them.
-        let collector = if lead { Some(cupti::Collector::start()) } else { None };
+        // Then a few more synced steps on every rank under CUPTI: how much of the all-reduce
+        // kernels' time other kernels ran beside them, and how long the GPU was idle.
+        let collector = cupti::Collector::start();
+        be.sync();
+        let t0 = std::time::Instant::now();
         for _ in 0..COMM_STEPS {
             tr.train_step_synced(&be, || Ok((image.clone(), cond.clone())), &mut sync)
                 .with_context(|| format!("rank {}: {name}: overlap steps", env.rank))?;
         }
         be.sync();
-        let comm = collector.map(|c| {
-            let records: Vec<_> = c?.finish()?.activities.iter().map(|a| a.to_record()).collect();
-            comm_overlap(&records).ok_or_else(|| "no NCCL kernel in the CUPTI timeline".to_string())
-        });
+        let wall_ns = t0.elapsed().as_nanos() as u64;
+        let records =
+            collector.and_then(|c| c.finish()).map(|t| t.activities.iter().map(|a| a.to_record()).collect::<Vec<_>>());
+        let comm = Some(
+            records
+                .as_ref()
+                .map_err(|e| e.to_string())
+                .and_then(|r| comm_overlap(r).ok_or_else(|| "no NCCL kernel in the CUPTI timeline".to_string())),
+        );
+        let idle = records.as_ref().ok().and_then(|r| meddpm::analysis::breakdown::idle(r, wall_ns));
+        let per_step = |ns: u64| ns as f64 / 1e6 / COMM_STEPS as f64;
+        let own = match &comm {
+            Some(Ok(c)) => [Some(per_step(c.comm_ns)), Some(c.hidden_pct)],
+            _ => [None, None],
+        };
+        let ranks =
+            gather_rank_comm(&mut sync, &be, [own[0], own[1], idle.map(|i| per_step(i.gaps_ns + i.outside_ns))])
+                .with_context(|| format!("rank {}: {name}: gathering the ranks' figures", env.rank))?;
         if lead {
             eprintln!(
                 "bench: {name}: one GPU {:.2} ms, {} GPUs {:.2} ms per step: {:.2}× the throughput, {:.1} % efficiency",
@@ -563,7 +580,7 @@ pub fn bench_rank(a: &BenchArgs, env: DistEnv) -> Result<()> {
                 None => {}
             }
         }
-        rows.push((name.clone(), s, comm.and_then(|c| c.ok())));
+        rows.push((name.clone(), s, comm.and_then(|c| c.ok()), ranks));
     }
     watch.close();
     if !lead {
@@ -573,7 +590,7 @@ pub fn bench_rank(a: &BenchArgs, env: DistEnv) -> Result<()> {
         "\n{:<12} {:>6} {:>12} {:>12} {:>9} {:>11} {:>15}",
         "config", "GPUs", "1 GPU ms", "N GPUs ms", "speedup", "efficiency", "all-reduce hid"
     );
-    for (name, s, c) in &rows {
+    for (name, s, c, _) in &rows {
         let hid = c.as_ref().map_or("-".to_string(), |c| format!("{:.1}%", c.hidden_pct));
         println!(
             "{name:<12} {:>6} {:>12.2} {:>12.2} {:>8.2}× {:>10.1}% {hid:>15}",
@@ -585,25 +602,33 @@ pub fn bench_rank(a: &BenchArgs, env: DistEnv) -> Result<()> {
          same ranks training alone first (mean of their medians); speedup = N · (1 GPU ms) / (N GPUs ms).",
         a.iters, a.warmup
     );
+    println!("\nevery rank over {COMM_STEPS} synced steps (CUPTI), per step:");
+    for (name, _, _, ranks) in &rows {
+        print!("{}", rank_table(name, ranks));
+    }
     if let Some(path) = &a.json {
         #[derive(serde::Serialize)]
         struct Row<'a> {
             config: &'a str,
             #[serde(flatten)]
             scaling: &'a Scaling,
-            /// All-reduce kernel time and the part of it other kernels ran beside (rank 0, CUPTI).
+            /// All-reduce kernel time and the part of it other kernels ran beside (rank 0, CUPTI; every
+            /// rank in `ranks`).
             comm_ns: Option<u64>,
             comm_hidden_ns: Option<u64>,
             comm_hidden_pct: Option<f64>,
+            /// Every rank's all-reduce time, hidden share and GPU idle time per step.
+            ranks: &'a [RankComm],
         }
         let rows: Vec<Row> = rows
             .iter()
-            .map(|(c, s, o)| Row {
+            .map(|(c, s, o, ranks)| Row {
                 config: c,
                 scaling: s,
                 comm_ns: o.as_ref().map(|o| o.comm_ns),
                 comm_hidden_ns: o.as_ref().map(|o| o.hidden_ns),
                 comm_hidden_pct: o.as_ref().map(|o| o.hidden_pct),
+                ranks,
             })
             .collect();
         let rep = serde_json::json!({ "model": cfg, "iters": a.iters, "warmup": a.warmup, "rows": rows });

@@ -2,15 +2,16 @@
 //! ranks (`meddpm::dist::spawn`) and passes the user's signals on to them; a rank's GPU
 //! (`cuda:LOCAL_RANK`); the rendezvous that hands out rank 0's NCCL unique ids after checking
 //! world size and configuration, with the liveness watch (a lost rank stops this one); and the
-//! sampling ranks' timing files. The commands' rank bodies are theirs (`train::train_rank`,
-//! `bench::bench_rank`). Glue only: the logic lives in `meddpm::dist` and
-//! `meddpm_cuda::{nccl, collective}`.
+//! sampling ranks' timing files; and CPU ranks (`train --device cpu` under RANK/WORLD_SIZE),
+//! whose gradients go over the rendezvous links (`meddpm::dist::TcpSync`). The commands' rank
+//! bodies are theirs (`train::train_rank`, `bench::bench_rank`). Glue only: the logic lives in
+//! `meddpm::dist` and `meddpm_cuda::{nccl, collective}`.
 
 use crate::args::{BackendArgs, Device};
 use anyhow::{bail, Context, Result};
 use meddpm::dist::rendezvous::{self, RendezvousConfig, Watch, WatchConfig};
 use meddpm::dist::spawn::{count_signals, free_port, local_rank_envs, run_local, strip_gpus_arg, GpuSelection};
-use meddpm::dist::DistEnv;
+use meddpm::dist::{BucketPlan, DistEnv, TcpSync, DEFAULT_BUCKET_BYTES};
 use meddpm::eval::samplers::SampleTiming;
 use meddpm_cuda::collective::{exit_on_lost, CommSlot};
 use meddpm_cuda::nccl::UniqueId;
@@ -49,12 +50,38 @@ pub fn launch_local(sel: &GpuSelection) -> Result<usize> {
     Ok(devices.len())
 }
 
+/// The backend of a CPU rank (bf16 emulated when asked; TF32 is the fp32 reference there).
+pub fn cpu_rank_backend(b: &BackendArgs) -> Result<meddpm::cpu::CpuBackend> {
+    let p = match b.precision() {
+        meddpm::Precision::Bf16 => meddpm::Precision::Bf16,
+        meddpm::Precision::Fp32 | meddpm::Precision::Tf32 => meddpm::Precision::Fp32,
+    };
+    Ok(meddpm::cpu::CpuBackend::with_precision(p)?)
+}
+
+/// The rendezvous of a CPU rank (same checks as a GPU rank's), then its collective over the
+/// rendezvous links: a peer that dies or stays silent for `timeout` inside a collective is an
+/// error naming it.
+pub fn join_cpu(env: &DistEnv, hash: u64, timeout: Duration, unet: &meddpm::model::UNetConfig) -> Result<TcpSync> {
+    let cfg = RendezvousConfig {
+        rank: env.rank,
+        world: env.world,
+        addr: env.master_addr.clone(),
+        port: env.master_port,
+        config_hash: hash,
+        timeout,
+    };
+    let rdv = rendezvous::join(&cfg, Ok(Vec::new()))?;
+    let plan = BucketPlan::for_unet(unet, DEFAULT_BUCKET_BYTES);
+    Ok(TcpSync::new(env.rank, env.world, rdv.into_links(), &plan, timeout)?)
+}
+
 /// The CUDA backend of a rank: device `LOCAL_RANK` (of those the launcher made visible).
 pub fn rank_backend(b: &BackendArgs, env: &DistEnv) -> Result<CudaBackend> {
     match b.device {
         Device::Cpu => bail!(
-            "rank {} of {}: data-parallel runs use one CUDA device per rank; --device cpu cannot be combined with \
-             RANK/WORLD_SIZE or Slurm tasks",
+            "rank {} of {}: this command's data-parallel ranks use one CUDA device each; --device cpu cannot be \
+             combined with RANK/WORLD_SIZE or Slurm tasks here (only `meddpm train` runs CPU ranks)",
             env.rank,
             env.world
         ),

@@ -516,7 +516,10 @@ pub(crate) fn train_on<B: Backend>(
     let t0 = Instant::now();
     let pb = if lead { bar(steps_left, "train") } else { ProgressBar::hidden() };
     let (ranks, agreed_end) = match dist {
-        Some(d) => (Some(Ranks { sync: d.sync, check_every: d.check_every }), Some(d.agreed_end)),
+        Some(d) => (
+            Some(Ranks { sync: d.sync, check_every: d.check_every, agreement: Default::default() }),
+            Some(d.agreed_end),
+        ),
         None => (None, None),
     };
     let summary = session.run_ranked(
@@ -658,13 +661,10 @@ struct Agreement<'a> {
     layout: Layout,
 }
 
-/// One data-parallel training rank: its GPU, the rendezvous (every rank must agree on the
-/// [`Agreement`]), the NCCL gradient sync, then the usual loop ([`train_on`]).
-pub fn train_rank(a: &TrainArgs, env: DistEnv, plan: Plan) -> Result<()> {
-    let be = crate::dist::rank_backend(&plan.backend, &env)?;
-    let (tr, started) = start_trainer(&be, a, plan)?;
+/// The hash of the [`Agreement`] every rank must share (checked by the rendezvous).
+fn rank_hash<B: Backend>(tr: &Trainer<B>, started: &Started) -> Result<u64> {
     let pairs = open_dataset(&started.run, &tr.net.cfg)?.len();
-    let hash = config_hash(&Agreement {
+    Ok(config_hash(&Agreement {
         unet: &tr.net.cfg,
         train: &tr.tc,
         step: tr.step,
@@ -673,8 +673,27 @@ pub fn train_rank(a: &TrainArgs, env: DistEnv, plan: Plan) -> Result<()> {
         pairs,
         precision: started.backend.precision(),
         layout: started.backend.layout(),
-    });
+    }))
+}
+
+/// One data-parallel training rank: its GPU, the rendezvous (every rank must agree on the
+/// [`Agreement`]), the NCCL gradient sync, then the usual loop ([`train_on`]). With `--device
+/// cpu`, a CPU rank whose gradients are averaged over TCP (`meddpm::dist::TcpSync`).
+pub fn train_rank(a: &TrainArgs, env: DistEnv, plan: Plan) -> Result<()> {
     let timeout = Duration::from_secs(a.dist_timeout.max(1));
+    if matches!(plan.backend.resolve(), Device::Cpu) {
+        // CPU ranks as processes: the collective runs over the rendezvous links (TcpSync)
+        let be = crate::dist::cpu_rank_backend(&plan.backend)?;
+        let (tr, started) = start_trainer(&be, a, plan)?;
+        let hash = rank_hash(&tr, &started)?;
+        let mut sync = crate::dist::join_cpu(&env, hash, timeout, &tr.net.cfg)?;
+        let ctx = RankCtx { sync: &mut sync, check_every: a.check_every, agreed_end: Box::new(|| {}) };
+        let r = train_on(&be, started, tr, Some(ctx));
+        return r.map_err(|e| e.context(format!("rank {} of {}", env.rank, env.world)));
+    }
+    let be = crate::dist::rank_backend(&plan.backend, &env)?;
+    let (tr, started) = start_trainer(&be, a, plan)?;
+    let hash = rank_hash(&tr, &started)?;
     let (ids, watch, slot) = crate::dist::join(&env, hash, timeout, 1)?;
     let plan = BucketPlan::for_unet(&tr.net.cfg, DEFAULT_BUCKET_BYTES);
     let mut sync = NcclSync::new(&be, &ids[0], env.rank, env.world, plan, timeout, Some(&slot))?;

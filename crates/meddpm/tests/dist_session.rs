@@ -4,12 +4,16 @@
 //! on one rank, or a checkpoint write that fails on rank 0, ends every rank at the same step; only
 //! rank 0 writes into its folder; 2 ranks × batch 1 leave the checkpoint and loss log of one
 //! process × batch 2; and rank 0's weights broadcast at the start reach the bf16 weight copies.
+//! The per-step agreement, immediate and deferred: the same run, and the blocking host waits per
+//! step (1 immediate, 0 deferred); the last bucket held back beside Adam gives the same bits; and
+//! `dist::TcpSync` over real 127.0.0.1 sockets gives the bits of `ThreadSync`.
 
 use meddpm::checkpoint::Checkpoint;
 use meddpm::cpu::CpuBackend;
 use meddpm::data::Shard;
 use meddpm::diffusion::{TrainConfig, Trainer};
-use meddpm::dist::{BucketPlan, ThreadSync};
+use meddpm::dist::rendezvous::{self, RendezvousConfig};
+use meddpm::dist::{Agreement, BucketPlan, GradSync, TcpSync, ThreadSync};
 use meddpm::model::UNetConfig;
 use meddpm::run::losslog::{self, LossLog};
 use meddpm::run::{DataSource, Faults, Outcome, Ranks, RunRecord, Session, StopFlag, Summary, CHECKPOINT};
@@ -74,6 +78,7 @@ struct Setup {
     precision: Precision,
     /// Run a forward before the session (fills the bf16 weight copies with this rank's weights).
     warm_forward: bool,
+    agreement: Agreement,
 }
 
 impl Default for Setup {
@@ -86,20 +91,36 @@ impl Default for Setup {
             init_seed: None,
             precision: Precision::Fp32,
             warm_forward: false,
+            agreement: Agreement::Deferred,
         }
     }
 }
 
-/// What a rank ends with: the session's result, and its online weights.
-struct RankEnd {
+/// What a rank ends with: the session's result, its online weights, its collective.
+struct RankEnd<S = ThreadSync> {
     summary: meddpm::Result<Summary>,
     params: Vec<Vec<f32>>,
+    sync: S,
+}
+
+fn plan(cfg: &UNetConfig) -> BucketPlan {
+    BucketPlan::for_unet(cfg, 4096)
 }
 
 /// `setups.len()` ranks as threads, batch 1 each, rank r in `dirs[r]`.
 fn run_ranks(cfg: &UNetConfig, setups: Vec<Setup>, dirs: &[PathBuf]) -> Vec<RankEnd> {
+    let syncs = ThreadSync::group(setups.len(), &plan(cfg), Duration::from_secs(60));
+    run_with(cfg, setups, dirs, syncs)
+}
+
+/// [`run_ranks`] over the given collectives, one per rank.
+fn run_with<S: GradSync<CpuBackend> + Send + 'static>(
+    cfg: &UNetConfig,
+    setups: Vec<Setup>,
+    dirs: &[PathBuf],
+    syncs: Vec<S>,
+) -> Vec<RankEnd<S>> {
     let world = setups.len();
-    let syncs = ThreadSync::group(world, &BucketPlan::for_unet(cfg, 4096), Duration::from_secs(60));
     let handles: Vec<_> = syncs
         .into_iter()
         .zip(setups)
@@ -125,7 +146,7 @@ fn run_ranks(cfg: &UNetConfig, setups: Vec<Setup>, dirs: &[PathBuf]) -> Vec<Rank
                     faults: su.faults,
                     saved_step: None,
                 };
-                let ranks = Ranks { sync: &mut sync, check_every: 1 };
+                let ranks = Ranks { sync: &mut sync, check_every: 1, agreement: su.agreement };
                 let summary = s.run_ranked(
                     &be,
                     &mut tr,
@@ -147,7 +168,7 @@ fn run_ranks(cfg: &UNetConfig, setups: Vec<Setup>, dirs: &[PathBuf]) -> Vec<Rank
                         h
                     })
                     .collect();
-                RankEnd { summary, params }
+                RankEnd { summary, params, sync }
             })
         })
         .collect();
@@ -169,25 +190,32 @@ fn steps_logged(dir: &Path) -> Vec<u64> {
 #[test]
 fn a_stop_on_one_rank_stops_every_rank_after_the_same_step_and_rank_0_saves_it() {
     let cfg = UNetConfig::tiny();
-    for asker in 0..2 {
-        let root = scratch(&format!("stop{asker}"));
+    for (asker, agreement) in
+        [(0, Agreement::Immediate), (1, Agreement::Immediate), (0, Agreement::Deferred), (1, Agreement::Deferred)]
+    {
+        let root = scratch(&format!("stop{asker}{agreement:?}"));
         let dirs = [root.join("r0"), root.join("r1")];
         for d in &dirs {
             std::fs::create_dir_all(d).unwrap();
         }
         let mut setups = vec![Setup { steps: 1000, ..Setup::default() }; 2];
-        // the request arrives during step 3 on one rank only: the ranks learn of it with step
-        // 4's losses, and all stop there
+        // the request arrives once step 3's loss is known, on one rank only. Immediate: the
+        // ranks learn of it with step 4's losses, and all stop there. Deferred: step 3's loss is
+        // read after step 4 ran, step 5 carries the request, read after step 6 ran: all stop at 6
         setups[asker].stop_after = Some(3);
+        setups[asker].agreement = agreement;
+        setups[1 - asker].agreement = agreement;
+        let end = if agreement == Agreement::Immediate { 4 } else { 6 };
         let ends = run_ranks(&cfg, setups, &dirs);
         let sums: Vec<&Summary> = ends.iter().map(|e| e.summary.as_ref().unwrap()).collect();
         for (r, s) in sums.iter().enumerate() {
-            assert_eq!((&s.outcome, s.end, s.saved_step), (&Outcome::Stopped, 4, Some(4)), "rank {r} (asker {asker})");
+            let got = (&s.outcome, s.end, s.saved_step);
+            assert_eq!(got, (&Outcome::Stopped, end, Some(end)), "rank {r} (asker {asker}, {agreement:?})");
         }
         assert_eq!(sums[0].losses, sums[1].losses, "every rank logs the same global-batch loss");
         let ck = Checkpoint::read(&dirs[0].join(CHECKPOINT)).unwrap();
-        assert_eq!((ck.step, ck.world, ck.samples), (4, 2, Some(4 * 2 * 2)));
-        assert_eq!(steps_logged(&dirs[0]), vec![1, 2, 3, 4]);
+        assert_eq!((ck.step, ck.world, ck.samples), (end, 2, Some(end * 2 * 2)));
+        assert_eq!(steps_logged(&dirs[0]), (1..=end).collect::<Vec<_>>());
         assert!(files_in(&dirs[1]).is_empty(), "rank 1 wrote {:?}", files_in(&dirs[1]));
         // the file holds the weights every rank ends with
         let saved = ck.group("model", &Trainer::new(&CpuBackend::new(), &cfg, &tc(1, 7)).unwrap().net.specs).unwrap();
@@ -199,27 +227,31 @@ fn a_stop_on_one_rank_stops_every_rank_after_the_same_step_and_rank_0_saves_it()
 #[test]
 fn a_nan_on_one_rank_ends_every_rank_at_that_step_with_the_last_good_checkpoint() {
     let cfg = UNetConfig::tiny();
-    let root = scratch("nan");
-    let dirs = [root.join("r0"), root.join("r1")];
-    for d in &dirs {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    let base = Setup { steps: 10, every: 2, ..Setup::default() };
-    let setups = vec![base.clone(), Setup { faults: Faults { nan_at_step: Some(3), ..Faults::default() }, ..base }];
-    let ends = run_ranks(&cfg, setups, &dirs);
-    for (r, e) in ends.iter().enumerate() {
-        let s = e.summary.as_ref().unwrap();
-        match &s.outcome {
-            Outcome::Diverged { step, reason } => {
-                assert_eq!((*step, reason.as_str()), (3, "the loss is NaN"), "rank {r}")
-            }
-            o => panic!("rank {r}: expected a divergence, got {o:?}"),
+    for agreement in [Agreement::Immediate, Agreement::Deferred] {
+        let root = scratch(&format!("nan{agreement:?}"));
+        let dirs = [root.join("r0"), root.join("r1")];
+        for d in &dirs {
+            std::fs::create_dir_all(d).unwrap();
         }
-        assert_eq!(s.saved_step, Some(2), "rank {r}");
+        // deferred, step 3's NaN is read after step 4 ran; it is still step 3 that diverged, and the
+        // checkpoint of step 4 is never written
+        let base = Setup { steps: 10, every: 2, agreement, ..Setup::default() };
+        let setups = vec![base.clone(), Setup { faults: Faults { nan_at_step: Some(3), ..Faults::default() }, ..base }];
+        let ends = run_ranks(&cfg, setups, &dirs);
+        for (r, e) in ends.iter().enumerate() {
+            let s = e.summary.as_ref().unwrap();
+            match &s.outcome {
+                Outcome::Diverged { step, reason } => {
+                    assert_eq!((*step, reason.as_str()), (3, "the loss is NaN"), "rank {r}")
+                }
+                o => panic!("rank {r}: expected a divergence, got {o:?}"),
+            }
+            assert_eq!(s.saved_step, Some(2), "rank {r}");
+        }
+        assert_eq!(Checkpoint::read(&dirs[0].join(CHECKPOINT)).unwrap().step, 2);
+        assert_eq!(steps_logged(&dirs[0]), vec![1, 2, 3]);
+        assert!(files_in(&dirs[1]).is_empty());
     }
-    assert_eq!(Checkpoint::read(&dirs[0].join(CHECKPOINT)).unwrap().step, 2);
-    assert_eq!(steps_logged(&dirs[0]), vec![1, 2, 3]);
-    assert!(files_in(&dirs[1]).is_empty());
 }
 
 #[test]
@@ -306,4 +338,105 @@ fn the_broadcast_refreshes_the_bf16_weight_copies() {
     let (a, b) = (same.concat(), other.concat());
     let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(a == b, "the run whose rank 1 began from other weights differs by up to {worst:e}");
+}
+
+fn dirs_in(root: &Path, tag: &str) -> [PathBuf; 2] {
+    let dirs = [root.join(format!("{tag}0")), root.join(format!("{tag}1"))];
+    for d in &dirs {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    dirs
+}
+
+/// The blocking host waits per step, counted by the session: immediate, every step's agreement
+/// is read before the next step is launched (1 per step); deferred, none is, except the steps
+/// that write a checkpoint (5 and 10 here). Both runs are the same run, bit for bit.
+#[test]
+fn deferred_agreement_takes_the_blocking_wait_off_every_step_and_changes_nothing_else() {
+    let cfg = UNetConfig::tiny();
+    let root = scratch("waits");
+    let mut results = Vec::new();
+    for agreement in [Agreement::Immediate, Agreement::Deferred] {
+        let dirs = dirs_in(&root, &format!("{agreement:?}"));
+        let su = Setup { steps: 10, every: 5, agreement, ..Setup::default() };
+        let ends = run_ranks(&cfg, vec![su; 2], &dirs);
+        for (r, e) in ends.iter().enumerate() {
+            let s = e.summary.as_ref().unwrap();
+            assert_eq!((&s.outcome, s.end), (&Outcome::Finished, 10), "rank {r} {agreement:?}");
+            let c = s.sync;
+            assert_eq!(c.agreements, 10, "rank {r} {agreement:?}");
+            let (blocking, deferred) = if agreement == Agreement::Immediate { (10, 0) } else { (2, 8) };
+            assert_eq!((c.blocking_waits, c.deferred_reads), (blocking, deferred), "rank {r} {agreement:?}: {c:?}");
+            // the steps that write no checkpoint: waits per step
+            let plain = 10 - 2;
+            let per_step = (c.blocking_waits - 2) as f64 / plain as f64;
+            println!("{agreement:?}: {per_step} blocking host wait(s) per step ({c:?})");
+        }
+        assert_eq!(steps_logged(&dirs[0]), (1..=10).collect::<Vec<_>>());
+        let ends: Vec<RankEnd> = ends;
+        results.push((ends[0].summary.as_ref().unwrap().losses.clone(), ends[0].params.clone()));
+    }
+    assert_eq!(results[0].0, results[1].0, "the same losses");
+    assert!(results[0].1 == results[1].1, "the same weights");
+}
+
+/// Averaging every bucket but the last, Adam on those, then the last bucket and its Adam: the
+/// weights of Adam on everything at once, bit for bit (the optimizer is elementwise).
+#[test]
+fn holding_the_last_bucket_back_beside_adam_gives_the_same_bits() {
+    let cfg = UNetConfig::tiny();
+    let root = scratch("heldback");
+    let mut params = Vec::new();
+    for overlap in [false, true] {
+        let dirs = dirs_in(&root, &format!("o{overlap}"));
+        let mut syncs = ThreadSync::group(2, &plan(&cfg), Duration::from_secs(60));
+        syncs.iter_mut().for_each(|s| s.overlap_last = overlap);
+        let ends = run_with(&cfg, vec![Setup { steps: 4, ..Setup::default() }; 2], &dirs, syncs);
+        for e in &ends {
+            assert!(e.summary.is_ok());
+            assert_eq!(e.sync.held_back, if overlap { 4 } else { 0 }, "steps whose last bucket was held back");
+        }
+        assert!(ends[0].params == ends[1].params);
+        params.push(ends.into_iter().next().unwrap().params);
+    }
+    assert!(params[0] == params[1], "holding the last bucket back changed the weights");
+}
+
+/// Two ranks as threads, but their collective is `TcpSync` over a real rendezvous on
+/// 127.0.0.1: the run of `ThreadSync`, bit for bit (both sum in rank order), with deferred
+/// agreements in flight while gradients are averaged over the same connections.
+#[test]
+fn tcp_sync_over_real_sockets_gives_the_bits_of_thread_sync() {
+    let cfg = UNetConfig::tiny();
+    let root = scratch("tcp");
+    let su = Setup { steps: 5, every: 3, ..Setup::default() };
+    let ends = run_ranks(&cfg, vec![su.clone(); 2], &dirs_in(&root, "thread"));
+    let want = ends[0].params.clone();
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cfg_of = move |rank| RendezvousConfig {
+        rank,
+        world: 2,
+        addr: "127.0.0.1".into(),
+        port,
+        config_hash: 7,
+        timeout: Duration::from_secs(30),
+    };
+    let other = std::thread::spawn(move || rendezvous::connect(&cfg_of(1)).unwrap());
+    let r0 = rendezvous::serve(listener, &cfg_of(0), Ok(Vec::new())).unwrap();
+    let r1 = other.join().unwrap();
+    let p = plan(&cfg);
+    let t = Duration::from_secs(30);
+    let syncs =
+        vec![TcpSync::new(0, 2, r0.into_links(), &p, t).unwrap(), TcpSync::new(1, 2, r1.into_links(), &p, t).unwrap()];
+    let dirs = dirs_in(&root, "tcp");
+    let ends = run_with(&cfg, vec![su; 2], &dirs, syncs);
+    for (r, e) in ends.iter().enumerate() {
+        let s = e.summary.as_ref().unwrap();
+        assert_eq!((&s.outcome, s.end), (&Outcome::Finished, 5), "rank {r}");
+        assert_eq!(s.sync.deferred_reads, 3, "rank {r}: steps 1, 2 and 4 read after the next one: {:?}", s.sync);
+        assert!(e.params == want, "rank {r}: TcpSync's weights differ from ThreadSync's");
+    }
+    assert_eq!(Checkpoint::read(&dirs[0].join(CHECKPOINT)).unwrap().step, 5);
 }

@@ -149,6 +149,7 @@ fn summary_gives_steps_and_first_and_last_loss_means() {
         end: 3 + losses.len() as u64,
         losses,
         saved_step: None,
+        sync: Default::default(),
     };
     let s = sum((1..=12).map(|v| v as f32).collect());
     assert_eq!(s.steps(), 12);

@@ -339,6 +339,17 @@ impl<B: Backend> Trainer<B> {
 
     /// Adam on every parameter, zero the gradients, then the reference EMA rule; step += 1.
     pub fn opt_step(&mut self, be: &B) {
+        self.adam_on(be, 0..self.net.params.len());
+        self.opt_step_end(be);
+    }
+
+    /// Adam on the parameters `r` (gradients zeroed as they are used; one launch on the GPU).
+    /// Adam is elementwise, so running it on parts of the parameters in any order gives the
+    /// same bits as one call on all of them.
+    fn adam_on(&mut self, be: &B, r: std::ops::Range<usize>) {
+        if r.is_empty() {
+            return;
+        }
         let h = AdamStep {
             lr: self.tc.lr,
             beta1: self.tc.beta1,
@@ -347,8 +358,13 @@ impl<B: Backend> Trainer<B> {
             t: self.step + 1,
         };
         let net = &mut self.net;
-        // Adam on every tensor, gradients zeroed as they are used (one launch on the GPU)
-        be.adam_step_all(&mut net.params, &mut net.grads, &mut self.adam_m, &mut self.adam_v, h, true);
+        let (p, g) = (&mut net.params[r.clone()], &mut net.grads[r.clone()]);
+        be.adam_step_all(p, g, &mut self.adam_m[r.clone()], &mut self.adam_v[r], h, true);
+    }
+
+    /// After Adam on every parameter: the weight copies, the EMA, the step count.
+    fn opt_step_end(&mut self, be: &B) {
+        let net = &mut self.net;
         net.params_changed();
         if self.step.is_multiple_of(self.tc.ema_every) {
             // before ema_start the EMA copies the weights (decay 0 is an exact copy)
@@ -398,8 +414,25 @@ impl<B: Backend> Trainer<B> {
                 self.run_ahead(be, None, &mut next)?
             };
         }
-        sync.finish(be, &mut self.net.grads)?;
-        self.opt_step(be);
+        // every bucket but the last averaged, Adam on those while the last one is (the collective
+        // runs beside the optimizer), then the last bucket's Adam
+        match sync.finish_early(be, &mut self.net.grads)? {
+            Some(held) if held.end <= self.net.params.len() => {
+                let n = self.net.params.len();
+                self.adam_on(be, 0..held.start);
+                self.adam_on(be, held.end..n);
+                sync.finish(be, &mut self.net.grads)?;
+                self.adam_on(be, held);
+                self.opt_step_end(be);
+            }
+            Some(held) => {
+                return Err(Error::Dist(format!(
+                    "the gradient sync held back parameters {held:?}; the network has {}",
+                    self.net.params.len()
+                )))
+            }
+            None => self.opt_step(be),
+        }
         Ok(sum / self.tc.grad_accum as f32)
     }
 

@@ -212,6 +212,14 @@ impl BucketCursor {
         r
     }
 
+    /// Every bucket not started yet before bucket `end` (the rest of the step's buckets stay for
+    /// [`BucketCursor::rest`]): the early part of a finish that holds the last bucket back.
+    pub fn rest_but(&mut self, end: usize) -> Range<usize> {
+        let from = self.started;
+        self.started = self.started.max(end.min(self.ready_group.len()));
+        from..self.started
+    }
+
     /// Buckets started so far in this step.
     pub fn started(&self) -> usize {
         self.started

@@ -5,6 +5,8 @@
 //! - `rendezvous` rank 0 hands the NCCL unique id to the others over TCP, checking world size and
 //!   config; the connections then carry heartbeats so a lost rank stops the others
 //! - `buckets`    gradient buckets in the order backward finishes them (overlap with backward)
+//! - `agree`      the per-step agreement of loss and stop, read after the next step is launched
+//! - `tcp`        [`TcpSync`]: the collective of CPU ranks as processes, over the rendezvous links
 //! - `sync`       the [`GradSync`] trait the Trainer calls, [`Solo`], the in-process [`ThreadSync`],
 //!   hashes for config and weight checks
 //! - `scaling`    `bench --gpus`: one GPU's step against the synced step on the same ranks
@@ -16,16 +18,20 @@
 //! How ranks draw their data, timesteps and noise so that W ranks × batch b equal one rank ×
 //! batch W·b is in `diffusion::train` and `data::loader::Shard`; docs/multigpu.md has the whole story.
 
+pub mod agree;
 pub mod buckets;
 pub mod env;
 pub mod rendezvous;
 pub mod scaling;
 pub mod spawn;
 pub mod sync;
+pub mod tcp;
 
+pub use agree::{Agreement, SyncCounts};
 pub use buckets::{BucketPlan, DEFAULT_BUCKET_BYTES};
 pub use env::DistEnv;
 pub use sync::{check_same, config_hash, GradSync, Solo, ThreadSync};
+pub use tcp::TcpSync;
 
 use crate::backend::Backend;
 use crate::diffusion::Trainer;

@@ -110,8 +110,8 @@ pub fn bind(addr: &str, port: u16) -> Result<TcpListener> {
     TcpListener::bind(a).map_err(|e| {
         if e.kind() == ErrorKind::AddrInUse {
             err(format!(
-                "rendezvous port {port} on {a} is in use (another run, or a leftover process): set MASTER_PORT to a \
-                 free port"
+                "rendezvous port {port} on {a} is in use (another run, or a leftover process): set MASTER_PORT (or \
+                 MEDDPM_RDZV_PORT, which overrides it) to a free port"
             ))
         } else {
             err(format!("rendezvous: cannot listen on {a}: {e}"))
@@ -335,6 +335,12 @@ impl Rendezvous {
     /// Ranks this one holds a connection to.
     pub fn peers(&self) -> Vec<usize> {
         self.links.iter().map(|(r, _)| *r).collect()
+    }
+
+    /// The open connections themselves (rank 0: to every other rank; others: to rank 0), for a
+    /// collective that runs over them instead of a watch (`dist::TcpSync`, CPU ranks).
+    pub fn into_links(self) -> Vec<(usize, TcpStream)> {
+        self.links
     }
 
     /// Start watching the peers. `on_lost` is called once, from a watch thread, with a message

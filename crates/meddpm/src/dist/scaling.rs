@@ -6,6 +6,11 @@
 //! each bracketed by `Backend::sync`. The ranks' medians are gathered, so every rank returns the
 //! same [`Scaling`]. With batch b per GPU, one GPU trains b samples per `one_ms` and W GPUs W·b
 //! per `dp_ms`: speedup = W · one_ms / dp_ms, efficiency = speedup / W = one_ms / dp_ms.
+//!
+//! Every rank also measures its own collective over a few synced steps (the CUDA side records
+//! the kernels): the all-reduce time per step, the share of it other kernels hid, and the GPU's
+//! idle time per step. [`gather_rank_comm`] brings every rank's figures to every rank (rank 0
+//! prints them, [`rank_table`]): a slow or starved rank shows in its own row, not only rank 0's.
 
 use super::{broadcast_state, check_weights, GradSync};
 use crate::backend::Backend;
@@ -113,4 +118,50 @@ pub fn measure<B: Backend>(
     let ones = gather(sync, median(&one))?;
     let dps = gather(sync, median(&dp))?;
     Ok((Scaling::from_medians(tr.tc.batch * tr.tc.grad_accum, ones, dps)?, one, dp))
+}
+
+/// One rank's collective figures over the synced steps `bench --gpus` records (per step).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RankComm {
+    pub rank: usize,
+    /// All-reduce kernel time per step, ms (None: not measured on that rank).
+    pub allreduce_ms: Option<f64>,
+    /// The share of it during which other kernels ran, %.
+    pub hidden_pct: Option<f64>,
+    /// GPU idle per step (no kernel running: gaps, and before the first / after the last), ms.
+    pub idle_ms: Option<f64>,
+}
+
+/// Every rank's [`RankComm`], in rank order, on every rank; `mine` is this rank's (all-reduce
+/// ms, hidden %, idle ms). Three gathers of one value each.
+pub fn gather_rank_comm<B: Backend>(
+    sync: &mut dyn GradSync<B>,
+    be: &B,
+    mine: [Option<f64>; 3],
+) -> Result<Vec<RankComm>> {
+    let mut cols = Vec::with_capacity(3);
+    for v in mine {
+        let all = sync.all_gather_u64(be, v.unwrap_or(f64::NAN).to_bits())?;
+        cols.push(all.into_iter().map(f64::from_bits).map(|x| (!x.is_nan()).then_some(x)).collect::<Vec<_>>());
+    }
+    Ok((0..sync.world())
+        .map(|r| RankComm { rank: r, allreduce_ms: cols[0][r], hidden_pct: cols[1][r], idle_ms: cols[2][r] })
+        .collect())
+}
+
+/// The per-rank table of one configuration, a line per rank ("-" where not measured).
+pub fn rank_table(config: &str, ranks: &[RankComm]) -> String {
+    let f = |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.2}{unit}"));
+    let mut t =
+        format!("{:<12} {:>5} {:>15} {:>10} {:>14}\n", "config", "rank", "all-reduce ms", "hidden", "GPU idle ms");
+    for r in ranks {
+        t.push_str(&format!(
+            "{config:<12} {:>5} {:>15} {:>10} {:>14}\n",
+            r.rank,
+            f(r.allreduce_ms, ""),
+            f(r.hidden_pct, "%"),
+            f(r.idle_ms, "")
+        ));
+    }
+    t
 }

@@ -39,6 +39,40 @@ pub trait GradSync<B: Backend> {
     fn broadcast(&mut self, be: &B, bufs: &mut [B::Buf]) -> Result<()>;
     /// Every rank's `v`, in rank order.
     fn all_gather_u64(&mut self, be: &B, v: u64) -> Result<Vec<u64>>;
+
+    /// Start gathering every rank's `v` without waiting for the others; the result is read by
+    /// [`GradSync::wait_gather_u64`] with the returned ticket, later (after the next step was
+    /// launched). At most one gather is in flight; other collectives may run in between. The
+    /// default gathers at once (a backend that cannot defer still gives the right answer).
+    fn start_gather_u64(&mut self, be: &B, v: u64) -> Result<Gather> {
+        self.all_gather_u64(be, v).map(|all| Gather { ready: Some(all) })
+    }
+    /// The result of the gather `t` started.
+    fn wait_gather_u64(&mut self, _be: &B, t: Gather) -> Result<Vec<u64>> {
+        t.ready.ok_or_else(|| Error::Dist(format!("rank {}: a deferred gather was never started", self.rank())))
+    }
+
+    /// Average every bucket but the one backward finishes last, so that Adam can run on those
+    /// parameters while the last bucket is still being averaged; returns the parameter indices of
+    /// that held-back bucket (contiguous), which [`GradSync::finish`] then completes. `None`:
+    /// everything was finished here (the default), Adam runs once on all parameters.
+    fn finish_early(&mut self, be: &B, grads: &mut [B::Buf]) -> Result<Option<std::ops::Range<usize>>> {
+        self.finish(be, grads).map(|()| None)
+    }
+}
+
+/// A gather started by [`GradSync::start_gather_u64`]: its result when the backend already has
+/// it (the default, and [`Solo`]), else empty until `wait_gather_u64` reads it.
+#[derive(Debug)]
+pub struct Gather {
+    pub ready: Option<Vec<u64>>,
+}
+
+/// The parameter indices of `params` as one range, when they are contiguous (the last bucket of
+/// the U-Net's plan is: the time embedding and the first input blocks).
+pub fn as_range(params: &[usize]) -> Option<std::ops::Range<usize>> {
+    let (lo, hi) = (*params.iter().min()?, *params.iter().max()?);
+    (hi + 1 - lo == params.len()).then_some(lo..hi + 1)
 }
 
 /// One rank: nothing to average.
@@ -174,6 +208,10 @@ pub struct ThreadSync {
     pub started_in_backward: usize,
     /// Buckets started from `finish`.
     pub started_at_finish: usize,
+    /// Hold the last bucket back in [`GradSync::finish_early`] (Adam runs on the others first).
+    pub overlap_last: bool,
+    /// Optimizer steps whose last bucket was held back.
+    pub held_back: usize,
 }
 
 impl ThreadSync {
@@ -202,6 +240,8 @@ impl ThreadSync {
                 error: None,
                 started_in_backward: 0,
                 started_at_finish: 0,
+                overlap_last: true,
+                held_back: 0,
             })
             .collect()
     }
@@ -280,6 +320,28 @@ impl<B: Backend> GradSync<B> for ThreadSync {
                 if let Err(e) = self.reduce_bucket(be, k, grads) {
                     self.error = Some(e);
                 }
+            }
+        }
+    }
+    fn finish_early(&mut self, be: &B, grads: &mut [B::Buf]) -> Result<Option<std::ops::Range<usize>>> {
+        let last = self.plan.buckets.len().saturating_sub(1);
+        let held = match self.plan.buckets.last().and_then(|b| as_range(&b.params)) {
+            Some(r) if self.overlap_last && self.plan.buckets.len() > 1 => r,
+            _ => return self.finish(be, grads).map(|()| None),
+        };
+        for k in self.cursor.rest_but(last) {
+            if self.error.is_none() {
+                self.started_at_finish += 1;
+                if let Err(e) = self.reduce_bucket(be, k, grads) {
+                    self.error = Some(e);
+                }
+            }
+        }
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => {
+                self.held_back += 1;
+                Ok(Some(held))
             }
         }
     }

@@ -15,7 +15,9 @@
 //! each step (`Trainer::train_step_synced`), and each step ends with one tiny all-gather of every
 //! rank's loss *and its stop flag*: the logged loss is the mean over the global batch, and a stop
 //! requested on any rank (a signal to rank 0 alone is enough) stops all of them after the same
-//! optimizer step — the decision is taken from the gathered values, identical on every rank. The
+//! optimizer step — the decision is taken from the gathered values, identical on every rank. By
+//! default that gather is read only after the next step was launched, off the critical path
+//! (`dist::agree`: [`Agreement`]; checkpoint steps and the last step read theirs at once). The
 //! weights of all ranks are compared by hash every `check_every` steps and at the end. Rank 0
 //! alone writes the checkpoint and the loss log; how its write went (written, weights not finite,
 //! failed) is sent to the others, so that they stop at the same step too.
@@ -37,6 +39,7 @@ use super::stop::StopFlag;
 use crate::backend::Backend;
 use crate::checkpoint::{trainer_bytes, write_atomic_with};
 use crate::diffusion::Trainer;
+use crate::dist::agree::{Agreed, Agreement, StepAgreement, SyncCounts};
 use crate::dist::{broadcast_state, check_weights, GradSync};
 use crate::error::{Error, Result};
 use std::io::Write;
@@ -125,6 +128,8 @@ pub struct Summary {
     pub losses: Vec<f32>,
     /// Step of the checkpoint now on disk (None: none was ever written).
     pub saved_step: Option<u64>,
+    /// The per-step agreements of data-parallel ranks (all zero alone).
+    pub sync: SyncCounts,
 }
 
 impl Summary {
@@ -161,6 +166,8 @@ pub struct Ranks<'s, B: Backend> {
     pub sync: &'s mut dyn GradSync<B>,
     /// Compare the weights of all ranks by hash every N optimizer steps (0: only at the end).
     pub check_every: u64,
+    /// When each step's loss and stop request are read (deferred by default).
+    pub agreement: Agreement,
 }
 
 impl<B: Backend> Ranks<'_, B> {
@@ -171,14 +178,6 @@ impl<B: Backend> Ranks<'_, B> {
     /// Rank 0's `v` on every rank.
     fn lead_value(&mut self, be: &B, v: u64) -> Result<u64> {
         Ok(self.sync.all_gather_u64(be, v)?[0])
-    }
-
-    /// The step's loss over the global batch (the mean of the ranks' losses, summed in rank
-    /// order: the same bits on every rank) and whether any rank asked to stop.
-    fn agree_step(&mut self, be: &B, loss: f32, stop: bool) -> Result<(f32, bool)> {
-        let all = self.sync.all_gather_u64(be, loss.to_bits() as u64 | (stop as u64) << 32)?;
-        let sum = all.iter().map(|&v| f32::from_bits(v as u32)).sum::<f32>();
-        Ok((sum / all.len() as f32, all.iter().any(|&v| v >> 32 != 0)))
     }
 }
 
@@ -326,8 +325,9 @@ impl Session<'_> {
         }
         let mut losses = Vec::new();
         let plan = StepPlan::new(&self.record, tr);
-        // with ranks: the stop all of them agreed on after the last step
+        // with ranks: the stop all of them agreed on, and the agreements in flight
         let mut agreed_stop = false;
+        let mut agree = StepAgreement::new(ranks.as_ref().map_or(Agreement::Immediate, |r| r.agreement));
         // batches fetched so far in this session (the plan gives each one's step)
         let mut fetched = 0u64;
         let mut outcome = loop {
@@ -349,24 +349,38 @@ impl Session<'_> {
                 }
                 Ok((img, cond))
             };
-            let loss = match &mut ranks {
-                None => tr.train_step(be, batches)?,
+            // the steps whose losses are now known (with ranks and deferred agreement: the
+            // previous one, and this one when it writes a checkpoint or ends the run)
+            let known = match &mut ranks {
+                None => {
+                    let loss = tr.train_step(be, batches)?;
+                    vec![Agreed { step: tr.step, loss, stop: false }]
+                }
                 Some(r) => {
                     let own = tr.train_step_synced(be, batches, r.sync)?;
-                    let (global, stop) = r.agree_step(be, own, self.stop.requested())?;
-                    agreed_stop = stop;
+                    let now = plan.checkpoint_due(tr.step) || plan.reached(tr.step);
+                    let known = agree.after_step(r.sync, be, tr.step, own, self.stop.requested(), now)?;
                     if on_interval(tr.step, r.check_every) {
                         check_weights(r.sync, be, tr)?;
                     }
-                    global
+                    known
                 }
             };
-            losses.push(loss);
-            self.log.push(tr.step, loss);
-            on_step(tr.step, loss);
-            if !loss.is_finite() {
-                break Outcome::Diverged { step: tr.step, reason: format!("the loss is {loss}") };
+            let mut diverged = None;
+            for a in known {
+                losses.push(a.loss);
+                self.log.push(a.step, a.loss);
+                on_step(a.step, a.loss);
+                agreed_stop |= a.stop;
+                if !a.loss.is_finite() {
+                    diverged = Some(Outcome::Diverged { step: a.step, reason: format!("the loss is {}", a.loss) });
+                    break;
+                }
             }
+            if let Some(d) = diverged {
+                break d;
+            }
+            debug_assert!(!agree.in_flight() || !plan.checkpoint_due(tr.step));
             if plan.checkpoint_due(tr.step) {
                 if let Some(reason) = self.save_agreed(be, tr, &mut ranks)? {
                     break Outcome::Diverged { step: tr.step, reason };
@@ -396,7 +410,7 @@ impl Session<'_> {
             }
             _ => {}
         }
-        Ok(Summary { outcome, start, end: tr.step, losses, saved_step: self.saved_step })
+        Ok(Summary { outcome, start, end: tr.step, losses, saved_step: self.saved_step, sync: agree.counts })
     }
 }
 
