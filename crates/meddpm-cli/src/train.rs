@@ -286,7 +286,10 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             // The demo on a GPU: enough steps for a recognisable brain (the bundled model had one
             // after 10,000 steps, about 100 s on the H200) instead of the CPU's 200.
             let demo = a.config.is_none() && a.preset.unwrap_or(Preset::Demo) == Preset::Demo;
-            let gpu = matches!(a.backend.resolve(), Device::Cuda(_)) && meddpm_cuda::probe().is_ok();
+            let gpu = match a.backend.resolve() {
+                Device::Cuda(i) => meddpm_cuda::usable_gpu(i).is_ok(),
+                _ => false,
+            };
             if demo && a.steps.is_none() && gpu {
                 run.steps = GPU_DEMO_STEPS;
                 run.checkpoint_every = 1000;
@@ -411,9 +414,10 @@ pub(crate) fn train_on<B: Backend>(
     let cfg = tr.net.cfg.clone();
     let flops = cost::forward_flops(&cfg);
     say(format!(
-        "meddpm train on {}{}",
+        "meddpm train on {}{}; {}",
         be.describe(),
-        if world > 1 { format!(" (rank 0 of {world})") } else { String::new() }
+        if world > 1 { format!(" (rank 0 of {world})") } else { String::new() },
+        backend.precision_choice()
     ));
     say(format!(
         "model: {}x{}x{} in {} out {} ch {} mult {:?} res {} attn {:?}: {} parameters, {:.2} GFLOP/forward",

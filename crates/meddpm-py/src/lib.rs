@@ -10,7 +10,7 @@ use meddpm::cpu::CpuBackend;
 use meddpm::data::synth::{self, Format, ModelId, SynthSpec};
 use meddpm::data::{Convention, Volume};
 use meddpm::diffusion::{SamplerKind, SamplerSpec, Schedule};
-use meddpm::{DeviceSel, Layout, Precision};
+use meddpm::{DeviceSel, Layout, Precision, PrecisionChoice, Target as HwTarget};
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -23,41 +23,46 @@ fn err(e: impl std::fmt::Display) -> PyErr {
     MeddpmError::new_err(e.to_string())
 }
 
-/// Where and how to compute: the device, its precision and layout.
+/// Where and how to compute: the device, its precision (with the reason) and layout.
 #[derive(Clone, Debug)]
 struct Target {
     device: DeviceSel,
     precision: Precision,
+    choice: PrecisionChoice,
     layout: Layout,
 }
 
 impl Target {
+    /// `precision="auto"` follows the device as the CLI's default does (bf16 on sm_80+ GPUs, TF32
+    /// before them, fp32 on the CPU).
     fn parse(device: &str, precision: &str, layout: &str) -> PyResult<Target> {
         let device: DeviceSel = device.parse().map_err(err)?;
-        let precision = match precision {
-            "fp32" => Precision::Fp32,
-            "tf32" => Precision::Tf32,
-            "bf16" => Precision::Bf16,
-            p => return Err(err(format!("precision {p:?}: expected fp32, tf32 or bf16"))),
+        let asked = match precision {
+            "auto" => None,
+            "fp32" => Some(Precision::Fp32),
+            "tf32" => Some(Precision::Tf32),
+            "bf16" => Some(Precision::Bf16),
+            p => return Err(err(format!("precision {p:?}: expected auto, fp32, tf32 or bf16"))),
         };
         let layout = match layout {
             "ndhwc" => Layout::Ndhwc,
             "ncdhw" => Layout::Ncdhw,
             l => return Err(err(format!("layout {l:?}: expected ndhwc or ncdhw"))),
         };
-        let device = match device {
-            DeviceSel::Auto => match meddpm_cuda::probe() {
-                Ok(_) => DeviceSel::Cuda(0),
-                Err(_) => DeviceSel::Cpu,
+        let (device, hw) = match device {
+            DeviceSel::Auto => match meddpm_cuda::usable_gpu(0) {
+                Ok(t) => (DeviceSel::Cuda(0), t),
+                Err(_) => (DeviceSel::Cpu, HwTarget::Cpu),
             },
             DeviceSel::Cuda(i) => {
-                meddpm_cuda::probe()
+                let t = meddpm_cuda::usable_gpu(i)
                     .map_err(|e| err(format!("device=\"cuda:{i}\" asked, but no CUDA device is usable: {e}")))?;
-                DeviceSel::Cuda(i)
+                (DeviceSel::Cuda(i), t)
             }
-            d => d,
+            d => (d, HwTarget::Cpu),
         };
-        Ok(Target { device, precision, layout })
+        let choice = PrecisionChoice::settle(asked, "precision=", None, &hw);
+        Ok(Target { device, precision: choice.precision, choice, layout })
     }
 }
 
@@ -137,7 +142,7 @@ struct Model {
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (path=None, device="cpu", precision="fp32", layout="ndhwc", weights="ema", size=None))]
+    #[pyo3(signature = (path=None, device="cpu", precision="auto", layout="ndhwc", weights="ema", size=None))]
     fn new(
         path: Option<PathBuf>,
         device: &str,
@@ -164,6 +169,16 @@ impl Model {
     #[getter]
     fn size(&self) -> (usize, usize, usize) {
         (self.weights.cfg.depth, self.weights.cfg.size, self.weights.cfg.size)
+    }
+    /// The precision sampling uses (fp32, tf32 or bf16).
+    #[getter]
+    fn precision(&self) -> &'static str {
+        self.target.precision.name()
+    }
+    /// Which precision, and why (e.g. "precision fp32 (default on the CPU: …)").
+    #[getter]
+    fn precision_reason(&self) -> String {
+        self.target.choice.to_string()
     }
     #[getter]
     fn device(&self) -> String {
@@ -228,7 +243,7 @@ impl Model {
 #[pyfunction]
 #[pyo3(signature = (out, format="nnunet", masks=Vec::new(), checkpoint=None, weights="ema", augment=0, count=None,
     seed=0, sampler="ddpm", steps=None, timesteps=None, eta=0.0, batch=1, convention="whole-head",
-    dataset_id=500, dataset_name="MedDDPM", device="cpu", precision="fp32", layout="ndhwc", resize=false))]
+    dataset_id=500, dataset_name="MedDDPM", device="cpu", precision="auto", layout="ndhwc", resize=false))]
 #[allow(clippy::too_many_arguments)]
 fn synthesize<'py>(
     py: Python<'py>,

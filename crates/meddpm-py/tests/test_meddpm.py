@@ -33,6 +33,17 @@ def test_load_names_the_bundled_model(model):
     assert model.device == "cpu"
 
 
+def test_precision_follows_the_device():
+    # "auto" (the default) on the CPU is the fp32 reference, and says so; an explicit choice wins
+    auto = meddpm.load(device="cpu")
+    assert auto.precision == "fp32"
+    assert auto.precision_reason.startswith("precision fp32 (default on the CPU")
+    asked = meddpm.load(device="cpu", precision="bf16")
+    assert (asked.precision, asked.precision_reason) == ("bf16", "precision bf16 (asked: precision=)")
+    with pytest.raises(meddpm.MeddpmError, match="expected auto, fp32, tf32 or bf16"):
+        meddpm.load(device="cpu", precision="fp16")
+
+
 def test_sample_numpy_in_numpy_out(model, mask):
     labels = np.asarray(mask.get_fdata(), dtype=np.float32)
     img = model.sample(labels, steps=2, seed=3)

@@ -1,7 +1,7 @@
 """meddpm: Med-DDPM (mask-conditioned 3D brain-MRI diffusion) from Python.
 
     import meddpm
-    m = meddpm.load("model_128.pt", device="cuda", precision="bf16")   # or None: the bundled demo model
+    m = meddpm.load("model_128.pt", device="cuda")   # or None: the bundled demo model
     image = m.sample(mask, steps=50, seed=0)                           # numpy in, numpy out
     image, affine = m.sample(nib.load("mask.nii.gz"), steps=50)        # a nibabel image: the affine too
     meddpm.synthesize("raw", format="nnunet", masks=["masks/"], augment=4, count=100)
@@ -21,10 +21,11 @@ from ._meddpm import synthesize as _synthesize
 __all__ = ["MeddpmError", "Model", "load", "synthesize", "train", "__version__"]
 
 
-def load(path=None, device="cpu", precision="fp32", layout="ndhwc", weights="ema", size=None):
+def load(path=None, device="cpu", precision="auto", layout="ndhwc", weights="ema", size=None):
     """Load weights: a meddpm checkpoint or safetensors state dict, or a reference ``.pt`` file
     (None: the demo model bundled into this build). ``device``: "cpu", "cuda", "cuda:N" or "auto";
-    ``precision``: "fp32", "tf32" or "bf16"; ``size``: (D, H=W) to sample at another size."""
+    ``precision``: "auto" (bf16 on GPUs with bf16 tensor cores, sm_80+; TF32 on older GPUs; fp32
+    on the CPU), "fp32", "tf32" or "bf16"; ``size``: (D, H=W) to sample at another size."""
     return Model(path, device, precision, layout, weights, size)
 
 
@@ -46,13 +47,15 @@ def _from_bytes(b, dims):
 class Model:
     """A loaded model (see :func:`load`)."""
 
-    def __init__(self, path=None, device="cpu", precision="fp32", layout="ndhwc", weights="ema", size=None):
+    def __init__(self, path=None, device="cpu", precision="auto", layout="ndhwc", weights="ema", size=None):
         self._m = _NativeModel(None if path is None else str(path), device, precision, layout, weights, size)
 
     source = property(lambda self: self._m.source, doc="where the weights came from")
     checkpoint_hash = property(lambda self: self._m.checkpoint_hash, doc="XXH3-128 of the checkpoint file")
     size = property(lambda self: self._m.size, doc="(D, H, W) the model samples at")
     device = property(lambda self: self._m.device, doc="cpu or cuda:N")
+    precision = property(lambda self: self._m.precision, doc="fp32, tf32 or bf16: what sampling uses")
+    precision_reason = property(lambda self: self._m.precision_reason, doc="which precision, and why")
 
     def __repr__(self):
         return f"meddpm.Model({self.source!r}, device={self.device!r})"
