@@ -342,6 +342,11 @@ pub fn number_f32(
     move |s: &str| f(s).map(|v| v as f32)
 }
 
+/// `--preview-every`: `auto`, `0` (off) or a whole number of steps.
+pub fn preview_every(s: &str) -> Result<meddpm::run::PreviewEvery, String> {
+    s.parse()
+}
+
 /// Values most flags allow: a batch of volumes, a count of repetitions.
 pub const MAX_BATCH: usize = 1024;
 

@@ -5,8 +5,8 @@
 //! trains through the same `train_on`.
 
 use crate::args::{
-    bar, number_f32, whole, whole_usize, with_backend, BackendArgs, ConventionName, Device, Preset, RunConfig, RunFile,
-    MAX_BATCH,
+    bar, number_f32, preview_every, whole, whole_usize, with_backend, BackendArgs, ConventionName, Device, Preset,
+    RunConfig, RunFile, MAX_BATCH,
 };
 use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
@@ -17,8 +17,10 @@ use meddpm::diffusion::{Sampler, SamplerSpec, Schedule, TrainConfig, Trainer};
 use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::{config_hash, BucketPlan, DistEnv, GradSync, DEFAULT_BUCKET_BYTES};
 use meddpm::model::{cost, UNet, UNetConfig};
+use meddpm::run::preview::{self, Due};
 use meddpm::run::{
-    Continuation, DataSource, Faults, Outcome, Overrides, Ranks, RunLock, RunRecord, Session, StepPlan, StopFlag,
+    Continuation, DataSource, Faults, Outcome, Overrides, PreviewEvery, PreviewSchedule, Previewer, Ranks, RunLock,
+    RunRecord, Session, StepPlan, StopFlag,
 };
 use meddpm::{Backend, Layout, Precision};
 use meddpm_cuda::collective::NcclSync;
@@ -69,6 +71,12 @@ pub struct TrainArgs {
     /// [default: runs/demo].
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Watch the run learn: every N optimizer steps, a DDPM-50 sample of the first pair's mask
+    /// (fixed seed) from the EMA weights into previews/step_NNNNNN.png, with progress.html (loss
+    /// curve and previews); 0: off; auto: a spacing that keeps previews within 5 % of the
+    /// training time, set from the measured step and preview times [default: auto].
+    #[arg(long, default_value = "auto", allow_negative_numbers = true, value_parser = preview_every)]
+    pub preview_every: PreviewEvery,
     /// Do not sample a volume at the end.
     #[arg(long)]
     pub no_sample: bool,
@@ -368,7 +376,7 @@ pub(crate) fn start_trainer<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Re
             None => (Trainer::new(be, &unet, &tc)?, None),
         },
     };
-    Ok((tr, Started { run, backend, old, resize: a.resize }))
+    Ok((tr, Started { run, backend, old, resize: a.resize, preview_every: a.preview_every }))
 }
 
 /// What the loop needs of a plan once its trainer exists.
@@ -378,6 +386,8 @@ pub(crate) struct Started {
     pub old: OldRun,
     /// Resample pairs of another size than the model's (`--resize`).
     pub resize: bool,
+    /// `--preview-every`.
+    pub preview_every: PreviewEvery,
 }
 
 /// What a data-parallel rank brings to the training loop ([`train_rank`] makes it).
@@ -399,7 +409,7 @@ pub(crate) fn train_on<B: Backend>(
     mut tr: Trainer<B>,
     dist: Option<RankCtx<'_, B>>,
 ) -> Result<()> {
-    let Started { mut run, backend, old: old_record, resize } = started;
+    let Started { mut run, backend, old: old_record, resize, preview_every } = started;
     let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.sync.rank(), d.sync.world()));
     tr.set_rank(rank, world)?;
     let lead = rank == 0;
@@ -517,20 +527,82 @@ pub(crate) fn train_on<B: Backend>(
     let saved_step = continued.saved_step();
     let steps_left = StepPlan::new(&record, &tr).steps_left();
     let mut session = Session { dir: run.out.clone(), record, log, stop: &stop, faults, saved_step };
+    // previews: rank 0 only (the others wait for it in the next step's collectives)
+    let previewer = match (lead, preview_every) {
+        (true, PreviewEvery::Auto | PreviewEvery::Steps(_)) => {
+            let (cond, mask) = dataset.condition(0)?;
+            let p = Previewer::new(&run.out, dataset.convention().clone(), cond, mask, tr.tc.seed, tr.tc.timesteps)?;
+            if old_record.is_none() {
+                p.clear()?; // a new run: previews in this folder belong to the run it replaces
+            }
+            Some(p)
+        }
+        _ => None,
+    };
+    let mut schedule = PreviewSchedule::new(if previewer.is_some() { preview_every } else { PreviewEvery::Off });
+    match (&previewer, preview_every) {
+        (Some(p), PreviewEvery::Auto) => say(format!(
+            "previews: {} from the EMA weights into {}; spacing auto (set after {} timed steps, previews within {:.0} % \
+             of training)",
+            p.spec(),
+            run.out.join(preview::PREVIEW_DIR).display(),
+            preview::TIMED_STEPS,
+            preview::BUDGET * 100.0
+        )),
+        (Some(p), PreviewEvery::Steps(n)) => say(format!(
+            "previews: {} from the EMA weights every {n} steps into {}",
+            p.spec(),
+            run.out.join(preview::PREVIEW_DIR).display()
+        )),
+        _ => {}
+    }
+    let target = tr.step + steps_left;
+    let (mut shots, mut shot_secs, mut nth) = (0u64, 0.0f64, 0u64);
+    let mut last = Instant::now();
     let t0 = Instant::now();
     let pb = if lead { bar(steps_left, "train") } else { ProgressBar::hidden() };
     let (ranks, agreed_end) = match dist {
         Some(d) => (Some(Ranks { sync: d.sync, check_every: d.check_every }), Some(d.agreed_end)),
         None => (None, None),
     };
-    let summary = session.run_ranked(
+    let summary = session.run_watched(
         be,
         &mut tr,
         ranks,
         || loader.next_batch(batch),
-        |_, loss| {
+        |tr, step, loss| {
             pb.set_message(format!("loss {loss:.4}"));
             pb.inc(1);
+            nth += 1;
+            let secs = last.elapsed().as_secs_f64();
+            last = Instant::now();
+            let Some(p) = &previewer else { return Ok(()) };
+            if !loss.is_finite() || schedule.after_step(step, nth, secs) == Due::No {
+                return Ok(());
+            }
+            let (path, took) = p.take(be, tr)?;
+            (shots, shot_secs) = (shots + 1, shot_secs + took);
+            preview::write_progress(&run.out, &format!("meddpm train: {}", run.out.display()))?;
+            pb.suspend(|| println!("preview: step {step} in {took:.1} s: {}", path.display()));
+            let before = schedule.spacing;
+            schedule.taken(step, took, steps_left, target - step);
+            if preview_every == PreviewEvery::Auto && shots == 1 {
+                let step_secs = schedule.step_secs().unwrap_or(f64::NAN);
+                let share = 100.0 * took / (steps_left as f64 * step_secs);
+                pb.suspend(|| match (before, schedule.spacing) {
+                    (None, Some(n)) => println!(
+                        "preview spacing: every {n} steps (auto: a step {step_secs:.3} s, a preview {took:.1} s = \
+                         {share:.1} % of this session's training each)"
+                    ),
+                    _ => println!(
+                        "preview spacing: no more previews (auto: a step {step_secs:.3} s, a preview {took:.1} s = \
+                         {share:.1} % of this session's training; another would pass {:.0} %)",
+                        preview::BUDGET * 100.0
+                    ),
+                });
+            }
+            last = Instant::now();
+            Ok(())
         },
     )?;
     if let Some(f) = agreed_end {
@@ -539,6 +611,15 @@ pub(crate) fn train_on<B: Backend>(
     pb.finish();
     let secs = t0.elapsed().as_secs_f64();
     let steps = summary.steps();
+    if shots > 0 {
+        let progress = preview::write_progress(&run.out, &format!("meddpm train: {}", run.out.display()))?;
+        let train_secs = (secs - shot_secs).max(1e-9);
+        println!(
+            "previews: {shots} in {shot_secs:.1} s ({:.1} % of the training time); progress: {}",
+            100.0 * shot_secs / train_secs,
+            progress.display()
+        );
+    }
     if !lead {
         // rank 0 reports the run; the others say where they stopped
         return match &summary.outcome {
