@@ -114,13 +114,8 @@ impl PreviewSchedule {
     pub fn after_step(&mut self, step: u64, nth: u64, secs: f64) -> Due {
         match self.mode {
             PreviewEvery::Off => Due::No,
-            PreviewEvery::Steps(n) => {
-                if step % n == 0 {
-                    Due::Yes
-                } else {
-                    Due::No
-                }
-            }
+            PreviewEvery::Steps(n) if step.is_multiple_of(n) => Due::Yes,
+            PreviewEvery::Steps(_) => Due::No,
             PreviewEvery::Auto => {
                 if nth > 1 && !self.decided {
                     self.timed += 1;
