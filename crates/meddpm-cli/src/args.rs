@@ -9,7 +9,7 @@ use meddpm::checkpoint::WeightGroup;
 use meddpm::data::Convention;
 use meddpm::diffusion::{SamplerKind, SamplerSpec, Schedule, TrainConfig};
 use meddpm::model::UNetConfig;
-use meddpm::{Layout, Precision};
+use meddpm::{Layout, Precision, PrecisionChoice, Target};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -60,41 +60,61 @@ pub struct BackendArgs {
     /// Where to compute: auto (CUDA device 0 when one answers, else the CPU), cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: Device,
-    /// Precision on the GPU: fp32 (true FMA), tf32 (tensor-core convs and GEMMs) or bf16 (activations
-    /// stored in bf16, bf16 tensor-core convs, fp32 statistics/loss/weights/optimizer); on the CPU
-    /// bf16 emulates the GPU's bf16 rounding, fp32 and tf32 are the fp32 reference [default: tf32;
-    /// a resumed run: its own].
+    /// Precision: fp32 (true FMA), tf32 (tensor-core convs and GEMMs) or bf16 (activations stored
+    /// in bf16, bf16 tensor-core convs, fp32 statistics/loss/weights/optimizer); on the CPU bf16
+    /// emulates the GPU's bf16 rounding, fp32 and tf32 are the fp32 reference [default: bf16 on
+    /// GPUs with bf16 tensor cores (sm_80+), tf32 before them, fp32 on the CPU; a resumed run: its
+    /// own].
     #[arg(long, value_enum)]
     pub precision: Option<Precision>,
     /// Activation layout on the GPU: ndhwc (channels-last) or ncdhw [default: ndhwc; a resumed
     /// run: its own].
     #[arg(long, value_enum)]
     pub layout: Option<Layout>,
+    /// The precision a resumed run recorded (used where --precision is not given).
+    #[arg(skip)]
+    pub recorded: Option<Precision>,
 }
 
 impl BackendArgs {
+    /// The precision in use: --precision, else the resumed run's, else the device's default.
     pub fn precision(&self) -> Precision {
-        self.precision.unwrap_or(Precision::Tf32)
+        self.precision_choice().precision
+    }
+    /// [`BackendArgs::precision`] with the reason (what first lines print).
+    pub fn precision_choice(&self) -> PrecisionChoice {
+        PrecisionChoice::settle(self.precision, "--precision", self.recorded, &self.target())
     }
     pub fn layout(&self) -> Layout {
         self.layout.unwrap_or(Layout::Ndhwc)
     }
-    /// These arguments with `p` and `l` where no flag gave them.
+    /// These arguments with the recorded precision `p` and layout `l` where no flag gave them.
     pub fn with_defaults(&self, p: Precision, l: Layout) -> BackendArgs {
         BackendArgs {
             device: self.device.clone(),
-            precision: self.precision.or(Some(p)),
+            precision: self.precision,
             layout: self.layout.or(Some(l)),
+            recorded: Some(p),
         }
     }
-    /// The device to use: `Auto` becomes CUDA 0 when a device answers, else the CPU.
+    /// The device to use: `Auto` becomes CUDA 0 when the driver reports a usable GPU (a light
+    /// query, no backend is built), else the CPU.
     pub fn resolve(&self) -> Device {
         match &self.device {
-            Device::Auto => match meddpm_cuda::probe() {
+            Device::Auto => match meddpm_cuda::usable_gpu(0) {
                 Ok(_) => Device::Cuda(0),
                 Err(_) => Device::Cpu,
             },
             d => d.clone(),
+        }
+    }
+    /// What the default precision depends on: the CPU, or the chosen GPU as the driver names it
+    /// (a GPU the driver cannot describe counts as the oldest supported, sm_80).
+    pub fn target(&self) -> Target {
+        match self.resolve() {
+            Device::Cpu | Device::Auto => Target::Cpu,
+            Device::Cuda(i) => meddpm_cuda::gpu_identity(i)
+                .unwrap_or_else(|_| Target::Gpu { name: format!("CUDA device {i}"), cc: (8, 0) }),
         }
     }
 }
@@ -320,6 +340,11 @@ pub fn number_f32(
 ) -> impl Fn(&str) -> Result<f32, String> + Clone + Send + Sync + 'static {
     let f = number(lo, closed, hi);
     move |s: &str| f(s).map(|v| v as f32)
+}
+
+/// `--preview-every`: `auto`, `0` (off) or a whole number of steps.
+pub fn preview_every(s: &str) -> Result<meddpm::run::PreviewEvery, String> {
+    s.parse()
 }
 
 /// Values most flags allow: a batch of volumes, a count of repetitions.

@@ -111,7 +111,6 @@ pub fn run(a: &SampleArgs) -> Result<()> {
     for m in &w.warnings {
         eprintln!("warning: {}: {m}", name.display());
     }
-    println!("weights: {}", w.source);
     match &part {
         Some(env) => {
             let be = crate::dist::rank_backend(&a.backend, env)?;
@@ -169,12 +168,14 @@ fn sample_on<B: Backend>(be: &B, a: &SampleArgs, w: &LoadedWeights, rank: usize,
         String::new()
     };
     println!(
-        "meddpm sample on {}: {spec} (T = {}), {} volume(s) from seed {}, {b} per batch{part}",
+        "meddpm sample on {}; {}: {spec} (T = {}), {} volume(s) from seed {}, {b} per batch{part}",
         be.describe(),
+        a.backend.precision_choice(),
         timesteps,
         jobs.len(),
         a.seed
     );
+    println!("weights: {}", w.source);
     let batches = jobs.len().div_ceil(b);
     let pb = bar((batches * spec.steps) as u64, "sample");
     let mut timing = SampleTiming {

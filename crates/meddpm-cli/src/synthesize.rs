@@ -12,7 +12,7 @@ use meddpm::data::masks::Labels;
 use meddpm::data::synth::{self, Format, ModelId, Progress, SynthSpec};
 use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::DistEnv;
-use meddpm::Backend;
+use meddpm::{Backend, PrecisionChoice};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -157,27 +157,34 @@ pub fn run(a: &SynthesizeArgs) -> Result<()> {
     for m in &w.warnings {
         eprintln!("warning: {}: {m}", id.name);
     }
-    println!("weights: {} (hash {})", w.source, id.hash);
+    let precision = a.backend.precision_choice();
     match DistEnv::from_env()?.filter(|e| e.world > 1) {
         Some(env) => {
             (sp.rank, sp.world) = (env.rank, env.world);
             let be = crate::dist::rank_backend(&a.backend, &env)?;
-            synthesize_on(&be, &w, &id, &sp)
+            synthesize_on(&be, &w, &id, &sp, &precision)
         }
-        None => with_backend!(a.backend, be => synthesize_on(&be, &w, &id, &sp)),
+        None => with_backend!(a.backend, be => synthesize_on(&be, &w, &id, &sp, &precision)),
     }
 }
 
-fn synthesize_on<B: Backend>(be: &B, w: &LoadedWeights, id: &ModelId, sp: &SynthSpec) -> Result<()> {
+fn synthesize_on<B: Backend>(
+    be: &B,
+    w: &LoadedWeights,
+    id: &ModelId,
+    sp: &SynthSpec,
+    precision: &PrecisionChoice,
+) -> Result<()> {
     let part = if sp.world > 1 { format!(", rank {} of {}", sp.rank, sp.world) } else { String::new() };
     println!(
-        "meddpm synthesize on {}: {} (T = {}), {} layout in {}{part}",
+        "meddpm synthesize on {}; {precision}: {} (T = {}), {} layout in {}{part}",
         be.describe(),
         sp.sampler,
         sp.timesteps,
         sp.format.name(),
         sp.root().display()
     );
+    println!("weights: {} (hash {})", w.source, id.hash);
     let pb = ProgressBar::new(0);
     pb.set_style(
         ProgressStyle::with_template("synthesize {bar:30} {pos}/{len} [{elapsed_precise}, ETA {msg}]")

@@ -1,29 +1,27 @@
 //! `meddpm train`: the run's configuration (run file < preset < flags, or the run a checkpoint
-//! records for `--resume`), the trainer, and the loop with its progress bar and closing sample.
-//! The engine does the work (`meddpm::run`: record, resume, loss log, safe stop); this file
-//! wires. A data-parallel rank (`--gpus`, torchrun, Slurm) joins its group through `dist.rs` and
-//! trains through the same `train_on`.
+//! records for `--resume`) and the trainer; the run itself is the engine's
+//! (`meddpm::run::train_run`: folder, data checks, loop, previews; `sample_at_end`), whose events
+//! this file prints as lines and progress bars. A data-parallel rank (`--gpus`, torchrun, Slurm)
+//! joins its group through `dist.rs` and trains through the same `train_on`.
 
 use crate::args::{
-    bar, number_f32, whole, whole_usize, with_backend, BackendArgs, ConventionName, Device, Preset, RunConfig, RunFile,
-    MAX_BATCH,
+    bar, number_f32, preview_every, whole, whole_usize, with_backend, BackendArgs, ConventionName, Device, Preset,
+    RunConfig, RunFile, MAX_BATCH,
 };
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use indicatif::ProgressBar;
-use meddpm::checkpoint::{bundled, init_trainer_with, load_weights, Checkpoint, LoadHints, LoadedWeights, WeightGroup};
-use meddpm::data::output::{self, Beside};
-use meddpm::data::{Dataset, Loader, Shard};
-use meddpm::diffusion::{Sampler, SamplerSpec, Schedule, TrainConfig, Trainer};
+use meddpm::checkpoint::{init_trainer_with, load_weights, Checkpoint, WeightGroup};
+use meddpm::data::Dataset;
+use meddpm::diffusion::{TrainConfig, Trainer};
 use meddpm::dist::spawn::GpuSelection;
 use meddpm::dist::{config_hash, BucketPlan, DistEnv, GradSync, DEFAULT_BUCKET_BYTES};
-use meddpm::model::{cost, UNet, UNetConfig};
-use meddpm::run::{
-    Continuation, DataSource, Faults, Outcome, Overrides, Ranks, RunLock, RunRecord, Session, StepPlan, StopFlag,
-};
+use meddpm::model::UNetConfig;
+use meddpm::run::job::{sample_at_end, train_run, Event, RankJob, TrainJob};
+use meddpm::run::{DataSource, Faults, Outcome, Overrides, PreviewEvery, RunRecord, StopFlag};
 use meddpm::{Backend, Layout, Precision};
 use meddpm_cuda::collective::NcclSync;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
@@ -69,6 +67,12 @@ pub struct TrainArgs {
     /// [default: runs/demo].
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Watch the run learn: every N optimizer steps, a DDPM-50 sample of the first pair's mask
+    /// (fixed seed) from the EMA weights into previews/step_NNNNNN.png, with progress.html (loss
+    /// curve and previews); 0: off; auto: a spacing that keeps previews within 5 % of the
+    /// training time, set from the measured step and preview times [default: auto].
+    #[arg(long, default_value = "auto", allow_negative_numbers = true, value_parser = preview_every)]
+    pub preview_every: PreviewEvery,
     /// Do not sample a volume at the end.
     #[arg(long)]
     pub no_sample: bool,
@@ -286,7 +290,10 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             // The demo on a GPU: enough steps for a recognisable brain (the bundled model had one
             // after 10,000 steps, about 100 s on the H200) instead of the CPU's 200.
             let demo = a.config.is_none() && a.preset.unwrap_or(Preset::Demo) == Preset::Demo;
-            let gpu = matches!(a.backend.resolve(), Device::Cuda(_)) && meddpm_cuda::probe().is_ok();
+            let gpu = match a.backend.resolve() {
+                Device::Cuda(i) => meddpm_cuda::usable_gpu(i).is_ok(),
+                _ => false,
+            };
             if demo && a.steps.is_none() && gpu {
                 run.steps = GPU_DEMO_STEPS;
                 run.checkpoint_every = 1000;
@@ -307,18 +314,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
 
 /// The dataset a run trains on: folders, a manifest, or the built-in demo pairs.
 pub(crate) fn open_dataset(run: &RunConfig, unet: &UNetConfig) -> Result<Dataset> {
-    let size = [unet.depth, unet.size, unet.size];
-    let conv = run.convention.for_model(unet)?;
-    Ok(match (&run.masks, &run.manifest) {
-        (Some(m), _) => Dataset::from_folders(m, &run.images, conv, size)?,
-        (None, Some(csv)) => Dataset::from_manifest(csv, conv, size)?,
-        (None, None) => {
-            if unet.cond_channels() != 2 || unet.out_channels != 1 {
-                bail!("the built-in demo data are whole-head (1 image, 2 condition channels); give --masks/--images");
-            }
-            meddpm::data::demo::dataset_at(size)?
-        }
-    })
+    Ok(meddpm::run::job::open_dataset(&data_source(run), &run.convention.for_model(unet)?, unet)?)
 }
 
 /// The command that continues the run of `ck` (the device repeated when one was chosen; the
@@ -365,7 +361,7 @@ pub(crate) fn start_trainer<B: Backend>(be: &B, a: &TrainArgs, plan: Plan) -> Re
             None => (Trainer::new(be, &unet, &tc)?, None),
         },
     };
-    Ok((tr, Started { run, backend, old, resize: a.resize }))
+    Ok((tr, Started { run, backend, old, resize: a.resize, preview_every: a.preview_every }))
 }
 
 /// What the loop needs of a plan once its trainer exists.
@@ -375,6 +371,8 @@ pub(crate) struct Started {
     pub old: OldRun,
     /// Resample pairs of another size than the model's (`--resize`).
     pub resize: bool,
+    /// `--preview-every`.
+    pub preview_every: PreviewEvery,
 }
 
 /// What a data-parallel rank brings to the training loop ([`train_rank`] makes it).
@@ -386,158 +384,40 @@ pub(crate) struct RankCtx<'a, B: Backend> {
     pub agreed_end: Box<dyn FnOnce() + 'a>,
 }
 
-/// The training loop of a run folder (`meddpm::run::Session`). With `dist`, this process is one
-/// data-parallel rank: it reads its shard of the data, and the session averages gradients,
-/// agrees on stops and checks the weights; only rank 0 prints, writes the run folder and samples
-/// at the end.
+/// The training run of a plan (`meddpm::run::train_run`), printed: its events as lines and a
+/// progress bar, then how it ended and the closing sample. With `dist`, this process is one
+/// data-parallel rank: only rank 0 prints, writes the run folder and samples at the end.
 pub(crate) fn train_on<B: Backend>(
     be: &B,
     started: Started,
     mut tr: Trainer<B>,
     dist: Option<RankCtx<'_, B>>,
 ) -> Result<()> {
-    let Started { mut run, backend, old: old_record, resize } = started;
-    let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.sync.rank(), d.sync.world()));
-    tr.set_rank(rank, world)?;
+    let Started { run, backend, old: old_record, resize, preview_every } = started;
+    let rank = dist.as_ref().map_or(0, |d| d.sync.rank());
     let lead = rank == 0;
-    let say = |m: String| {
-        if lead {
-            println!("{m}");
-        }
-    };
-    if !lead {
-        println!("rank {rank} of {world} on {}", be.describe());
-    }
-    let cfg = tr.net.cfg.clone();
-    let flops = cost::forward_flops(&cfg);
-    say(format!(
-        "meddpm train on {}{}",
-        be.describe(),
-        if world > 1 { format!(" (rank 0 of {world})") } else { String::new() }
-    ));
-    say(format!(
-        "model: {}x{}x{} in {} out {} ch {} mult {:?} res {} attn {:?}: {} parameters, {:.2} GFLOP/forward",
-        cfg.depth,
-        cfg.size,
-        cfg.size,
-        cfg.in_channels,
-        cfg.out_channels,
-        cfg.model_channels,
-        cfg.channel_mult,
-        cfg.num_res_blocks,
-        cfg.attention_ds,
-        tr.net.param_count(),
-        flops.total() / 1e9
-    ));
-    let ranks =
-        if world > 1 { format!(" × {world} ranks = global batch {}", tr.tc.batch * world) } else { String::new() };
-    say(format!(
-        "training: steps {} → {} (batch {}{ranks} × accum {}), lr {:e}, loss {:?}, seed {}, activations {:.1} MiB; \
-         checkpoint {}",
-        tr.step,
-        run.steps,
-        tr.tc.batch,
-        tr.tc.grad_accum,
-        tr.tc.lr,
-        tr.tc.loss,
-        tr.tc.seed,
-        tr.net.act_bytes as f64 / (1 << 20) as f64,
-        match run.checkpoint_every {
-            0 => "at the end only".to_string(),
-            n => format!("every {n} steps and at the end"),
-        }
-    ));
-    // one run writes a folder at a time: a second one fails here, naming the first
-    if lead && !run.out.is_dir() {
-        // a new folder: its data's first pair is checked before anything is written, so a run
-        // refused for its data leaves nothing behind
-        let rec = record_of(&run, &backend)?;
-        let first = open_dataset(&run_config_of(&rec)?, &cfg)?;
-        if !first.is_empty() {
-            first.check_pair(0, resize || rec.data == DataSource::Demo)?;
-        }
-        std::fs::create_dir_all(&run.out).with_context(|| format!("creating {}", run.out.display()))?;
-    }
-    let _lock = if lead { Some(RunLock::acquire(&run.out)?) } else { None };
-    let mut record = record_of(&run, &backend)?;
-    // From here on the run's paths are the record's (absolute), so the data prints name the
-    // files as a resume from any directory will.
-    run = run_config_of(&record)?;
-    let ckpt = run.out.join(meddpm::run::CHECKPOINT);
-    let continued = Continuation {
-        dir: &run.out,
-        resumed: old_record.as_ref().map(|(path, rec)| (path.as_path(), rec.as_ref())),
-        step: tr.step,
-        lead,
-    };
-    if let Some(note) = continued.replaced_note() {
-        eprintln!("note: {note}");
-    }
-    let dataset = open_dataset(&run, &cfg)?;
-    say(format!(
-        "data: {} pairs from {}, {:?} convention; checking every pair…",
-        dataset.len(),
-        record.data.describe(),
-        run.convention
-    ));
-    // every rank checks and fingerprints the data (the same work keeps the ranks in step; only
-    // rank 0's record is written)
-    if record.data == DataSource::Demo {
-        dataset.validate()?;
-    } else {
-        dataset.validate_sized(resize)?;
-    }
-    record.pairs = meddpm::run::fingerprint(&dataset, continued.known_pairs())?;
-    if let Some(changes) = continued.data_changes(&record.pairs) {
-        eprintln!("warning: the data changed since the checkpoint (step {}):", tr.step);
-        for line in changes.report() {
-            eprintln!("  {line}");
-        }
-        eprintln!("  training continues on the data as it is now (the resume is not bit-identical)");
-    }
-    let (log, dropped_note) = continued.loss_log()?;
-    if let Some(note) = dropped_note {
-        eprintln!("note: {note}");
-    }
+    let record = record_of(&run, &backend)?;
+    let ckpt = meddpm::run::record::absolute(&run.out)?.join(meddpm::run::CHECKPOINT);
     let stop = StopFlag::install()?;
     stop.set_resume_command(resume_command(&ckpt, &backend));
-    let faults = Faults::from_env()?;
-    if faults.any() && lead {
-        eprintln!("note: test fault injection armed: {}", faults.describe());
-    }
-    // this rank's part of the global sample stream, from the saved global position
-    let shard = Shard::new(rank, world, tr.tc.batch)?;
-    let mut loader =
-        Loader::sharded(dataset.clone(), tr.tc.seed, run.workers, 2 * run.workers.max(1), tr.samples, shard);
-    let batch = tr.tc.batch;
-    let saved_step = continued.saved_step();
-    let steps_left = StepPlan::new(&record, &tr).steps_left();
-    let mut session = Session { dir: run.out.clone(), record, log, stop: &stop, faults, saved_step };
-    let t0 = Instant::now();
-    let pb = if lead { bar(steps_left, "train") } else { ProgressBar::hidden() };
-    let (ranks, agreed_end) = match dist {
-        Some(d) => (
-            Some(Ranks { sync: d.sync, check_every: d.check_every, agreement: Default::default() }),
-            Some(d.agreed_end),
-        ),
-        None => (None, None),
+    let job = TrainJob {
+        convention: run.convention.for_model(&tr.net.cfg)?,
+        record,
+        resumed: old_record,
+        resize,
+        preview_every,
+        stop: &stop,
+        faults: Faults::from_env()?,
+        ranks: dist.map(|d| RankJob { sync: d.sync, check_every: d.check_every, agreed_end: d.agreed_end }),
+        first_line: format!("; {}", backend.precision_choice()),
     };
-    let summary = session.run_ranked(
-        be,
-        &mut tr,
-        ranks,
-        || loader.next_batch(batch),
-        |_, loss| {
-            pb.set_message(format!("loss {loss:.4}"));
-            pb.inc(1);
-        },
-    )?;
-    if let Some(f) = agreed_end {
-        f();
-    }
+    let pb = std::cell::RefCell::new(ProgressBar::hidden());
+    let report = train_run(be, &mut tr, job, |e| print_event(&pb, e))?;
+    let pb = pb.into_inner();
     pb.finish();
-    let secs = t0.elapsed().as_secs_f64();
-    let steps = summary.steps();
+    let summary = &report.summary;
+    let (secs, steps) = (report.secs, summary.steps());
+    let ckpt = &report.checkpoint;
     if !lead {
         // rank 0 reports the run; the others say where they stopped
         return match &summary.outcome {
@@ -561,7 +441,7 @@ pub(crate) fn train_on<B: Backend>(
             bail!(
                 "training diverged at step {step}: {reason}; {}; the loss log is {}",
                 kept(summary.saved_step),
-                session.log.csv_path().display()
+                report.loss_csv.display()
             )
         }
         Outcome::Stopped => {
@@ -570,7 +450,7 @@ pub(crate) fn train_on<B: Backend>(
                 summary.end,
                 ckpt.display()
             );
-            println!("resume with: {}", resume_command(&ckpt, &backend));
+            println!("resume with: {}", resume_command(ckpt, &backend));
             return Ok(());
         }
         Outcome::Finished => {}
@@ -584,68 +464,51 @@ pub(crate) fn train_on<B: Backend>(
     println!(
         "checkpoint: {}\nloss log:   {} (plot: {})",
         ckpt.display(),
-        session.log.csv_path().display(),
-        session.log.svg_path().display()
+        report.loss_csv.display(),
+        report.loss_svg.display()
     );
     if run.sample_at_end {
-        sample_at_end(be, &mut tr, &run, &dataset)?;
+        let pb = std::cell::RefCell::new(ProgressBar::hidden());
+        let paths = sample_at_end(be, &mut tr, &report, |e| print_event(&pb, e))?;
+        pb.into_inner().finish();
+        for p in paths {
+            println!("sample:     {}", p.display());
+        }
     }
     Ok(())
 }
 
-/// The run's closing sample: one volume for the first pair's mask with the EMA weights, written
-/// into the run folder with its previews (beside it the bundled demo model's sample of the same
-/// mask and seed, when that is the same kind of model).
-fn sample_at_end<B: Backend>(be: &B, tr: &mut Trainer<B>, run: &RunConfig, dataset: &Dataset) -> Result<()> {
-    let cfg = tr.net.cfg.clone();
-    let size = [cfg.depth, cfg.size, cfg.size];
-    let (cond, mask) = dataset.condition(0)?;
-    let (_, real) = dataset.load(0)?;
-    let sched = Schedule::cosine(tr.tc.timesteps);
-    let seed = tr.tc.seed;
-    let vol = tr.with_ema(|net| sample_volume(be, net, &sched, &cond, seed))?;
-    let mut others = Vec::new();
-    if let Some(w) = bundled_for_demo(run, &cfg)? {
-        println!("comparison: {}", w.source);
-        let mut net = UNet::new(be, &w.cfg, 1)?;
-        net.set_params(be, &w.params)?;
-        let v = sample_volume(be, &mut net, &sched, &cond, seed)?;
-        others.extend(output::image_volumes(dataset.convention(), &v, cfg.out_channels, size, &mask)?);
+/// One event of a run as the terminal shows it: lines on stdout, notes and warnings on stderr,
+/// the steps and the closing sample as progress bars.
+fn print_event(pb: &std::cell::RefCell<ProgressBar>, e: Event) {
+    let mut pb = pb.borrow_mut();
+    match e {
+        Event::Say(m) => pb.suspend(|| println!("{m}")),
+        Event::Note(m) => pb.suspend(|| eprintln!("note: {m}")),
+        Event::Warn(lines) => pb.suspend(|| {
+            for (i, l) in lines.iter().enumerate() {
+                if i == 0 {
+                    eprintln!("warning: {l}");
+                } else {
+                    eprintln!("{l}");
+                }
+            }
+        }),
+        Event::Begin { steps } => *pb = bar(steps, "train"),
+        Event::Step { loss, .. } => {
+            pb.set_message(format!("loss {loss:.4}"));
+            pb.inc(1);
+        }
+        Event::Preview { step, path, secs } => {
+            pb.suspend(|| println!("preview: step {step} in {secs:.1} s: {}", path.display()))
+        }
+        Event::Sampling { done, total } => {
+            if done == 1 {
+                *pb = bar(total as u64, "sample");
+            }
+            pb.set_position(done as u64);
+        }
     }
-    let beside = Beside { others: &others, others_name: "bundled demo model", real: &real };
-    let stem = run.out.join("sample_0");
-    let paths =
-        output::write_sample_with_views(&stem, dataset.convention(), &vol, cfg.out_channels, size, &mask, beside)?;
-    for p in paths {
-        println!("sample:     {}", p.display());
-    }
-    Ok(())
-}
-
-/// The bundled demo model, when the run trains on the built-in demo data with a model of the
-/// same shape (its sample then sits beside the run's in the preview).
-fn bundled_for_demo(run: &RunConfig, cfg: &UNetConfig) -> Result<Option<LoadedWeights>> {
-    if data_source(run) != DataSource::Demo {
-        return Ok(None);
-    }
-    Ok(bundled::load(WeightGroup::Ema, &LoadHints::default())?.filter(|w| w.cfg == *cfg))
-}
-
-fn sample_volume<B: Backend>(
-    be: &B,
-    net: &mut UNet<B>,
-    sched: &Schedule,
-    cond: &[f32],
-    seed: u64,
-) -> meddpm::Result<Vec<f32>> {
-    // One volume with any network batch (a training net may have batch > 1): the batch is
-    // padded with copies, and volume 0 is what a batch-1 network samples with this seed.
-    let mut s = Sampler::new(be, net)?;
-    let plan = meddpm::diffusion::plan(&SamplerSpec::ddpm(sched.timesteps), sched)?;
-    let pb = bar(sched.timesteps as u64, "sample");
-    let mut v = s.sample_jobs(be, net, &plan, &[(cond, seed)], |_| pb.inc(1))?;
-    pb.finish();
-    Ok(v.swap_remove(0))
 }
 
 /// Everything every rank must agree on before training together.

@@ -125,6 +125,8 @@ fn bad_values_are_refused_with_one_line_and_nothing_written() {
         (vec!["train", "--grad-accum", "-2"], vec!["--grad-accum", "from 1 to 1024"]),
         (vec!["train", "--checkpoint-every", "-1"], vec!["--checkpoint-every", "≥ 0"]),
         (vec!["train", "--seed", "-1"], vec!["--seed", "≥ 0"]),
+        (vec!["train", "--preview-every", "-1"], vec!["--preview-every", "auto, 0 (off) or a whole number"]),
+        (vec!["train", "--preview-every", "soon"], vec!["--preview-every", "auto, 0 (off) or a whole number"]),
         (vec!["train", "--dist-timeout", "0"], vec!["--dist-timeout", "≥ 1"]),
         (vec!["train", "--masks", &pm, "--images", &pi], vec!["--masks", "--preset"]),
         (vec!["train", "--preset", "tiny", "--device", "cpu", "--masks", &pm, "--images", &pi],

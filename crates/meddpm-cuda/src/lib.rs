@@ -79,6 +79,47 @@ pub fn probe() -> Result<String, String> {
     }
 }
 
+/// The name and compute capability of CUDA device `ordinal`, asked of the driver alone (no
+/// context, cuDNN, cuBLAS or kernels: what `--device auto` and the default precision need);
+/// `Err` says why not (no driver, no such device).
+pub fn gpu_identity(ordinal: usize) -> Result<meddpm::Target, String> {
+    use cudarc::driver::{result, sys};
+    std::panic::catch_unwind(|| {
+        if !unsafe { sys::is_culib_present() } {
+            return Err("no CUDA driver (libcuda) found".to_string());
+        }
+        result::init().map_err(|e| format!("no CUDA device: {e}"))?;
+        let n = result::device::get_count().map_err(|e| format!("no CUDA device: {e}"))?.max(0) as usize;
+        if ordinal >= n {
+            return Err(format!("no CUDA device {ordinal}: the driver reports {n} device(s)"));
+        }
+        let dev = result::device::get(ordinal as i32).map_err(|e| format!("CUDA device {ordinal}: {e}"))?;
+        let attr =
+            |a| unsafe { result::device::get_attribute(dev, a) }.map_err(|e| format!("CUDA device {ordinal}: {e}"));
+        let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let name = result::device::get_name(dev).map_err(|e| format!("CUDA device {ordinal}: {e}"))?;
+        Ok(meddpm::Target::Gpu { name, cc: (major.max(0) as u32, minor.max(0) as u32) })
+    })
+    .unwrap_or_else(|_| Err("the CUDA driver could not be loaded".to_string()))
+}
+
+/// [`gpu_identity`] of a device the backend can run on: the CUDA libraries are found and its
+/// compute capability is one our kernels support; `Err` says what is missing (`--device auto`
+/// then takes the CPU).
+pub fn usable_gpu(ordinal: usize) -> Result<meddpm::Target, String> {
+    let missing: Vec<&str> =
+        device::library_presence().into_iter().filter(|(n, ok)| !ok && *n != "cupti").map(|(n, _)| n).collect();
+    if !missing.is_empty() {
+        return Err(format!("CUDA libraries not found: {} (run `meddpm doctor`)", missing.join(", ")));
+    }
+    let t = gpu_identity(ordinal)?;
+    if let meddpm::Target::Gpu { name, cc } = &t {
+        device::check_cc((cc.0 as i32, cc.1 as i32), name)?;
+    }
+    Ok(t)
+}
+
 /// The CUDA backend: one device, one stream, one precision and layout.
 pub struct CudaBackend {
     dev: Device,

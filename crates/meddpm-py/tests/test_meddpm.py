@@ -33,6 +33,17 @@ def test_load_names_the_bundled_model(model):
     assert model.device == "cpu"
 
 
+def test_precision_follows_the_device():
+    # "auto" (the default) on the CPU is the fp32 reference, and says so; an explicit choice wins
+    auto = meddpm.load(device="cpu")
+    assert auto.precision == "fp32"
+    assert auto.precision_reason.startswith("precision fp32 (default on the CPU")
+    asked = meddpm.load(device="cpu", precision="bf16")
+    assert (asked.precision, asked.precision_reason) == ("bf16", "precision bf16 (asked: precision=)")
+    with pytest.raises(meddpm.MeddpmError, match="expected auto, fp32, tf32 or bf16"):
+        meddpm.load(device="cpu", precision="fp16")
+
+
 def test_sample_numpy_in_numpy_out(model, mask):
     labels = np.asarray(mask.get_fdata(), dtype=np.float32)
     img = model.sample(labels, steps=2, seed=3)
@@ -125,6 +136,74 @@ def test_synthesize_errors_name_the_folder(tmp_path):
         meddpm.synthesize(tmp_path, format="nifti")
 
 
-def test_train_is_not_in_the_package_yet():
-    with pytest.raises(NotImplementedError):
-        meddpm.train()
+# ---- meddpm.train: the command's run from Python (tiny model, CPU, a few steps) -------------
+
+
+def _tiny(out, **kw):
+    kw.setdefault("steps", 4)
+    kw.setdefault("preview_every", 0)
+    return meddpm.train(out=out, preset="tiny", device="cpu", sample_at_end=False, verbose=False, **kw)
+
+
+def test_train_runs_resumes_and_keeps_its_previews(tmp_path):
+    run = tmp_path / "run"
+    r = _tiny(run, preview_every=2)
+    assert (r["outcome"], r["start"], r["step"], r["previews"]) == ("finished", 0, 4, 2)
+    assert r["precision"] == "fp32"
+    assert r["log"][0].startswith("meddpm train on CPU reference") and "precision fp32 (default on the CPU" in r["log"][0]
+    assert Path(r["checkpoint"]).is_file() and Path(r["loss_csv"]).is_file()
+    assert sorted(p.name for p in (run / "previews").iterdir()) == ["step_000002.png", "step_000004.png"]
+    assert Path(r["progress"]).read_text().count("<figure>") == 2
+    # a resume continues the run in its folder, with its previews
+    r2 = meddpm.train(resume=r["checkpoint"], steps=6, preview_every=2, device="cpu", verbose=False)
+    assert (r2["outcome"], r2["start"], r2["step"]) == ("finished", 4, 6)
+    assert sorted(p.name for p in (run / "previews").iterdir())[-1] == "step_000006.png"
+    assert len((run / "loss.csv").read_text().splitlines()) == 1 + 6
+
+
+def test_train_is_the_command(tmp_path):
+    # the same run from the CLI and from Python: the same losses, bit for bit
+    import subprocess
+    exe = os.environ.get("MEDDPM_BIN") or str(REPO / "target" / "release" / "meddpm")
+    if not Path(exe).is_file():
+        pytest.skip(f"no meddpm binary at {exe} (cargo build --release, or MEDDPM_BIN)")
+    _tiny(tmp_path / "py")
+    subprocess.run([exe, "train", "--preset", "tiny", "--device", "cpu", "--no-sample", "--steps", "4",
+                    "--preview-every", "0", "--out", str(tmp_path / "cli")], check=True, capture_output=True)
+    assert (tmp_path / "py" / "loss.csv").read_text() == (tmp_path / "cli" / "loss.csv").read_text()
+
+
+def test_ctrl_c_saves_and_returns_stopped(tmp_path):
+    import _thread
+    timer = threading.Timer(1.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        r = _tiny(tmp_path / "run", steps=1_000_000, checkpoint_every=0)
+    finally:
+        timer.cancel()
+    assert r["outcome"] == "stopped" and 0 < r["step"] < 1_000_000
+    assert Path(r["checkpoint"]).is_file()
+    r2 = meddpm.train(resume=r["checkpoint"], steps=r["step"] + 1, device="cpu", verbose=False)
+    assert (r2["outcome"], r2["step"]) == ("finished", r["step"] + 1)
+
+
+def test_train_refuses_bad_settings(tmp_path):
+    with pytest.raises(meddpm.MeddpmError, match="preview_every"):
+        _tiny(tmp_path / "a", preview_every="soon")
+    with pytest.raises(meddpm.MeddpmError, match="preset="):
+        meddpm.train(out=str(tmp_path / "b"), masks=str(tmp_path), images=[str(tmp_path)], verbose=False)
+    with pytest.raises(meddpm.MeddpmError, match="steps = 0"):
+        _tiny(tmp_path / "c", steps=0)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_gil_is_released_while_training(tmp_path):
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (_tiny(tmp_path / "run", steps=30), done.set()))
+    ticks = 0
+    t.start()
+    while not done.is_set():
+        ticks += 1
+        time.sleep(0.001)
+    t.join()
+    assert ticks > 20, f"the main thread ran {ticks} times while training"

@@ -12,6 +12,7 @@
 //! - `checkpoint` safetensors checkpoints (atomic writes)
 //! - `dist`       data-parallel runs: launch environment, rendezvous, gradient buckets, sync trait
 //! - `data`       NIfTI I/O, Med-DDPM data conventions, demo data
+//! - `precision`  the default precision of a device, and the phrase that says why
 //! - `run`        a training run as a folder: record, data prints, loss log and plot, safe stop
 //! - `phantom`    a synthetic head phantom pair for tests
 //! - `testing`    tolerance comparisons and finite-difference helpers shared by tests
@@ -27,6 +28,7 @@ pub mod error;
 pub mod eval;
 pub mod model;
 pub mod phantom;
+pub mod precision;
 pub mod rng;
 pub mod run;
 pub mod shape;
@@ -34,4 +36,5 @@ pub mod testing;
 
 pub use backend::{Accum, Backend, DType, DeviceSel, Layout, LossKind, Precision};
 pub use error::{Error, Result};
+pub use precision::{PrecisionChoice, Target};
 pub use shape::{ConvShape, Dims};

@@ -1,10 +1,11 @@
 """meddpm: Med-DDPM (mask-conditioned 3D brain-MRI diffusion) from Python.
 
     import meddpm
-    m = meddpm.load("model_128.pt", device="cuda", precision="bf16")   # or None: the bundled demo model
+    m = meddpm.load("model_128.pt", device="cuda")   # or None: the bundled demo model
     image = m.sample(mask, steps=50, seed=0)                           # numpy in, numpy out
     image, affine = m.sample(nib.load("mask.nii.gz"), steps=50)        # a nibabel image: the affine too
     meddpm.synthesize("raw", format="nnunet", masks=["masks/"], augment=4, count=100)
+    meddpm.train(out="runs/mine", preset="whole-head", masks="M/", images=["I/"], steps=100_000)
 
 Arrays are NIfTI-ordered (X, Y, Z), as nibabel's ``get_fdata()`` returns them. The work runs in
 Rust with the GIL released; engine errors raise :class:`MeddpmError` with the CLI's message.
@@ -17,14 +18,16 @@ import numpy as np
 from ._meddpm import MeddpmError, __version__
 from ._meddpm import Model as _NativeModel
 from ._meddpm import synthesize as _synthesize
+from ._meddpm import train as _train
 
 __all__ = ["MeddpmError", "Model", "load", "synthesize", "train", "__version__"]
 
 
-def load(path=None, device="cpu", precision="fp32", layout="ndhwc", weights="ema", size=None):
+def load(path=None, device="cpu", precision="auto", layout="ndhwc", weights="ema", size=None):
     """Load weights: a meddpm checkpoint or safetensors state dict, or a reference ``.pt`` file
     (None: the demo model bundled into this build). ``device``: "cpu", "cuda", "cuda:N" or "auto";
-    ``precision``: "fp32", "tf32" or "bf16"; ``size``: (D, H=W) to sample at another size."""
+    ``precision``: "auto" (bf16 on GPUs with bf16 tensor cores, sm_80+; TF32 on older GPUs; fp32
+    on the CPU), "fp32", "tf32" or "bf16"; ``size``: (D, H=W) to sample at another size."""
     return Model(path, device, precision, layout, weights, size)
 
 
@@ -46,13 +49,15 @@ def _from_bytes(b, dims):
 class Model:
     """A loaded model (see :func:`load`)."""
 
-    def __init__(self, path=None, device="cpu", precision="fp32", layout="ndhwc", weights="ema", size=None):
+    def __init__(self, path=None, device="cpu", precision="auto", layout="ndhwc", weights="ema", size=None):
         self._m = _NativeModel(None if path is None else str(path), device, precision, layout, weights, size)
 
     source = property(lambda self: self._m.source, doc="where the weights came from")
     checkpoint_hash = property(lambda self: self._m.checkpoint_hash, doc="XXH3-128 of the checkpoint file")
     size = property(lambda self: self._m.size, doc="(D, H, W) the model samples at")
     device = property(lambda self: self._m.device, doc="cpu or cuda:N")
+    precision = property(lambda self: self._m.precision, doc="fp32, tf32 or bf16: what sampling uses")
+    precision_reason = property(lambda self: self._m.precision_reason, doc="which precision, and why")
 
     def __repr__(self):
         return f"meddpm.Model({self.source!r}, device={self.device!r})"
@@ -89,6 +94,21 @@ def synthesize(out, format="nnunet", masks=(), checkpoint=None, **kw):
                        checkpoint=None if checkpoint is None else str(checkpoint), **kw)
 
 
-def train(*args, **kwargs):
-    """Not in the Python package yet: run ``meddpm train`` (the CLI) for now."""
-    raise NotImplementedError("meddpm.train is not in the Python package yet; run `meddpm train` (the CLI)")
+def train(out=None, resume=None, masks=None, images=(), manifest=None, **kw):
+    """``meddpm train``: a new run into ``out`` (default ``runs/demo``; no data: the built-in
+    demo), or ``resume=".../checkpoint.safetensors"`` to continue a run exactly (other keywords
+    then override its settings, as the command's flags do). Keywords as the command's flags:
+    ``preset`` ("demo", "tiny", "whole-head", "brats"; required with ``masks``/``manifest``),
+    ``convention``, ``steps``, ``lr``, ``grad_accum``, ``batch``, ``seed``, ``checkpoint_every``,
+    ``sample_at_end``, ``preview_every`` ("auto", 0: off, or N steps), ``resize``, ``device``,
+    ``precision`` ("auto": bf16 on sm_80+ GPUs, TF32 before, fp32 on the CPU), ``layout``,
+    ``verbose`` (print the log lines). The GIL is released while it trains; Ctrl-C finishes the
+    step, saves the checkpoint and returns with ``outcome == "stopped"``. Returns a dict:
+    ``outcome`` ("finished" or "stopped"), ``start``/``step``, ``checkpoint``, ``loss_csv``,
+    ``progress`` (the previews page), ``previews``, ``samples``, ``precision``, ``log``. A
+    diverged run raises ``MeddpmError`` naming the step and the checkpoint kept."""
+    p = lambda x: None if x is None else str(x)
+    if "preview_every" in kw:
+        kw["preview_every"] = str(kw["preview_every"])
+    return _train(out=p(out), resume=p(resume), masks=p(masks), images=[str(i) for i in images],
+                  manifest=p(manifest), **kw)

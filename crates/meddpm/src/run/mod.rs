@@ -12,22 +12,32 @@
 //!   handled, and the test-only fault injection ([`Faults`]); [`Session::run_ranked`] is the same
 //!   loop as one data-parallel rank ([`Ranks`]: stop and divergence agreed by all ranks); its
 //!   [`Summary`] gives the steps taken and the first/last loss means
+//! - `preview`: `train --preview-every`: DDPM-50 previews from the EMA weights into
+//!   `previews/step_NNNNNN.png`, `progress.html` (loss curve + strip), and the `auto` spacing
+//!   ([`auto_spacing`]: previews within 5 % of the training time)
+//! - `job`: [`train_run`] — a whole run (folder and lock, data checks and prints, resume
+//!   bookkeeping, the loop with previews) for a caller that settled the configuration, reporting
+//!   [`Event`]s; `sample_at_end`, the closing sample
 //! - `bookkeeping`: the decisions around the loop — [`StepPlan`] (step target, checkpoint
 //!   interval, a batch's step, steps left) and [`Continuation`] (what a run continues from: its
 //!   loss log, the checkpoint step on disk, data changes, the note for a replaced checkpoint)
 
 pub mod bookkeeping;
 pub mod fingerprint;
+pub mod job;
 pub mod lock;
 pub mod losslog;
+pub mod preview;
 pub mod record;
 pub mod session;
 pub mod stop;
 
 pub use bookkeeping::{on_interval, Continuation, StepPlan};
 pub use fingerprint::{fingerprint, DataChanges, FilePrint, PairPrint};
+pub use job::{train_run, Event, RankJob, Report, TrainJob};
 pub use lock::RunLock;
 pub use losslog::LossLog;
+pub use preview::{auto_spacing, PreviewEvery, PreviewSchedule, Previewer};
 pub use record::{override_train, DataSource, Overrides, RunRecord};
 pub use session::{run_dir, Faults, Outcome, Ranks, Session, Summary, CHECKPOINT};
 pub use stop::StopFlag;

@@ -306,9 +306,27 @@ impl Session<'_> {
         &mut self,
         be: &B,
         tr: &mut Trainer<B>,
+        ranks: Option<Ranks<'_, B>>,
+        next: impl FnMut() -> Result<(Vec<f32>, Vec<f32>)>,
+        mut on_step: impl FnMut(u64, f32),
+    ) -> Result<Summary> {
+        self.run_watched(be, tr, ranks, next, |_, step, loss| {
+            on_step(step, loss);
+            Ok(())
+        })
+    }
+
+    /// [`Session::run_ranked`] whose `on_step(trainer, step, loss)` sees the trainer after each
+    /// step (before that step's checkpoint) and may fail, ending the run with its error: how
+    /// `train_run` takes previews from the EMA weights. It must leave the training state as it
+    /// found it.
+    pub fn run_watched<B: Backend>(
+        &mut self,
+        be: &B,
+        tr: &mut Trainer<B>,
         mut ranks: Option<Ranks<'_, B>>,
         mut next: impl FnMut() -> Result<(Vec<f32>, Vec<f32>)>,
-        mut on_step: impl FnMut(u64, f32),
+        mut on_step: impl FnMut(&mut Trainer<B>, u64, f32) -> Result<()>,
     ) -> Result<Summary> {
         let start = tr.step;
         let lead = ranks.as_ref().is_none_or(Ranks::lead);
@@ -370,7 +388,7 @@ impl Session<'_> {
             for a in known {
                 losses.push(a.loss);
                 self.log.push(a.step, a.loss);
-                on_step(a.step, a.loss);
+                on_step(tr, a.step, a.loss)?;
                 agreed_stop |= a.stop;
                 if !a.loss.is_finite() {
                     diverged = Some(Outcome::Diverged { step: a.step, reason: format!("the loss is {}", a.loss) });
