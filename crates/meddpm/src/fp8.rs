@@ -133,7 +133,7 @@ pub fn amax(x: &[f32]) -> f32 {
 
 /// Per output channel scales of a conv weight in PyTorch's layout (`cout` rows of equal length).
 pub fn channel_scales(w: &[f32], cout: usize, fmt: Fp8Format) -> Vec<f32> {
-    assert!(cout > 0 && w.len() % cout == 0, "fp8 channel_scales: {} weights for {cout} channels", w.len());
+    assert!(cout > 0 && w.len().is_multiple_of(cout), "fp8 channel_scales: {} weights for {cout} channels", w.len());
     w.chunks(w.len() / cout).map(|row| pow2_scale(amax(row), fmt)).collect()
 }
 
@@ -256,7 +256,7 @@ mod tests {
         for (c, &v) in table(fmt).iter().enumerate() {
             let c = c as u8;
             let d = (v - a).abs();
-            if d < best_d || (d == best_d && c % 2 == 0) {
+            if d < best_d || (d == best_d && c.is_multiple_of(2)) {
                 best = c;
                 best_d = d;
             }
@@ -490,7 +490,7 @@ mod tests {
     #[test]
     fn quantisation_is_exact_but_for_the_rounding_and_never_overflows() {
         let fmt = Fp8Format::E4M3;
-        let src: Vec<f32> = (0..1000).map(|i| ((i as f32 * 0.37).sin() * 7.3e-3)).collect();
+        let src: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 7.3e-3).collect();
         let mut q = Vec::new();
         let s = quantize_tensor_into(&mut q, &src, fmt);
         assert_eq!(s, pow2_scale(amax(&src), fmt));
