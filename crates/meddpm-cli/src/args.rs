@@ -62,9 +62,10 @@ pub struct BackendArgs {
     pub device: Device,
     /// Precision: fp32 (true FMA), tf32 (tensor-core convs and GEMMs) or bf16 (activations stored
     /// in bf16, bf16 tensor-core convs, fp32 statistics/loss/weights/optimizer); on the CPU bf16
-    /// emulates the GPU's bf16 rounding, fp32 and tf32 are the fp32 reference [default: bf16 on
-    /// GPUs with bf16 tensor cores (sm_80+), tf32 before them, fp32 on the CPU; a resumed run: its
-    /// own].
+    /// emulates the GPU's bf16 rounding, fp32 and tf32 are the fp32 reference; fp8 (E4M3 wide
+    /// convs) is refused on every device for now (eval-configs' cpu-fp8 row emulates it)
+    /// [default: bf16 on GPUs with bf16 tensor cores (sm_80+), tf32 before them, fp32 on the CPU; a
+    /// resumed run: its own].
     #[arg(long, value_enum)]
     pub precision: Option<Precision>,
     /// Activation layout on the GPU: ndhwc (channels-last) or ncdhw [default: ndhwc; a resumed
@@ -127,6 +128,7 @@ macro_rules! with_backend {
             $crate::args::Device::Cpu | $crate::args::Device::Auto => {
                 let $be = meddpm::cpu::CpuBackend::with_precision(match $args.precision() {
                     meddpm::Precision::Bf16 => meddpm::Precision::Bf16,
+                    meddpm::Precision::Fp8 => meddpm::Precision::Fp8,
                     meddpm::Precision::Fp32 | meddpm::Precision::Tf32 => meddpm::Precision::Fp32,
                 })?;
                 $body

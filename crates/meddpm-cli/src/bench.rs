@@ -429,6 +429,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     match a.device {
         BenchDevice::Cpu => {
+            if a.precision.contains(&Precision::Fp8) {
+                // the CPU times fp32 whatever --precision says; fp8 is refused, not timed as fp32
+                CpuBackend::with_precision(Precision::Fp8)?;
+            }
             let be = CpuBackend::new();
             eprintln!("bench: {}", be.describe());
             let mut r = measure(&be, &cfg, a, &|| None, &|| None)?;

@@ -55,6 +55,8 @@ pub fn cpu_rank_backend(b: &BackendArgs) -> Result<meddpm::cpu::CpuBackend> {
     let p = match b.precision() {
         meddpm::Precision::Bf16 => meddpm::Precision::Bf16,
         meddpm::Precision::Fp32 | meddpm::Precision::Tf32 => meddpm::Precision::Fp32,
+        // refused on the CPU, with the same message as a single CPU run
+        meddpm::Precision::Fp8 => meddpm::Precision::Fp8,
     };
     Ok(meddpm::cpu::CpuBackend::with_precision(p)?)
 }

@@ -28,8 +28,11 @@
 //! midpoint of the condition values), so they are exactly what the model was conditioned on.
 //!
 //! Devices: `--device auto` runs the CUDA configurations when a device answers and otherwise
-//! runs only the CPU reference (the CUDA ones are listed as skipped); `--device cpu` collapses
-//! every configuration into the CPU reference (it has one precision and layout: fp32 NCDHW).
+//! runs only the CPU ones (the CUDA ones are listed as skipped); `--device cpu` runs only the CPU
+//! ones. The CPU configurations are the fp32 reference (`cpu`) and the emulations of the GPU's
+//! rounding, `cpu-bf16` and `cpu-fp8` (`CpuBackend::bf16`, `CpuBackend::fp8`): with them the fp8
+//! quality verdict can be measured without a GPU. Without any CPU configuration given, the CPU
+//! reference runs.
 //! Outputs: `<out>/eval_configs.json`, `<out>/eval_configs.md`, and per mask a PNG panel
 //! `<out>/panel_pair<i>.png` (mask | real | baseline | each other configuration; first seed).
 
@@ -40,7 +43,6 @@ use crate::args::{parse_device, whole, whole_usize, Weights};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use meddpm::checkpoint::Checkpoint;
-use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::Schedule;
 pub use meddpm::eval::config_runs::Config;
 use meddpm::eval::config_runs::{assemble, plan, sample_all, write_panels, ReportHead};
@@ -49,7 +51,8 @@ use meddpm::model::{param_specs, UNetConfig};
 use meddpm::Backend;
 pub use meddpm::DeviceSel;
 
-/// `cpu`, or `PRECISION/LAYOUT` for CUDA (`fp32|tf32|bf16` / `ncdhw|ndhwc`).
+/// `cpu`, `cpu-bf16`, `cpu-fp8`, or `PRECISION/LAYOUT` for CUDA (`fp32|tf32|bf16|fp8` /
+/// `ncdhw|ndhwc`).
 pub fn parse_config(s: &str) -> Result<Config, String> {
     s.parse()
 }
@@ -62,8 +65,9 @@ pub struct EvalConfigsArgs {
     /// Which weights: ema (as the reference samples) or model (online).
     #[arg(long, value_enum, default_value = "ema")]
     pub weights: Weights,
-    /// Configurations, comma-separated: PRECISION/LAYOUT on CUDA (fp32|tf32 / ncdhw|ndhwc) or
-    /// cpu. The first one that runs is the baseline.
+    /// Configurations, comma-separated: PRECISION/LAYOUT on CUDA (fp32|tf32|bf16|fp8 / ncdhw|ndhwc),
+    /// cpu (the fp32 reference), or cpu-bf16 / cpu-fp8 (the CPU's emulations of the GPU's bf16 and
+    /// fp8 rounding; they run without a GPU). The first one that runs is the baseline.
     #[arg(long, value_delimiter = ',', default_value = "fp32/ncdhw,tf32/ncdhw,fp32/ndhwc,tf32/ndhwc,bf16/ncdhw,bf16/ndhwc", value_parser = parse_config)]
     pub configs: Vec<Config>,
     /// Also run the CPU reference (slow for large models).
@@ -136,7 +140,10 @@ fn run_config(
 ) -> Result<std::result::Result<(Samples, String, f64), String>> {
     let name = c.name();
     Ok(match c {
-        Config::Cpu => Ok(sample_with_bar(&CpuBackend::new(), &name, model, pairs, seeds)?),
+        Config::Cpu | Config::CpuEmu(_) => {
+            let be = c.cpu_backend().expect("a CPU configuration has a CPU backend");
+            Ok(sample_with_bar(&be, &name, model, pairs, seeds)?)
+        }
         Config::Cuda(p, l) => match meddpm_cuda::CudaBackend::new(ordinal, p, l) {
             Ok(be) => Ok(sample_with_bar(&be, &name, model, pairs, seeds)?),
             Err(e) => Err(format!("the CUDA backend did not start: {e}")),

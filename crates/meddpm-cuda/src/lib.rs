@@ -266,6 +266,9 @@ impl CudaBackend {
     /// Open device `ordinal` with the given math precision and activation layout.
     pub fn new(ordinal: usize, precision: Precision, layout: Layout) -> Result<Self> {
         let dev = Device::new(ordinal)?;
+        if precision == Precision::Fp8 {
+            meddpm::fp8::gpu_support(ordinal, dev.info.cc).map_err(Error::Backend)?;
+        }
         let v = dev.info.cudnn_version;
         if precision != Precision::Fp32 && v < MIN_CUDNN_TF32 {
             return Err(Error::Backend(format!(
@@ -279,7 +282,9 @@ impl CudaBackend {
         }
         let math = match precision {
             Precision::Fp32 => cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
-            Precision::Tf32 | Precision::Bf16 => cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+            Precision::Tf32 | Precision::Bf16 | Precision::Fp8 => {
+                cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+            }
         };
         device::cublas_ck(unsafe { cudarc::cublas::sys::cublasSetMathMode(dev.blas.0, math) }, "cublasSetMathMode")
             .map_err(Error::Backend)?;

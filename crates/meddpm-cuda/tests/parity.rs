@@ -64,7 +64,7 @@ fn mm_frac(g: &CudaBackend) -> f64 {
     match g.precision() {
         Precision::Fp32 => 1e-4,
         Precision::Tf32 => 1e-2,
-        Precision::Bf16 => unreachable!("bf16 has its own parity tests (parity_bf16.rs)"),
+        Precision::Bf16 | Precision::Fp8 => unreachable!("bf16 and fp8 have their own parity tests"),
     }
 }
 
@@ -1045,7 +1045,7 @@ fn net_tol(g: &CudaBackend) -> (f64, f64) {
     match g.precision() {
         Precision::Fp32 => (2e-3, 2e-4),
         Precision::Tf32 => (0.5, 0.15),
-        Precision::Bf16 => unreachable!("bf16 has its own parity tests (parity_bf16.rs)"),
+        Precision::Bf16 | Precision::Fp8 => unreachable!("bf16 and fp8 have their own parity tests"),
     }
 }
 

@@ -64,22 +64,28 @@ pub enum Precision {
     /// [`Backend::cast`]); GroupNorm statistics, softmax, the loss, the time embedding, master
     /// weights, Adam moments and EMA stay fp32 (PyTorch autocast's split).
     Bf16,
+    /// As `Bf16`, but the wide 3×3×3 convolutions (stride 1, ≥ 16 channels in and out) take E4M3
+    /// operands with fp32 accumulation: activations scaled per tensor, weights per output channel,
+    /// by powers of two ([`crate::fp8`] is the spec). Only the CPU emulation
+    /// (`CpuBackend::fp8`, for tests and eval-configs) runs it; the CLI refuses it on every device.
+    Fp8,
 }
 
 impl Precision {
-    pub const ALL: [Precision; 3] = [Precision::Fp32, Precision::Tf32, Precision::Bf16];
+    pub const ALL: [Precision; 4] = [Precision::Fp32, Precision::Tf32, Precision::Bf16, Precision::Fp8];
     /// Lower-case name as on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Precision::Fp32 => "fp32",
             Precision::Tf32 => "tf32",
             Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
         }
     }
     /// Storage type of the network's activation buffers ([`Backend::alloc_act`]).
     pub fn act_dtype(self) -> DType {
         match self {
-            Precision::Bf16 => DType::Bf16,
+            Precision::Bf16 | Precision::Fp8 => DType::Bf16,
             Precision::Fp32 | Precision::Tf32 => DType::F32,
         }
     }
@@ -91,7 +97,7 @@ impl std::str::FromStr for Precision {
         Precision::ALL
             .into_iter()
             .find(|p| p.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown precision {s:?}: expected fp32, tf32 or bf16"))
+            .ok_or_else(|| format!("unknown precision {s:?}: expected fp32, tf32, bf16 or fp8"))
     }
 }
 

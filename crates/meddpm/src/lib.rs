@@ -6,6 +6,7 @@
 //! - `shape`      Dims (N,C,D,H,W) and conv geometry
 //! - `backend`    the Backend trait: every primitive the U-Net needs, forward and backward
 //! - `cpu`        CpuBackend: plain loops + im2col/GEMM, rayon over the outer loop
+//! - `fp8`        the FP8 spec: E4M3/E5M2 conversion, power-of-two scales, delayed scaling, which convs
 //! - `rng`        Philox4x32-10 counter RNG (bit-identical CUDA twin)
 //! - `model`      UNetConfig, parameter specs (PyTorch state-dict keys), UNet forward/backward
 //! - `diffusion`  cosine schedule and buffers, training step, ancestral DDPM sampler
@@ -26,6 +27,7 @@ pub mod diffusion;
 pub mod dist;
 pub mod error;
 pub mod eval;
+pub mod fp8;
 pub mod model;
 pub mod phantom;
 pub mod precision;

@@ -8,7 +8,9 @@ use meddpm::checkpoint::Checkpoint;
 use meddpm::cpu::CpuBackend;
 use meddpm::diffusion::schedule::{Schedule, BUFFER_NAMES};
 use meddpm::model::{UNet, UNetConfig};
-use meddpm::testing::{check_rel_l2_set, compare, Tolerance, GOLDEN_BF16};
+use meddpm::testing::{
+    check_rel_l2_set, compare, rel_l2, L2Bounds, Tolerance, GOLDEN_BF16, GOLDEN_FP8, GOLDEN_FP8_OUT,
+};
 use meddpm::{Backend, LossKind};
 use std::path::PathBuf;
 
@@ -86,16 +88,34 @@ fn check(name: &str) {
 /// layer, so single elements move by more than their tensor's RMS; a layout, index or weight bug
 /// moves whole tensors by O(1).
 fn check_bf16(name: &str) {
+    check_lowp(name, CpuBackend::bf16(), GOLDEN_BF16);
+}
+
+/// The CPU's fp8 emulation (bf16 as above, E4M3 operands in the wide 3×3×3 convs' forward)
+/// against the float64 golden file: the same whole-tensor check with fp8's bounds, and the
+/// output's relative L2 error within [`GOLDEN_FP8_OUT`]. Both models have wide convs (16
+/// channels in and out), so the quantisation is exercised.
+fn check_fp8(name: &str) {
+    let out_err = check_lowp(name, CpuBackend::fp8(), GOLDEN_FP8);
+    assert!(out_err <= GOLDEN_FP8_OUT, "{name} fp8 emulation: output rel L2 {out_err:.3e} > {GOLDEN_FP8_OUT:.0e}");
+}
+
+/// `be` (a bf16 or fp8 emulation) against the golden file within `bounds`; the output's
+/// relative L2 error.
+fn check_lowp(name: &str, be: CpuBackend, bounds: L2Bounds) -> f64 {
     let (ck, cfg, batch) = golden(name);
-    let (out, loss, grads) = run(&CpuBackend::bf16(), &ck, &cfg, batch, true);
+    let (out, loss, grads) = run(&be, &ck, &cfg, batch, true);
+    let out_err = rel_l2(&out, tensor(&ck, "out"));
     let mut all = vec![("out".to_string(), out, tensor(&ck, "out").to_vec())];
     all.extend(grads.into_iter().map(|(k, g)| {
         let want = tensor(&ck, &format!("grad.{k}")).to_vec();
         (format!("grad.{k}"), g, want)
     }));
     // the loss is a mean over the output: its rounding errors average out
-    compare("loss (bf16)", &[loss], tensor(&ck, "loss"), Tolerance { abs: 0.0, rel: 1e-3 }).unwrap();
-    check_rel_l2_set(&format!("{name} bf16 emulation"), &all, GOLDEN_BF16).unwrap();
+    let p = be.precision().name();
+    compare(&format!("loss ({p})"), &[loss], tensor(&ck, "loss"), Tolerance { abs: 0.0, rel: 1e-3 }).unwrap();
+    check_rel_l2_set(&format!("{name} {p} emulation"), &all, bounds).unwrap();
+    out_err
 }
 
 #[test]
@@ -116,6 +136,16 @@ fn tiny_unet_bf16_emulation_near_pytorch() {
 #[test]
 fn multihead_two_resblock_unet_bf16_emulation_near_pytorch() {
     check_bf16("tiny_heads2.safetensors");
+}
+
+#[test]
+fn tiny_unet_fp8_emulation_near_pytorch() {
+    check_fp8("tiny.safetensors");
+}
+
+#[test]
+fn multihead_two_resblock_unet_fp8_emulation_near_pytorch() {
+    check_fp8("tiny_heads2.safetensors");
 }
 
 #[test]

@@ -155,7 +155,7 @@ impl ConvCache {
         self.plans.entry(cs).or_insert_with(|| {
             let math = match precision {
                 Precision::Fp32 => nsys::cudnnMathType_t::CUDNN_FMA_MATH,
-                Precision::Tf32 | Precision::Bf16 => nsys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+                Precision::Tf32 | Precision::Bf16 | Precision::Fp8 => nsys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
             };
             let dt = compute_type(precision);
             Plan {

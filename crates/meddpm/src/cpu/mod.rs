@@ -13,6 +13,13 @@
 //! Statistics, the time embedding (linear, SiLU), the loss, diffusion and optimizer ops stay f32.
 //! GPU bf16 parity tests compare against this mode with tolerances of a few bf16 ulps.
 //!
+//! With [`CpuBackend::fp8`] it emulates `Precision::Fp8` ([`crate::fp8`] is the spec): as bf16,
+//! except that the forward of every conv [`crate::fp8::conv_runs_fp8`] picks (3×3×3, stride 1,
+//! ≥ 16 channels in and out) quantises its bf16 operands to E4M3 — the input per tensor, by the
+//! power-of-two scale of the tensor's own amax (scaled just in time, as a producing kernel's
+//! epilogue would), the weight per output channel — and accumulates in f32, then adds the bias
+//! and rounds the output to bf16. Backward passes run as in bf16 (fp8 training is not emulated).
+//!
 //! This file is dispatch only: each trait method forwards to a free function in the sibling file
 //! of the same name as the CUDA crate's (`conv3d.rs`, `groupnorm.rs`, …). Those functions are
 //! generic over [`float::Float`] so the gradient checks run the very same code in f64.
@@ -37,6 +44,7 @@ pub mod upsample;
 use crate::backend::{
     round_bf16, Accum, AdamStep, Backend, DdpmCoefs, Layout, LossKind, Precision, Prediction, SamplerCoefs,
 };
+use crate::fp8::{self, Fp8Format};
 use crate::rng::Philox;
 use crate::shape::{ConvShape, Dims};
 use crate::Result;
@@ -73,28 +81,42 @@ fn with_offset<R>(inp: &[f32], off: Option<&Vec<f32>>, x: Dims, f: impl FnOnce(&
     }
 }
 
-/// The CPU reference backend (fp32, NCDHW, rayon); optionally emulating bf16 storage.
+/// The CPU reference backend (fp32, NCDHW, rayon); optionally emulating bf16 storage, or bf16
+/// storage with fp8 wide convs.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend {
     bf16: bool,
+    /// fp8 operands in the wide convs' forward (with `bf16` set: bf16 everywhere else).
+    fp8: bool,
 }
 
 impl CpuBackend {
     /// The fp32 reference.
     pub fn new() -> Self {
-        CpuBackend { bf16: false }
+        CpuBackend { bf16: false, fp8: false }
     }
     /// The bf16-emulating reference (see the module docs).
     pub fn bf16() -> Self {
-        CpuBackend { bf16: true }
+        CpuBackend { bf16: true, fp8: false }
     }
-    /// `Fp32` or `Bf16` (TF32 has no CPU emulation).
+    /// The fp8-emulating reference (see the module docs): the spec of `Precision::Fp8`, for tests
+    /// and eval-configs' `cpu-fp8` row.
+    pub fn fp8() -> Self {
+        CpuBackend { bf16: true, fp8: true }
+    }
+    /// `Fp32` or `Bf16`. TF32 has no CPU emulation; fp8's ([`CpuBackend::fp8`]) is for tests and
+    /// eval-configs only, so `--precision fp8` is refused here too.
     pub fn with_precision(p: Precision) -> Result<Self> {
         match p {
             Precision::Fp32 => Ok(Self::new()),
             Precision::Bf16 => Ok(Self::bf16()),
             Precision::Tf32 => Err(crate::Error::Config(
                 "the CPU backend has no TF32 mode: use --precision fp32 or bf16 on the CPU".into(),
+            )),
+            Precision::Fp8 => Err(crate::Error::Config(
+                "--precision fp8 does not run on the CPU (its emulation is slow and for tests and eval-configs' \
+                 cpu-fp8 row only): use --precision fp32 or bf16 on the CPU"
+                    .into(),
             )),
         }
     }
@@ -121,7 +143,11 @@ impl Backend for CpuBackend {
     type Buf = Vec<f32>;
 
     fn describe(&self) -> String {
-        let p = if self.bf16 { "bf16-emulating" } else { "fp32" };
+        let p = match (self.bf16, self.fp8) {
+            (_, true) => "fp8-emulating: E4M3 wide convs, bf16 elsewhere",
+            (true, false) => "bf16-emulating",
+            (false, false) => "fp32",
+        };
         format!(
             "CPU reference ({p}, NCDHW, {} rayon threads, {})",
             rayon::current_num_threads(),
@@ -132,10 +158,10 @@ impl Backend for CpuBackend {
         Layout::Ncdhw
     }
     fn precision(&self) -> Precision {
-        if self.bf16 {
-            Precision::Bf16
-        } else {
-            Precision::Fp32
+        match (self.bf16, self.fp8) {
+            (_, true) => Precision::Fp8,
+            (true, false) => Precision::Bf16,
+            (false, false) => Precision::Fp32,
         }
     }
     fn cast(&self, dst: &mut Vec<f32>, src: &Vec<f32>) {
@@ -196,8 +222,15 @@ impl Backend for CpuBackend {
             CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_acc(out, acc, inp, w, b, cs, s));
             return;
         }
-        EMU.with_borrow_mut(|[ex, ew, ..]| {
-            let (x, w) = (rounded_into(ex, inp), rounded_into(ew, w));
+        EMU.with_borrow_mut(|[ex, ew, tx, tw]| {
+            let (x, w) = if self.fp8 && fp8::conv_runs_fp8(&cs) {
+                // E4M3 from the bf16 operands the GPU holds: input per tensor, weight per channel
+                fp8::quantize_tensor_into(ex, rounded_into(tx, inp), Fp8Format::E4M3);
+                fp8::quantize_channels_into(ew, rounded_into(tw, w), cs.cout, Fp8Format::E4M3);
+                (&ex[..], &ew[..])
+            } else {
+                (rounded_into(ex, inp), rounded_into(ew, w))
+            };
             CONV_SCRATCH.with_borrow_mut(|s| conv3d::conv3d_forward_acc(out, acc, x, w, b, cs, s));
         });
         self.r(out);

@@ -22,6 +22,9 @@ use crate::{Backend, DeviceSel, Error, Layout, Precision, Result};
 pub enum Config {
     /// The CPU reference backend (fp32, NCDHW).
     Cpu,
+    /// The CPU backend emulating a GPU precision's rounding (`Bf16` or `Fp8`): `cpu-bf16`,
+    /// `cpu-fp8`. The only place fp8 runs until a GPU kernel has passed its parity test.
+    CpuEmu(Precision),
     /// The CUDA backend with this math precision and activation layout.
     Cuda(Precision, Layout),
 }
@@ -31,6 +34,7 @@ impl Config {
     pub fn name(&self) -> String {
         match self {
             Config::Cpu => "cpu".into(),
+            Config::CpuEmu(p) => format!("cpu-{}", p.name()),
             Config::Cuda(p, l) => format!(
                 "{}/{}",
                 p.name(),
@@ -41,18 +45,40 @@ impl Config {
             ),
         }
     }
+    /// Whether it runs on the CPU (`cpu`, `cpu-bf16`, `cpu-fp8`).
+    pub fn is_cpu(&self) -> bool {
+        !matches!(self, Config::Cuda(..))
+    }
+    /// The CPU backend of a CPU configuration; `None` for a CUDA one.
+    pub fn cpu_backend(&self) -> Option<crate::cpu::CpuBackend> {
+        use crate::cpu::CpuBackend;
+        match self {
+            Config::Cpu => Some(CpuBackend::new()),
+            Config::CpuEmu(Precision::Fp8) => Some(CpuBackend::fp8()),
+            Config::CpuEmu(_) => Some(CpuBackend::bf16()),
+            Config::Cuda(..) => None,
+        }
+    }
 }
 
 impl FromStr for Config {
     type Err = String;
-    /// `cpu`, or `PRECISION/LAYOUT` for CUDA (`fp32|tf32|bf16` / `ncdhw|ndhwc`), any case.
+    /// `cpu` (or `cpu-fp32`), `cpu-bf16`, `cpu-fp8`, or `PRECISION/LAYOUT` for CUDA
+    /// (`fp32|tf32|bf16|fp8` / `ncdhw|ndhwc`), any case.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let t = s.trim().to_ascii_lowercase();
-        if t == "cpu" {
-            return Ok(Config::Cpu);
+        match t.as_str() {
+            "cpu" | "cpu-fp32" => return Ok(Config::Cpu),
+            "cpu-bf16" => return Ok(Config::CpuEmu(Precision::Bf16)),
+            "cpu-fp8" => return Ok(Config::CpuEmu(Precision::Fp8)),
+            _ => {}
         }
-        let bad =
-            || format!("'{s}' is not a configuration: use cpu or PRECISION/LAYOUT with fp32|tf32|bf16 and ncdhw|ndhwc");
+        let bad = || {
+            format!(
+                "'{s}' is not a configuration: use cpu, cpu-bf16, cpu-fp8 or PRECISION/LAYOUT with fp32|tf32|bf16|fp8 \
+                 and ncdhw|ndhwc"
+            )
+        };
         let (p, l) = t.split_once('/').ok_or_else(bad)?;
         let p: Precision = p.parse().map_err(|_| bad())?;
         let l = match l {
@@ -78,9 +104,10 @@ pub struct Plan {
 }
 
 /// The configurations to run: `wanted` in order without repeats (plus the CPU reference with
-/// `cpu_too`). `--device cuda[:N]` runs them all there; `auto` does when `cuda_probe` answers Ok;
-/// otherwise (no device, or `--device cpu`) only the CPU reference runs and every CUDA
-/// configuration is listed as skipped with the reason (the probe's first line) and a note.
+/// `cpu_too`). `--device cuda[:N]` runs them all there (the CPU ones on the CPU); `auto` does when
+/// `cuda_probe` answers Ok; otherwise (no device, or `--device cpu`) only the CPU configurations
+/// run (the CPU reference when none was wanted) and every CUDA configuration is listed as skipped
+/// with the reason (the probe's first line) and a note.
 pub fn plan(
     wanted: &[Config],
     cpu_too: bool,
@@ -115,14 +142,19 @@ pub fn plan(
         },
         DeviceSel::Cpu => "--device cpu: collapsed into the CPU reference (fp32, NCDHW)".to_string(),
     };
-    let gpu: Vec<Config> = dedup.iter().copied().filter(|c| *c != Config::Cpu).collect();
+    let gpu: Vec<Config> = dedup.iter().copied().filter(|c| !c.is_cpu()).collect();
+    let mut cpu: Vec<Config> = dedup.iter().copied().filter(Config::is_cpu).collect();
+    if cpu.is_empty() {
+        cpu.push(Config::Cpu);
+    }
     let skipped = gpu.iter().map(|c| (*c, why.clone())).collect();
     let mut notes = Vec::new();
     if !gpu.is_empty() {
         let names = gpu.iter().map(Config::name).collect::<Vec<_>>().join(", ");
-        notes.push(format!("{why}: the CUDA configurations ({names}) were not run; only the CPU reference ran"));
+        let ran = cpu.iter().map(Config::name).collect::<Vec<_>>().join(", ");
+        notes.push(format!("{why}: the CUDA configurations ({names}) were not run; only the CPU ({ran}) ran"));
     }
-    Ok(Plan { run: vec![Config::Cpu], ordinal: 0, skipped, notes })
+    Ok(Plan { run: cpu, ordinal: 0, skipped, notes })
 }
 
 /// Sample every (pair, seed) with one backend, batch 1: `samples[pair][seed]` and the seconds
@@ -255,7 +287,7 @@ pub fn write_panels(out: &Path, pairs: &[PairData], runs: &[Run], dims: [usize; 
 mod tests {
     use super::*;
 
-    const ALL: [&str; 3] = ["fp32/ncdhw", "bf16/ndhwc", "cpu"];
+    const ALL: [&str; 6] = ["fp32/ncdhw", "bf16/ndhwc", "fp8/ndhwc", "cpu", "cpu-bf16", "cpu-fp8"];
 
     fn cfgs(names: &[&str]) -> Vec<Config> {
         names.iter().map(|s| s.parse().unwrap()).collect()
@@ -267,7 +299,11 @@ mod tests {
             assert_eq!(n.parse::<Config>().unwrap().name(), n);
         }
         assert_eq!(" TF32/NDHWC ".parse::<Config>().unwrap(), Config::Cuda(Precision::Tf32, Layout::Ndhwc));
-        for bad in ["fp16/ncdhw", "fp32", "fp32/nchw", ""] {
+        assert_eq!("CPU-FP32".parse::<Config>().unwrap(), Config::Cpu);
+        assert_eq!("cpu-fp8".parse::<Config>().unwrap().cpu_backend().unwrap().precision(), Precision::Fp8);
+        assert_eq!("cpu-bf16".parse::<Config>().unwrap().cpu_backend().unwrap().precision(), Precision::Bf16);
+        assert!("fp8/ndhwc".parse::<Config>().unwrap().cpu_backend().is_none());
+        for bad in ["fp16/ncdhw", "fp32", "fp32/nchw", "", "cpu-tf32", "cpu-fp16"] {
             let e = bad.parse::<Config>().unwrap_err();
             assert!(e.contains(&format!("'{bad}'")) && e.contains("ncdhw|ndhwc"), "{e}");
         }
@@ -297,5 +333,13 @@ mod tests {
         let p = plan(&cfgs(&["cpu"]), false, &DeviceSel::Cpu, || panic!("not probed")).unwrap();
         assert_eq!((p.run, p.skipped.len(), p.notes.len()), (vec![Config::Cpu], 0, 0));
         assert!(plan(&[], true, &DeviceSel::Cpu, || Ok(())).unwrap_err().to_string().contains("--configs"));
+        // the CPU emulations run on the CPU wherever the CUDA ones cannot, in the order given
+        let emu = cfgs(&["cpu", "bf16/ndhwc", "cpu-bf16", "cpu-fp8"]);
+        let p = plan(&emu, false, &DeviceSel::Auto, || Err("no driver".into())).unwrap();
+        assert_eq!(p.run, cfgs(&["cpu", "cpu-bf16", "cpu-fp8"]));
+        assert_eq!(p.skipped, vec![(emu[1], "no driver".into())]);
+        assert!(p.notes[0].contains("only the CPU (cpu, cpu-bf16, cpu-fp8) ran"), "{:?}", p.notes);
+        let p = plan(&emu, false, &DeviceSel::Cpu, || panic!("not probed")).unwrap();
+        assert_eq!(p.run, cfgs(&["cpu", "cpu-bf16", "cpu-fp8"]));
     }
 }
