@@ -1,6 +1,7 @@
 //! Gradient buckets: the ready groups match what `UNet::backward` really does (each group's
 //! gradients are written by its layer and never touched again, later groups are still untouched),
-//! the bucket cut follows the size rule, and the cursor starts each bucket once, in order.
+//! the bucket cut follows the size rule, the last bucket (held back beside Adam) is contiguous and
+//! holds what backward finishes last, and the cursor starts each bucket once, in order.
 
 use meddpm::cpu::CpuBackend;
 use meddpm::dist::buckets::{plan_buckets, unet_ready_groups, BucketCursor, BucketPlan, ReadyGroup, BACKWARD_DONE};
@@ -170,6 +171,28 @@ fn buckets_follow_the_size_rule() {
     // the last bucket (all-reduced after backward, with nothing to hide behind) is small
     let last = wh.buckets.last().unwrap().numel * 4;
     assert!(last <= meddpm::dist::buckets::TAIL_BUCKET_BYTES, "last bucket {last} bytes");
+}
+
+/// `GradSync::finish_early` holds back the last bucket and runs Adam on a parameter range around
+/// it: for every plan of the real models that bucket is one contiguous range, and it holds the
+/// parameter backward finishes last (of the time embedding, `BACKWARD_DONE`).
+#[test]
+fn the_last_bucket_is_contiguous_and_ends_with_what_backward_finishes_last() {
+    for cfg in configs().into_iter().chain([UNetConfig::whole_head(), UNetConfig::brats()]) {
+        for cap in [4096usize, 1 << 20, meddpm::dist::DEFAULT_BUCKET_BYTES] {
+            let plan = BucketPlan::for_unet(&cfg, cap);
+            let last = plan.buckets.last().unwrap();
+            let r = meddpm::dist::sync::as_range(&last.params);
+            assert!(r.is_some(), "{cfg:?} cap {cap}: last bucket {:?} is not contiguous", last.params);
+            let g = plan.groups.last().unwrap();
+            assert_eq!(g.layer, BACKWARD_DONE, "the last ready group is the time embedding");
+            assert_eq!(last.ready_group, plan.groups.len() - 1, "cap {cap}: the last bucket waits for the last group");
+            // within a group the first-registered parameter is ready last (a group larger than
+            // the cap spans several buckets)
+            let p = g.params.start;
+            assert!(last.params.contains(&p), "cap {cap}: parameter {p} is not in the last bucket");
+        }
+    }
 }
 
 #[test]
