@@ -526,5 +526,6 @@ fn profile_input_pieces() {
     assert!(p.repeats.is_empty() && p.plain_step_ns.is_none());
     assert_eq!(Pass::summed("none".into(), Vec::new()).step_ns, Some(0));
     let maths: Vec<Math> = Precision::ALL.iter().map(|&p| Math::from(p)).collect();
-    assert_eq!(maths, [Math::Fp32, Math::Tf32, Math::Bf16]);
+    // fp8 has bf16's roof until it runs on a GPU
+    assert_eq!(maths, [Math::Fp32, Math::Tf32, Math::Bf16, Math::Bf16]);
 }
