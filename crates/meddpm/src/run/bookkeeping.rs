@@ -15,8 +15,7 @@
 
 use super::fingerprint::{DataChanges, PairPrint};
 use super::losslog::{self, LossLog};
-use super::record::{absolute, RunRecord};
-use super::session::{run_dir, CHECKPOINT};
+use super::record::{absolute, run_dir, RunRecord, CHECKPOINT};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::diffusion::Trainer;

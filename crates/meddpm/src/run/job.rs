@@ -9,8 +9,8 @@
 use super::bookkeeping::{Continuation, StepPlan};
 use super::lock::RunLock;
 use super::preview::{self, Due, PreviewEvery, PreviewSchedule, Previewer};
-use super::record::{absolute, DataSource, RunRecord};
-use super::session::{Faults, Ranks, Session, Summary, CHECKPOINT};
+use super::record::{absolute, DataSource, RunRecord, CHECKPOINT};
+use super::session::{Faults, Ranks, Session, Summary};
 use super::stop::StopFlag;
 use crate::backend::Backend;
 use crate::checkpoint::{bundled, LoadHints, WeightGroup};

@@ -38,6 +38,6 @@ pub use job::{train_run, Event, RankJob, Report, TrainJob};
 pub use lock::RunLock;
 pub use losslog::LossLog;
 pub use preview::{auto_spacing, PreviewEvery, PreviewSchedule, Previewer};
-pub use record::{override_train, DataSource, Overrides, RunRecord};
-pub use session::{run_dir, Faults, Outcome, Ranks, Session, Summary, CHECKPOINT};
+pub use record::{override_train, run_dir, DataSource, Overrides, RunRecord, CHECKPOINT};
+pub use session::{Faults, Outcome, Ranks, Session, Summary};
 pub use stop::StopFlag;

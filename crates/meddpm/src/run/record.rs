@@ -20,6 +20,14 @@ use crate::{Layout, Precision};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// Checkpoint file name in a run folder.
+pub const CHECKPOINT: &str = "checkpoint.safetensors";
+
+/// The run folder of a checkpoint path (its parent; `.` for a bare file name).
+pub fn run_dir(checkpoint: &Path) -> PathBuf {
+    checkpoint.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf()
+}
+
 /// Metadata key of the run record in a checkpoint.
 pub const META_KEY: &str = "run";
 

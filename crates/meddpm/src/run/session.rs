@@ -34,7 +34,7 @@
 
 use super::bookkeeping::{on_interval, StepPlan};
 use super::losslog::LossLog;
-use super::record::{RunRecord, META_KEY};
+use super::record::{RunRecord, CHECKPOINT, META_KEY};
 use super::stop::StopFlag;
 use crate::backend::Backend;
 use crate::checkpoint::{trainer_bytes, write_atomic_with};
@@ -43,10 +43,7 @@ use crate::dist::agree::{Agreed, Agreement, StepAgreement, SyncCounts};
 use crate::dist::{broadcast_state, check_weights, GradSync};
 use crate::error::{Error, Result};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-
-/// Checkpoint file name in a run folder.
-pub const CHECKPOINT: &str = "checkpoint.safetensors";
+use std::path::PathBuf;
 
 /// Injected faults (see the module doc). The default injects nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -430,9 +427,4 @@ impl Session<'_> {
         }
         Ok(Summary { outcome, start, end: tr.step, losses, saved_step: self.saved_step, sync: agree.counts })
     }
-}
-
-/// The run folder of a checkpoint path (its parent; `.` for a bare file name).
-pub fn run_dir(checkpoint: &Path) -> PathBuf {
-    checkpoint.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf()
 }
