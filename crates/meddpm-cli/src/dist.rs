@@ -65,15 +65,7 @@ pub fn cpu_rank_backend(b: &BackendArgs) -> Result<meddpm::cpu::CpuBackend> {
 /// rendezvous links: a peer that dies or stays silent for `timeout` inside a collective is an
 /// error naming it.
 pub fn join_cpu(env: &DistEnv, hash: u64, timeout: Duration, unet: &meddpm::model::UNetConfig) -> Result<TcpSync> {
-    let cfg = RendezvousConfig {
-        rank: env.rank,
-        world: env.world,
-        addr: env.master_addr.clone(),
-        port: env.master_port,
-        config_hash: hash,
-        timeout,
-    };
-    let rdv = rendezvous::join(&cfg, Ok(Vec::new()))?;
+    let rdv = rendezvous::join(&RendezvousConfig::of(env, hash, timeout), Ok(Vec::new()))?;
     let plan = BucketPlan::for_unet(unet, DEFAULT_BUCKET_BYTES);
     Ok(TcpSync::new(env.rank, env.world, rdv.into_links(), &plan, timeout)?)
 }
@@ -113,17 +105,7 @@ pub fn join(env: &DistEnv, hash: u64, timeout: Duration, n: usize) -> Result<(Ve
     } else {
         Err(String::new())
     };
-    let rdv = rendezvous::join(
-        &RendezvousConfig {
-            rank: env.rank,
-            world: env.world,
-            addr: env.master_addr.clone(),
-            port: env.master_port,
-            config_hash: hash,
-            timeout,
-        },
-        payload,
-    )?;
+    let rdv = rendezvous::join(&RendezvousConfig::of(env, hash, timeout), payload)?;
     let len = rdv.payload.len() / n.max(1);
     let ids = rdv.payload.chunks(len.max(1)).map(UniqueId::from_bytes).collect::<meddpm::Result<Vec<_>>>()?;
     if ids.len() != n {

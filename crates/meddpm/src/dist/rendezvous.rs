@@ -45,6 +45,18 @@ pub struct RendezvousConfig {
 }
 
 impl RendezvousConfig {
+    /// The configuration of the rank `env` describes (rank, world, `MASTER_ADDR`/`MASTER_PORT`).
+    pub fn of(env: &super::DistEnv, config_hash: u64, timeout: Duration) -> Self {
+        RendezvousConfig {
+            rank: env.rank,
+            world: env.world,
+            addr: env.master_addr.clone(),
+            port: env.master_port,
+            config_hash,
+            timeout,
+        }
+    }
+
     fn endpoint(&self) -> String {
         format!("{}:{}", self.addr, self.port)
     }
