@@ -37,12 +37,8 @@ pub enum Preset {
 
 impl Preset {
     pub fn unet(self) -> UNetConfig {
-        match self {
-            Preset::Demo => UNetConfig::demo(),
-            Preset::Tiny => UNetConfig::tiny(),
-            Preset::WholeHead => UNetConfig::whole_head(),
-            Preset::Brats => UNetConfig::brats(),
-        }
+        // every variant's name is an engine preset (the test `presets_are_the_engines` holds it)
+        UNetConfig::preset(self.name()).expect("a CLI preset the engine does not know")
     }
     /// The command-line name (`whole-head`, ...).
     pub fn name(self) -> &'static str {
@@ -408,5 +404,23 @@ impl SamplingArgs {
         let spec =
             SamplerSpec { kind: self.sampler.kind(), steps: self.steps.unwrap_or(t), eta: self.eta.unwrap_or(0.0) };
         Ok((t, spec))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    /// Every `--preset` is one of the engine's presets, under the same name, and the other way
+    /// round: `Preset::unet` cannot miss.
+    #[test]
+    fn presets_are_the_engines() {
+        let names: Vec<&str> = Preset::value_variants().iter().map(|p| p.name()).collect();
+        assert_eq!(names, UNetConfig::PRESETS);
+        for p in Preset::value_variants() {
+            assert_eq!(p.to_possible_value().map(|v| v.get_name().to_string()).as_deref(), Some(p.name()));
+            assert!(UNetConfig::preset(p.name()).is_some(), "{}", p.name());
+        }
     }
 }

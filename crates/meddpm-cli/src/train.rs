@@ -122,11 +122,7 @@ fn plan_from_flags(a: &TrainArgs) -> Result<(UNetConfig, TrainConfig, RunConfig)
     }
     let preset = a.preset.or(file.preset).unwrap_or(Preset::Demo);
     let unet = file.unet.clone().unwrap_or_else(|| preset.unet());
-    let mut tc = file.train.clone().unwrap_or_else(|| match preset {
-        // The reference lr 1e-5 needs ~10⁵ steps; the demo must show learning in ~10².
-        Preset::Demo | Preset::Tiny => TrainConfig { lr: 2e-4, ..TrainConfig::default() },
-        _ => TrainConfig::default(),
-    });
+    let mut tc = file.train.clone().unwrap_or_else(|| TrainConfig::for_preset(preset.name()));
     let mut run = file.run.clone();
     if let Some(v) = a.lr {
         tc.lr = v;

@@ -336,13 +336,8 @@ fn convention_for(name: &str, unet: &UNetConfig) -> PyResult<Convention> {
 
 /// A preset's model (the CLI's `--preset`).
 fn preset_unet(name: &str) -> PyResult<UNetConfig> {
-    Ok(match name {
-        "demo" => UNetConfig::demo(),
-        "tiny" => UNetConfig::tiny(),
-        "whole-head" => UNetConfig::whole_head(),
-        "brats" => UNetConfig::brats(),
-        p => return Err(err(format!("preset {p:?}: expected demo, tiny, whole-head or brats"))),
-    })
+    UNetConfig::preset(name)
+        .ok_or_else(|| err(format!("preset {name:?}: expected demo, tiny, whole-head or brats")))
 }
 
 /// What `train` settled before the trainer exists: a new run, or the resumed checkpoint.
@@ -536,11 +531,7 @@ fn train<'py>(
             }
             let preset = preset.unwrap_or("demo");
             let unet = preset_unet(preset)?;
-            let mut tc = match preset {
-                // the reference lr 1e-5 needs ~10⁵ steps; the demo must show learning in ~10²
-                "demo" | "tiny" => TrainConfig { lr: 2e-4, ..TrainConfig::default() },
-                _ => TrainConfig::default(),
-            };
+            let mut tc = TrainConfig::for_preset(preset);
             override_train(&mut tc, lr, grad_accum, batch, seed).map_err(err)?;
             let conv_name = convention.unwrap_or("whole-head");
             let record = RunRecord {

@@ -72,6 +72,16 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// The training settings a model preset starts from: the reference's, except that the demo
+    /// and tiny presets take lr 2e-4 (the reference lr 1e-5 needs ~10⁵ steps; the demo must show
+    /// learning in ~10²).
+    pub fn for_preset(preset: &str) -> Self {
+        match preset {
+            "demo" | "tiny" => TrainConfig { lr: 2e-4, ..TrainConfig::default() },
+            _ => TrainConfig::default(),
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Config(m.to_string()));
         if self.timesteps < 2 {

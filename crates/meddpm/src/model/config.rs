@@ -91,6 +91,20 @@ impl UNetConfig {
         }
     }
 
+    /// The named presets (`meddpm train --preset`, Python's `preset=`).
+    pub const PRESETS: [&'static str; 4] = ["demo", "tiny", "whole-head", "brats"];
+
+    /// The preset of that name ([`UNetConfig::PRESETS`]), or `None`.
+    pub fn preset(name: &str) -> Option<Self> {
+        Some(match name {
+            "demo" => Self::demo(),
+            "tiny" => Self::tiny(),
+            "whole-head" => Self::whole_head(),
+            "brats" => Self::brats(),
+            _ => return None,
+        })
+    }
+
     /// Number of resolution levels.
     pub fn levels(&self) -> usize {
         self.channel_mult.len()
