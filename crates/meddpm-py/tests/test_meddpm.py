@@ -101,16 +101,23 @@ def test_cuda_without_a_device_is_a_clear_error():
         assert m.device == "cuda:0"
 
 
-def test_the_gil_is_released_while_sampling(model, mask):
-    a = np.asarray(mask.get_fdata(), dtype=np.float32)
+def _main_thread_ticks_while(work):
+    """How often the main thread ran (about every millisecond) while `work` ran on another thread:
+    many times only if `work` released the GIL."""
     done = threading.Event()
-    t = threading.Thread(target=lambda: (model.sample(a, steps=6), done.set()))
+    t = threading.Thread(target=lambda: (work(), done.set()))
     ticks = 0
     t.start()
     while not done.is_set():
         ticks += 1
         time.sleep(0.001)
     t.join()
+    return ticks
+
+
+def test_the_gil_is_released_while_sampling(model, mask):
+    a = np.asarray(mask.get_fdata(), dtype=np.float32)
+    ticks = _main_thread_ticks_while(lambda: model.sample(a, steps=6))
     assert ticks > 20, f"the main thread ran {ticks} times while sampling"
 
 
@@ -198,12 +205,5 @@ def test_train_refuses_bad_settings(tmp_path):
 
 
 def test_the_gil_is_released_while_training(tmp_path):
-    done = threading.Event()
-    t = threading.Thread(target=lambda: (_tiny(tmp_path / "run", steps=30), done.set()))
-    ticks = 0
-    t.start()
-    while not done.is_set():
-        ticks += 1
-        time.sleep(0.001)
-    t.join()
+    ticks = _main_thread_ticks_while(lambda: _tiny(tmp_path / "run", steps=30))
     assert ticks > 20, f"the main thread ran {ticks} times while training"
